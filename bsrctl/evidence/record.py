@@ -1,0 +1,129 @@
+"""evidence.json: rewritten atomically after every point, so a crash keeps what was measured."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import secrets
+import tempfile
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from bsrctl.evidence.verdict import Point, Verdict, merge
+
+SCHEMA = "bsrctl.evidence/1"
+KINDS = ("ladder", "sweep", "law", "failmatrix", "tempokv", "roundtrip")
+# The paper names its sweep runs br-e1-<hex>; other kinds use their own name.
+RUN_PREFIX = {"sweep": "e1"}
+
+
+def new_run_id(kind: str) -> str:
+    return f"br-{RUN_PREFIX.get(kind, kind)}-{secrets.token_hex(6)}"
+
+
+def now_iso() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds")
+
+
+def spec_sha256(spec: dict[str, Any]) -> str:
+    blob = json.dumps(spec, sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.sha256(blob).hexdigest()
+
+
+def atomic_write_json(path: Path, doc: dict[str, Any]) -> None:
+    """Write to a temp file in the same folder, fsync, rename: readers see old or new, never half."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".evidence-", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as fh:
+            json.dump(doc, fh, indent=2, sort_keys=False, default=str)
+            fh.write("\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+class EvidenceWriter:
+    """Owns one run folder. Each add_point() and finish() rewrites evidence.json whole."""
+
+    def __init__(
+        self,
+        out_dir: Path,
+        kind: str,
+        spec: dict[str, Any],
+        salt: str,
+        stack: dict[str, Any],
+        run_id: str | None = None,
+    ) -> None:
+        if kind not in KINDS:
+            raise ValueError(f"unknown evidence kind {kind!r}; valid: {', '.join(KINDS)}")
+        self.run_id = run_id or new_run_id(kind)
+        self.run_dir = Path(out_dir) / self.run_id
+        if self.run_dir.exists():
+            raise FileExistsError(f"run folder {self.run_dir} exists; a run id is never reused")
+        self.run_dir.mkdir(parents=True)
+        self.path = self.run_dir / "evidence.json"
+        self.doc: dict[str, Any] = {
+            "schema": SCHEMA,
+            "run_id": self.run_id,
+            "kind": kind,
+            "spec": spec,
+            "spec_sha256": spec_sha256(spec),
+            "salt": salt,
+            "stack": stack,
+            "started_at": now_iso(),
+            "finished_at": None,
+            "complete": False,
+            "points": [],
+            "summary": {},
+            "verdict": str(Verdict.UNKNOWN),
+        }
+        self._flush()
+
+    @property
+    def points(self) -> list[dict[str, Any]]:
+        return self.doc["points"]
+
+    def set_stack(self, stack: dict[str, Any]) -> None:
+        self.doc["stack"] = stack
+        self._flush()
+
+    def add_point(self, point: Point) -> None:
+        self.doc["points"].append(point.to_json())
+        self.doc["verdict"] = str(self._points_verdict())
+        self._flush()
+
+    def finish(self, summary: dict[str, Any], verdict: Verdict | None = None) -> Verdict:
+        """Close the run. The run verdict merges the points and any run-level verdict given."""
+        merged = self._points_verdict()
+        if verdict is not None:
+            merged = merge([merged, verdict])
+        self.doc.update(
+            summary=summary, finished_at=now_iso(), complete=True, verdict=str(merged)
+        )
+        self._flush()
+        return merged
+
+    def abort(self, reason: str) -> None:
+        """Stopped early: keep what was measured, say complete=false and why."""
+        self.doc.update(finished_at=now_iso(), complete=False, verdict=str(Verdict.UNKNOWN))
+        self.doc["summary"] = {**self.doc.get("summary", {}), "aborted": reason}
+        self._flush()
+
+    def _points_verdict(self) -> Verdict:
+        return merge(Verdict(p["verdict"]) for p in self.doc["points"])
+
+    def _flush(self) -> None:
+        atomic_write_json(self.path, self.doc)
+
+
+def load_evidence(path: Path) -> dict[str, Any]:
+    doc = json.loads(Path(path).read_text())
+    if doc.get("schema") != SCHEMA:
+        raise ValueError(f"{path}: schema {doc.get('schema')!r} is not {SCHEMA!r}")
+    return doc
