@@ -33,7 +33,7 @@ def spec_sha256(spec: dict[str, Any]) -> str:
 
 
 def atomic_write_json(path: Path, doc: dict[str, Any]) -> None:
-    """Write to a temp file in the same folder, fsync, rename: readers see old or new, never half."""
+    """Temp file in the same folder, fsync, rename: readers see old or new, never half."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".evidence-", suffix=".tmp")
     try:
@@ -103,9 +103,7 @@ class EvidenceWriter:
         merged = self._points_verdict()
         if verdict is not None:
             merged = merge([merged, verdict])
-        self.doc.update(
-            summary=summary, finished_at=now_iso(), complete=True, verdict=str(merged)
-        )
+        self.doc.update(summary=summary, finished_at=now_iso(), complete=True, verdict=str(merged))
         self._flush()
         return merged
 

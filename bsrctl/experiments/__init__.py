@@ -1,0 +1,1 @@
+"""Experiments: each drives a stack through the small protocol and writes evidence."""

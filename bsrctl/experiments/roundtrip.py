@@ -1,0 +1,122 @@
+"""The round trip: store a prompt's KV in LMCache, make vLLM forget it, reload it per tier.
+
+Tiers: l1 (LMCache DRAM), fs (filesystem L2, L1 emptied first), mooncake (L1 emptied and the
+filesystem L2's files moved aside, so only the Mooncake store can serve it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from bsrctl.errors import StackFailed
+from bsrctl.evidence import EvidenceWriter, Point, Verdict
+from bsrctl.evidence.verdict import Check, check
+from bsrctl.experiments.canonical import canonical_outputs
+from bsrctl.experiments.prompts import expected_external_tokens, prompt_ids, tokens_sha256
+from bsrctl.report.markdown import write_summary
+from bsrctl.specs import RoundTripSpec, load_spec
+from bsrctl.stack import tinymodel
+from bsrctl.stack.serving import Completion, ServingStack
+
+Progress = Callable[[str], None]
+
+
+@contextlib.contextmanager
+def only_tier(stack: ServingStack, tier: str) -> Iterator[None]:
+    """Arrange that only `tier` can serve the next load, and undo it afterwards."""
+    fs_dir = stack.dir / "l2-fs"
+    hidden = stack.dir / "l2-fs.hidden"
+    if tier in ("fs", "mooncake"):
+        stack.clear_l1()
+    if tier == "mooncake" and fs_dir.exists():
+        fs_dir.rename(hidden)
+        fs_dir.mkdir()
+    try:
+        yield
+    finally:
+        if hidden.exists():
+            shutil.rmtree(fs_dir, ignore_errors=True)
+            hidden.rename(fs_dir)
+
+
+def tier_point(
+    tier: str, comp: Completion, canonical: tuple[int, ...], expected_ext: int, tokens: int
+) -> Point:
+    out_sha = tokens_sha256(comp.output_token_ids)
+    canon_sha = tokens_sha256(canonical)
+    want = 0 if tier == "cold" else expected_ext
+    checks: list[Check] = [
+        check(
+            "cached_token_accounting",
+            comp.external_hit_tokens == want,
+            f"external hits {comp.external_hit_tokens}, expected {want}",
+        ),
+        check("canonical_output", out_sha == canon_sha, f"{out_sha[:16]} vs {canon_sha[:16]}"),
+    ]
+    if tier != "cold":
+        checks.append(
+            check(
+                "tier_isolation",
+                comp.cached_tokens == comp.external_hit_tokens,
+                f"cached {comp.cached_tokens} of which external {comp.external_hit_tokens}; "
+                f"local prefix cache reset before the request",
+            )
+        )
+    return Point(
+        id=tier,
+        params={"tier": tier, "tokens": tokens},
+        measures={
+            "tokens": tokens,
+            "cached_tokens": comp.cached_tokens,
+            "external_hit_tokens": comp.external_hit_tokens,
+            "expected_cached_tokens": want,
+            "output_sha256": out_sha,
+            "canonical_sha256": canon_sha,
+            "ttft_s": round(comp.ttft_s, 4),
+        },
+        checks=tuple(checks),
+    )
+
+
+def run_roundtrip(spec_path: Path, out_dir: Path, progress: Progress = lambda _: None) -> Verdict:
+    spec, raw = load_spec(spec_path, RoundTripSpec)
+    model_dir = (
+        tinymodel.build() if spec.stack.vllm.model == "tiny" else Path(spec.stack.vllm.model)
+    )
+    ids = prompt_ids(spec.salt, spec.prompt_tokens, tinymodel.vocab_size(model_dir))
+    writer = EvidenceWriter(out_dir, "roundtrip", raw, spec.salt, {"kind": "serving"})
+    stack = ServingStack(spec.stack, writer.run_dir)
+    try:
+        progress("canonical output on a vLLM with no KV connector")
+        (canonical,) = canonical_outputs(spec.stack, writer.run_dir, [ids], spec.max_tokens)
+        progress("starting the serving stack")
+        stack.up()
+        writer.set_stack({"kind": "serving", "versions": stack.versions(), **stack.state()})
+        expected = expected_external_tokens(spec.prompt_tokens, spec.stack.lmcache.chunk_size)
+        progress("cold request (stores KV into LMCache)")
+        writer.add_point(tier_point("cold", stack.complete(ids, spec.max_tokens), canonical,
+                                    expected, spec.prompt_tokens))  # fmt: skip
+        for tier in spec.tiers:
+            progress(f"reload from {tier}")
+            with only_tier(stack, tier):
+                stack.forget_local()
+                comp = stack.complete(ids, spec.max_tokens)
+            writer.add_point(tier_point(tier, comp, canonical, expected, spec.prompt_tokens))
+        health = stack.complete(ids[:64], 4)
+        verdict = writer.finish(
+            {"post_request_health": len(health.output_token_ids) == 4, "tiers": spec.tiers},
+            None if len(health.output_token_ids) == 4 else Verdict.FAIL,
+        )
+    except StackFailed as exc:
+        writer.abort(f"stack failed: {exc}")
+        raise
+    except BaseException as exc:
+        writer.abort(f"interrupted: {type(exc).__name__}: {exc}")
+        raise
+    finally:
+        stack.down()
+        write_summary(writer.run_dir)
+    return verdict

@@ -1,0 +1,1 @@
+"""Reports rendered from evidence.json, never from live state."""

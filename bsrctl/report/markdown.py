@@ -1,0 +1,61 @@
+"""Markdown summary of one run, rendered from its evidence.json alone."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from bsrctl.evidence import load_evidence
+
+MEASURE_ORDER = (
+    "tokens", "window_chunks", "l1_capacity_bytes", "restore_pool_peak_bytes",
+    "cached_tokens", "external_hit_tokens", "expected_cached_tokens", "ttft_s", "restore_s",
+    "bytes_restored", "output_sha256", "canonical_sha256",
+)  # fmt: skip
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, str) and len(value) == 64:
+        return value[:12]  # a sha256: its prefix is enough to compare by eye
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def render(doc: dict[str, Any]) -> str:
+    points = doc.get("points", [])
+    keys = [k for k in MEASURE_ORDER if any(k in p["measures"] for p in points)]
+    keys += sorted({k for p in points for k in p["measures"]} - set(keys))
+    lines = [
+        f"# {doc['run_id']} ({doc['kind']}): {doc['verdict']}",
+        "",
+        f"- complete: {doc['complete']}; started {doc['started_at']}; finished "
+        f"{doc.get('finished_at')}",
+        f"- stack: {doc['stack'].get('kind')}; salt `{doc['salt']}`; spec sha256 "
+        f"`{doc['spec_sha256'][:12]}`",
+    ]
+    if doc.get("summary"):
+        lines.append(f"- summary: {doc['summary']}")
+    lines += ["", "| " + " | ".join(["point", "verdict", *keys]) + " |"]
+    lines.append("|" + "---|" * (len(keys) + 2))
+    for p in points:
+        row = [p["id"], p["verdict"]] + [_cell(p["measures"].get(k, "")) for k in keys]
+        lines.append("| " + " | ".join(row) + " |")
+    names = list(dict.fromkeys(c["name"] for p in points for c in p["checks"]))
+    if names:
+        lines += ["", "| point | " + " | ".join(names) + " |", "|" + "---|" * (len(names) + 1)]
+        for p in points:
+            by = {c["name"]: c["verdict"] for c in p["checks"]}
+            lines.append("| " + " | ".join([p["id"], *(by.get(n, "") for n in names)]) + " |")
+    bad = [(p["id"], c) for p in points for c in p["checks"] if c["verdict"] != "PASS"]
+    if bad:
+        lines += ["", "## Not passing", ""]
+        lines += [f"- {pid} / {c['name']}: {c['verdict']}: {c['detail']}" for pid, c in bad]
+    return "\n".join(lines) + "\n"
+
+
+def write_summary(run_dir: Path) -> Path:
+    run_dir = Path(run_dir)
+    out = run_dir / "summary.md"
+    out.write_text(render(load_evidence(run_dir / "evidence.json")))
+    return out

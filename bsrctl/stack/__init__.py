@@ -1,0 +1,1 @@
+"""Stacks bsrctl drives: serving (real vLLM + LMCache [+ Mooncake]), storage, sim."""

