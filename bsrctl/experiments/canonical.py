@@ -39,9 +39,8 @@ class PlainVllm(ServingStack):
             "VLLM_CACHE_ROOT": str(self.dir / "vllm-cache"),
         }
         part = Supervised("vllm-plain", argv, self.dir / "vllm-plain.log", env=env)
-        self.parts["vllm"] = part
         try:
-            part.start()
+            self._launch(part)
             part.wait_healthy(lambda: http_ok(f"{self.vllm_url}/health"), v.startup_timeout_s)
         except BaseException:
             self.down()
@@ -64,7 +63,8 @@ def canonical_outputs(
     missing = [i for i, p in enumerate(paths) if not model_sha or not p.is_file()]
     found: dict[int, tuple[int, ...]] = {}
     if missing:
-        plain = PlainVllm(spec.model_copy(update={"mooncake": MooncakeSpec()}), Path(run_dir))
+        plain_spec = spec.model_copy(update={"mooncake": MooncakeSpec()})
+        plain = PlainVllm(plain_spec, Path(run_dir) / "canonical")
         plain.up()
         try:
             for i in missing:

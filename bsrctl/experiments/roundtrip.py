@@ -19,7 +19,7 @@ from bsrctl.experiments.prompts import expected_external_tokens, prompt_ids, tok
 from bsrctl.report.markdown import write_summary
 from bsrctl.specs import RoundTripSpec, load_spec
 from bsrctl.stack import tinymodel
-from bsrctl.stack.serving import Completion, ServingStack
+from bsrctl.stack.serving import Completion, ServingStack, check_ports
 
 Progress = Callable[[str], None]
 
@@ -83,6 +83,7 @@ def tier_point(
 
 def run_roundtrip(spec_path: Path, out_dir: Path, progress: Progress = lambda _: None) -> Verdict:
     spec, raw = load_spec(spec_path, RoundTripSpec)
+    check_ports(spec.stack)
     model_dir = (
         tinymodel.build() if spec.stack.vllm.model == "tiny" else Path(spec.stack.vllm.model)
     )

@@ -79,6 +79,7 @@ class Supervised:
     cwd: Path | None = None
     proc: subprocess.Popen[bytes] | None = None
     _children: set[int] = field(default_factory=set)  # every descendant PID seen, for the kill
+    shm_before: set[str] = field(default_factory=set)  # /dev/shm names present at start
 
     @property
     def pid(self) -> int | None:

@@ -36,6 +36,25 @@ VENV_BIN = Path(sys.executable).parent
 SERVER_MODULE = "bsrctl.lmcache_ext.server_module"
 
 
+SHM_PREFIXES = ("psm_", "lmcache_kv_")
+
+
+def shm_segments() -> set[str]:
+    return {n for n in os.listdir("/dev/shm") if n.startswith(SHM_PREFIXES)}
+
+
+def shm_mapped(name: str) -> bool:
+    """Whether any live process maps /dev/shm/<name>."""
+    needle = f"/dev/shm/{name}"
+    for maps in Path("/proc").glob("[0-9]*/maps"):
+        try:
+            if needle in maps.read_text():
+                return True
+        except OSError:
+            continue
+    return False
+
+
 def base_env() -> dict[str, str]:
     """Telemetry off, loopback only, bounded CPU KV cache (STACK-NOTES)."""
     return {
@@ -72,6 +91,14 @@ class ServingStack:
         self.ports: dict[str, int] = {}
         self.model_dir: Path | None = None
         self.mooncake: Any = None  # bsrctl.stack.mooncake handle when enabled
+        self.launched: list[Supervised] = []  # every process ever started, for the audit
+
+    def _launch(self, part: Supervised) -> None:
+        key = "vllm" if part.name.startswith("vllm") else part.name
+        self.parts[key] = part
+        self.launched.append(part)
+        part.shm_before = shm_segments()
+        part.start()
 
     # ---- lifecycle -------------------------------------------------------------------------
 
@@ -81,7 +108,10 @@ class ServingStack:
             self.model_dir = self._model()
             if self.spec.mooncake.enabled:
                 self.ns = NetNs(self.dir)
+                self.launched.append(self.ns.holder)
                 self.ns.start()
+            self._allocate_ports()  # a port in use is bad input: fail before starting anything
+            if self.spec.mooncake.enabled:
                 self._start_mooncake()
             self.start_lmcache()
             self.start_vllm()
@@ -95,6 +125,7 @@ class ServingStack:
             part = self.parts.pop(name, None)
             if part is not None:
                 part.stop()
+                self._cleanup_shm(part)
         if self.mooncake is not None:
             self.mooncake.stop()
             self.mooncake = None
@@ -121,7 +152,20 @@ class ServingStack:
             )
         return path
 
+    def _allocate_ports(self) -> None:
+        lm, v = self.spec.lmcache, self.spec.vllm
+        for name, asked in (
+            ("lmcache.port", lm.port),
+            ("lmcache.http_port", lm.http_port),
+            ("vllm.port", v.port),
+        ):
+            self._port(name, asked)
+
     def _port(self, name: str, asked: int) -> int:
+        """The port for `name`: the one already chosen, the one asked for (checked), or a
+        free one. Restarts keep their ports so clients need not be told."""
+        if name in self.ports:
+            return self.ports[name]
         with maybe_inside(self.ns):
             if asked:
                 ensure_port_free(asked, f"stack.{name}")
@@ -167,8 +211,7 @@ class ServingStack:
         if importlib.util.find_spec(SERVER_MODULE) is not None:
             argv += ["--server-module", json.dumps(self._server_module_arg())]
         part = Supervised("lmcache", argv, self.dir / "lmcache.log", env=base_env())
-        self.parts["lmcache"] = part
-        part.start()
+        self._launch(part)
         url = f"http://127.0.0.1:{http_port}/healthcheck"
         with maybe_inside(self.ns):
             part.wait_healthy(lambda: http_ok(url), lm.startup_timeout_s)
@@ -236,8 +279,7 @@ class ServingStack:
                 str(i % (os.cpu_count() or 1)) for i in range(v.tensor_parallel_size)
             )
         part = Supervised("vllm", argv, self.dir / "vllm.log", env=env)
-        self.parts["vllm"] = part
-        part.start()
+        self._launch(part)
         with maybe_inside(self.ns):
             part.wait_healthy(lambda: http_ok(f"{self.vllm_url}/health"), v.startup_timeout_s)
 
@@ -250,10 +292,11 @@ class ServingStack:
         self._save_state()
 
     def _cleanup_shm(self, part: Supervised) -> None:
-        """Killed vLLM processes leave /dev/shm/psm_* segments; remove the ones that are ours."""
-        for pid in part.descendants() + ([part.pid] if part.pid else []):
-            for seg in Path("/dev/shm").glob(f"psm_*{pid}*"):
-                seg.unlink(missing_ok=True)
+        """Killed vLLM processes leave /dev/shm segments (psm_*, lmcache_kv_*): remove those
+        that appeared while this part ran and that no live process still maps."""
+        for seg in shm_segments() - part.shm_before:
+            if not shm_mapped(seg):
+                (Path("/dev/shm") / seg).unlink(missing_ok=True)
 
     # ---- client calls ----------------------------------------------------------------------
 
@@ -375,6 +418,11 @@ class ServingStack:
                 for n, p in self.parts.items()
             },
             "mooncake": self.mooncake.state() if self.mooncake is not None else None,
+            # every PID this stack ever started (restarts included), for the orphan audit
+            "launched": [
+                {"name": p.name, "pid": p.pid, "children": sorted(p._children)}
+                for p in self.launched
+            ],
         }
 
     def _save_state(self) -> None:
@@ -393,6 +441,19 @@ class ServingStack:
         if self.model_dir:
             out["model_sha256"] = tinymodel.model_sha256(self.model_dir)
         return out
+
+
+def check_ports(spec: StackSpec) -> None:
+    """Fail on a taken port before anything starts (in a private namespace none can be)."""
+    if spec.mooncake.enabled:
+        return
+    for name, port in (
+        ("stack.lmcache.port", spec.lmcache.port),
+        ("stack.lmcache.http_port", spec.lmcache.http_port),
+        ("stack.vllm.port", spec.vllm.port),
+    ):
+        if port:
+            ensure_port_free(port, name)
 
 
 def stop_from_state(state_path: Path, timeout_s: float = 15.0) -> list[int]:

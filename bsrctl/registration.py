@@ -1,0 +1,212 @@
+"""State geometry of a model registration: what one chunk of external state is made of.
+
+A registration is the list of tensors one TP rank registers per chunk of ``chunk_tokens``
+tokens, partitioned into semantic (HMA / LMCache object) groups. One chunk of one group on
+one rank is one storage object. From it follow:
+
+- ``bytes_per_chunk`` (c): bytes one chunk stages per rank across every registered tensor;
+  ``bytes_per_chunk_all_ranks`` = c * tp_size.
+- RWS accounting of the paper (Eq. 4): ``window_bytes(W) = W * c`` per rank, and the bound
+  ``rws_bound_bytes(W) = W * c + aux_bytes``.
+- ``digest()``: sha256 over the tensor list, chunk size and TP size, the "registration
+  identity" an acceptance check compares between what was stored and what is restored.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+# Bytes per element of the dtypes a registration may name (torch names, no "torch.").
+DTYPE_BYTES = {
+    "float32": 4,
+    "float16": 2,
+    "bfloat16": 2,
+    "float8_e4m3fn": 1,
+    "uint8": 1,
+    "int8": 1,
+    "int32": 4,
+    "int64": 8,
+}
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One registered tensor's slice for one chunk on one rank."""
+
+    name: str  # registered name (vLLM layer name or state name)
+    shape: tuple[int, ...]  # per-chunk shape on one rank
+    dtype: str  # torch dtype name without "torch."
+    group: int  # semantic group index (GroupSpec.index)
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPE_BYTES:
+            raise ValueError(
+                f"tensor {self.name}: unknown dtype {self.dtype!r}, one of {sorted(DTYPE_BYTES)}"
+            )
+
+    @property
+    def nbytes(self) -> int:
+        n = DTYPE_BYTES[self.dtype]
+        for d in self.shape:
+            n *= d
+        return n
+
+
+@dataclass(frozen=True)
+class GroupSpec:
+    """One semantic group: one LMCache object group, one object per (chunk, rank)."""
+
+    index: int  # object_group_id
+    name: str  # human name ("attention", "indexer", ...)
+    window_chunks: int = -1  # -1 full attention (whole prefix required); >=1 sliding window
+
+
+@dataclass(frozen=True)
+class Registration:
+    """Per-rank tensors per chunk, their groups, the TP size and the chunk size."""
+
+    model: str  # registration name (model id + variant)
+    tensors: tuple[TensorSpec, ...]  # per rank, in registration order
+    groups: tuple[GroupSpec, ...]  # every group a tensor names, by index
+    tp_size: int  # TP ranks that each register ``tensors``
+    chunk_tokens: int  # tokens per chunk (LMCache chunk size)
+    aux_bytes: int = 0  # restore-pool bytes per rank not proportional to W (paper's aux)
+
+    def __post_init__(self) -> None:
+        known = {g.index for g in self.groups}
+        missing = {t.group for t in self.tensors} - known
+        if missing:
+            raise ValueError(f"{self.model}: tensors name groups {sorted(missing)} not in groups")
+        if self.tp_size < 1 or self.chunk_tokens < 1:
+            raise ValueError(f"{self.model}: tp_size and chunk_tokens must be >= 1")
+
+    @property
+    def num_tensors(self) -> int:
+        return len(self.tensors)
+
+    @property
+    def bytes_per_chunk(self) -> int:
+        """c: bytes of one chunk on one rank across every registered tensor."""
+        return sum(t.nbytes for t in self.tensors)
+
+    @property
+    def bytes_per_chunk_all_ranks(self) -> int:
+        return self.bytes_per_chunk * self.tp_size
+
+    def group_tensors(self, group: int) -> tuple[TensorSpec, ...]:
+        return tuple(t for t in self.tensors if t.group == group)
+
+    def group_bytes_per_chunk(self, group: int) -> int:
+        """Bytes of one storage object (one chunk of one group on one rank)."""
+        return sum(t.nbytes for t in self.group_tensors(group))
+
+    def window_bytes(self, window_chunks: int) -> int:
+        """RWS of one window of W chunks, per rank: W * c."""
+        return window_chunks * self.bytes_per_chunk
+
+    def rws_bound_bytes(self, window_chunks: int) -> int:
+        """The bound a measured restore-pool peak is checked against: W * c + aux."""
+        return self.window_bytes(window_chunks) + self.aux_bytes
+
+    def num_chunks(self, num_tokens: int) -> int:
+        """Full chunks in a prefix of ``num_tokens`` tokens (LMCache stores full chunks)."""
+        return num_tokens // self.chunk_tokens
+
+    def digest(self) -> str:
+        """sha256 over the tensor list (name, shape, dtype, group), chunk and TP size."""
+        doc = {
+            "chunk_tokens": self.chunk_tokens,
+            "tp_size": self.tp_size,
+            "tensors": [[t.name, list(t.shape), t.dtype, t.group] for t in self.tensors],
+        }
+        blob = json.dumps(doc, separators=(",", ":")).encode()
+        return hashlib.sha256(blob).hexdigest()
+
+    def to_dict(self) -> dict[str, Any]:
+        """Summary for evidence records (``stack.registration``)."""
+        return {
+            "model": self.model,
+            "num_tensors": self.num_tensors,
+            "groups": [
+                {"index": g.index, "name": g.name, "window_chunks": g.window_chunks}
+                for g in self.groups
+            ],
+            "group_bytes_per_chunk": {
+                str(g.index): self.group_bytes_per_chunk(g.index) for g in self.groups
+            },
+            "tp_size": self.tp_size,
+            "chunk_tokens": self.chunk_tokens,
+            "bytes_per_chunk": self.bytes_per_chunk,
+            "bytes_per_chunk_all_ranks": self.bytes_per_chunk_all_ranks,
+            "aux_bytes": self.aux_bytes,
+            "digest": self.digest(),
+        }
+
+    def identity_diff(self, other: Registration) -> list[str]:
+        """Differences that break registration identity ([] when identical)."""
+        out = []
+        if self.num_tensors != other.num_tensors:
+            out.append(f"tensor count {self.num_tensors} != {other.num_tensors}")
+        if self.bytes_per_chunk != other.bytes_per_chunk:
+            out.append(f"bytes per chunk {self.bytes_per_chunk} != {other.bytes_per_chunk}")
+        if self.chunk_tokens != other.chunk_tokens:
+            out.append(f"chunk tokens {self.chunk_tokens} != {other.chunk_tokens}")
+        if self.tp_size != other.tp_size:
+            out.append(f"tp size {self.tp_size} != {other.tp_size}")
+        if not out and self.digest() != other.digest():
+            out.append("tensor names, shapes or dtypes differ (digest mismatch)")
+        return out
+
+
+# ---- factories ----------------------------------------------------------------------------
+
+PAPER_BYTES_PER_CHUNK = 16_408_576  # DeepSeek-V4-Flash MTP-off, 256-token chunks, per rank
+PAPER_NUM_TENSORS = 167
+
+
+def dsv4_flash_mtp_off(tp_size: int = 2, chunk_tokens: int = 256) -> Registration:
+    """The paper's geometry: 167 tensors, 16,408,576 bytes per 256-token chunk per rank.
+
+    The paper gives the tensor count and c, not the shapes; these are illustrative shapes
+    chosen to sum exactly (so W = 32 gives 500.75 MiB per rank per window, and a 1024-chunk
+    whole plan 16,802,381,824 bytes, the paper's measured 256K L1 peak):
+      43 layers x kv latent (T, 512) bf16 + rope key (T, 64) bf16        group 0 attention
+      40 layers x indexer key (T, 128) fp8 (as uint8) + scale (T,) f32    group 1 indexer
+      1 x aux state (T, 4640) bf16                                         group 2 aux
+    with T = 256 tokens per chunk. ``chunk_tokens`` other than 256 scales every T.
+    """
+    t = chunk_tokens
+    tensors: list[TensorSpec] = []
+    for i in range(43):
+        tensors.append(TensorSpec(f"layers.{i}.attn.kv_latent", (t, 512), "bfloat16", 0))
+        tensors.append(TensorSpec(f"layers.{i}.attn.k_rope", (t, 64), "bfloat16", 0))
+    for i in range(3, 43):
+        tensors.append(TensorSpec(f"layers.{i}.attn.indexer_k", (t, 128), "uint8", 1))
+        tensors.append(TensorSpec(f"layers.{i}.attn.indexer_k_scale", (t,), "float32", 1))
+    tensors.append(TensorSpec("aux.hc_state", (t, 4640), "bfloat16", 2))
+    groups = (GroupSpec(0, "attention"), GroupSpec(1, "indexer"), GroupSpec(2, "aux"))
+    return Registration("deepseek-v4-flash-mtp-off", tuple(tensors), groups, tp_size, chunk_tokens)
+
+
+TINY_LLAMA_BYTES_PER_CHUNK = 262_144  # measured on the CPU serving stack
+
+
+def tiny_llama_cpu(chunk_tokens: int = 256, tp_size: int = 1) -> Registration:
+    """The tiny CPU Llama of the serving stack: 2 layers, 2 KV heads, head dim 32, float32.
+
+    vLLM registers one KV tensor per layer, (K/V, tokens, kv heads, head dim); LMCache
+    stores a chunk as one object (KV_2LTD: (2, layers, tokens, heads*dim)) of the same
+    bytes: 2 * 2 * 256 * 2 * 32 * 4 = 262,144 B per 256-token chunk, as measured.
+    With TP = 2 each rank holds one KV head.
+    """
+    heads = 2 // tp_size
+    tensors = tuple(
+        TensorSpec(f"model.layers.{i}.self_attn.attn", (2, chunk_tokens, heads, 32), "float32", 0)
+        for i in range(2)
+    )
+    return Registration(
+        "tiny-llama-cpu", tensors, (GroupSpec(0, "attention"),), tp_size, chunk_tokens
+    )

@@ -1,0 +1,369 @@
+"""The BSR core: probe → confirmed plan → windows of at most W chunks → commit.
+
+Per window: admit (budget B) → stage (locked prefetch) → wait for complete presence
+(timeout) → read → install into the destination slice → sync → release. Any missing key,
+timeout, read, install or release error fails the whole retrieve closed: every staged
+window is released, every destination block of the request is marked invalid, the
+force-local marker is set, and the outcome reports 0 cached chunks.
+
+With B >= 2W (and ``pipeline``), a request keeps up to two windows in flight: window j+1
+is staged while window j is installed. A request blocks for admission only while it
+holds no window, so requests sharing one budget cannot deadlock.
+
+W = 0 is the stock whole-plan path: one locked prefetch of the whole plan, no budget;
+it exposes the hit prefix it got (0 when the plan does not fit the staging pool).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Collection
+from dataclasses import dataclass
+from typing import Any
+
+from bsrctl.errors import BadInput
+from bsrctl.restore.admission import AdmissionBudget
+from bsrctl.restore.gauge import RestorePoolGauge
+from bsrctl.restore.markers import ForceLocalMarkers
+from bsrctl.restore.plan import confirm_plan, split_windows
+from bsrctl.restore.protocols import RestoreDestination, RestoreStorage
+from bsrctl.restore.types import (
+    EventKind,
+    FailureKind,
+    RestoreEvent,
+    RestoreOutcome,
+    RestorePlan,
+    RestoreRequest,
+    RestoreState,
+    RowId,
+    Window,
+)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RestoreConfig:
+    """Knobs of the bounded restore."""
+
+    window_chunks: int  # W: chunks per window; 0 = stock whole-plan path
+    admission_budget_chunks: int = 0  # B: chunks in flight process-wide; 0 means B = W
+    window_timeout_s: float = 30.0  # max wait for one window to be complete
+    admission_timeout_s: float = 600.0  # max wait for the budget to grant a window
+    pipeline: bool = True  # stage window j+1 while installing j when B >= 2W
+
+    def __post_init__(self) -> None:
+        if self.window_chunks < 0:
+            raise BadInput(f"window_chunks must be >= 0, got {self.window_chunks}")
+        if self.window_chunks and self.budget_chunks < self.window_chunks:
+            raise BadInput(
+                f"admission_budget_chunks={self.admission_budget_chunks} is below "
+                f"window_chunks={self.window_chunks}: set it >= W (or 0 for B = W)"
+            )
+        if self.window_timeout_s <= 0:
+            raise BadInput(f"window_timeout_s must be > 0, got {self.window_timeout_s}")
+
+    @property
+    def budget_chunks(self) -> int:
+        return self.admission_budget_chunks or self.window_chunks
+
+    @property
+    def pipeline_depth(self) -> int:
+        """Windows one request may hold at once."""
+        w = self.window_chunks
+        return 2 if self.pipeline and w and self.budget_chunks >= 2 * w else 1
+
+
+class RestoreFailed(Exception):
+    """Internal: a window failed; carries the kind and a detail with numbers."""
+
+    def __init__(self, kind: FailureKind, detail: str) -> None:
+        super().__init__(detail)
+        self.kind = kind
+        self.detail = detail
+
+
+@dataclass
+class _InFlight:
+    window: Window
+    ticket: Any
+    bytes_by_rank: dict[int, int]
+    budget_chunks: int  # chunks held in the budget (0 on the whole-plan path)
+
+
+class _Run:
+    """State of one restore call (one thread)."""
+
+    def __init__(self, plan: RestorePlan[Any]) -> None:
+        self.plan = plan
+        self.events: list[RestoreEvent] = []
+        self.installed_bytes = 0
+        self.windows_done = 0
+        self.level: dict[int, int] = {}
+        self.peak: dict[int, int] = {}
+
+    def event(self, kind: EventKind, window: Window | None) -> None:
+        if window is None:
+            self.events.append(RestoreEvent(kind, -1, 0, self.plan.prefix_chunks))
+        else:
+            self.events.append(
+                RestoreEvent(kind, window.index, window.chunk_start, window.chunk_stop)
+            )
+
+    def add(self, by_rank: dict[int, int], sign: int) -> None:
+        for rank, n in by_rank.items():
+            self.level[rank] = self.level.get(rank, 0) + sign * n
+            self.peak[rank] = max(self.peak.get(rank, 0), self.level[rank])
+
+
+class BoundedRestorer:
+    """One per process: owns the admission budget, the gauge and the markers."""
+
+    def __init__(
+        self,
+        storage: RestoreStorage,
+        config: RestoreConfig,
+        gauge: RestorePoolGauge | None = None,
+        markers: ForceLocalMarkers | None = None,
+    ) -> None:
+        self.storage = storage
+        self.config = config
+        self.gauge = gauge if gauge is not None else RestorePoolGauge()
+        self.markers = markers if markers is not None else ForceLocalMarkers()
+        self.budget = AdmissionBudget(config.budget_chunks) if config.window_chunks else None
+
+    # ---- probe --------------------------------------------------------------------------
+
+    def probe(
+        self, request: RestoreRequest[Any], invalid_rows: Collection[RowId] = ()
+    ) -> RestorePlan[Any]:
+        """Probe-only lookup: hit bitmaps from the storage, nothing staged; compose the plan.
+
+        A probe error collapses the prefix to 0 (every row invalid); it never raises.
+        """
+        forced = self.markers.record(request.request_id) is not None
+        try:
+            bitmaps = self.storage.probe(request)
+        except Exception:
+            log.exception("probe failed for %s: prefix collapsed to 0", request.request_id)
+            return confirm_plan(request, [], invalid_rows=request.row_ids, forced_local=forced)
+        return confirm_plan(request, bitmaps, invalid_rows=invalid_rows, forced_local=forced)
+
+    # ---- restore ------------------------------------------------------------------------
+
+    def restore(self, plan: RestorePlan[Any], destination: RestoreDestination) -> RestoreOutcome:
+        """Restore the plan's prefix into the destination; never raises (fail-closed)."""
+        if self.config.window_chunks == 0:
+            return self._restore_whole_plan(plan, destination)
+        run = _Run(plan)
+        inflight: deque[_InFlight] = deque()
+        try:
+            for window in split_windows(plan.prefix_chunks, self.config.window_chunks):
+                self._admit(run, window, inflight, destination)
+                inflight.append(self._stage(run, window, window.num_chunks))
+            while inflight:
+                self._finish_window(run, inflight[0], destination, window_whole=True)
+                self._release(run, inflight.popleft())
+        except RestoreFailed as e:
+            return self._fail(run, inflight, destination, e.kind, e.detail)
+        except Exception as e:  # a protocol implementation raised something unexpected
+            log.exception("restore of %s failed", plan.request.request_id)
+            return self._fail(run, inflight, destination, FailureKind.STAGE_ERROR, repr(e))
+        finally:
+            self._release_all(run, inflight)
+        run.event(EventKind.COMMIT, None)
+        return self._outcome(run, RestoreState.COMMITTED, FailureKind.NONE, "", plan.prefix_chunks)
+
+    def _admit(
+        self, run: _Run, window: Window, inflight: deque[_InFlight], destination: RestoreDestination
+    ) -> None:
+        """Get budget for ``window``; drain own windows instead of blocking while holding any."""
+        assert self.budget is not None
+        n = window.num_chunks
+        while True:
+            if len(inflight) < self.config.pipeline_depth and self.budget.try_acquire(n):
+                break
+            if inflight:
+                self._finish_window(run, inflight[0], destination, window_whole=True)
+                self._release(run, inflight.popleft())
+                continue
+            if not self.budget.acquire(n, self.config.admission_timeout_s):
+                raise RestoreFailed(
+                    FailureKind.ADMISSION_TIMEOUT,
+                    f"window {window.index} ({n} chunks) not admitted within "
+                    f"{self.config.admission_timeout_s}s under B={self.budget.budget_chunks}",
+                )
+            break
+        run.event(EventKind.ADMIT, window)
+
+    def _stage(self, run: _Run, window: Window, budget_chunks: int) -> _InFlight:
+        per_col = run.plan.request.column_bytes_by_rank()
+        by_rank = {r: b * window.num_chunks for r, b in per_col.items()}
+        self.gauge.add(by_rank)
+        run.add(by_rank, +1)
+        try:
+            ticket = self.storage.stage(run.plan.request, window)
+        except Exception as e:
+            self.gauge.remove(by_rank)
+            run.add(by_rank, -1)
+            if self.budget is not None and budget_chunks:
+                self.budget.release(budget_chunks)
+            raise RestoreFailed(
+                FailureKind.STAGE_ERROR, f"window {window.index}: stage raised {e!r}"
+            ) from e
+        run.event(EventKind.STAGE, window)
+        return _InFlight(window, ticket, by_rank, budget_chunks)
+
+    def _finish_window(
+        self, run: _Run, item: _InFlight, destination: RestoreDestination, window_whole: bool
+    ) -> int:
+        """Wait, check, read, install, sync. Returns chunks installed."""
+        w = item.window
+        rid = run.plan.request.request_id
+        result = self.storage.wait(item.ticket, self.config.window_timeout_s)
+        if result is None:
+            raise RestoreFailed(
+                FailureKind.TIMEOUT,
+                f"window {w.index} (chunks {w.chunk_start}..{w.chunk_stop}) not complete "
+                f"within {self.config.window_timeout_s}s",
+            )
+        if window_whole and not result.complete:
+            raise RestoreFailed(FailureKind.MISSING_KEY, _missing_detail(run.plan, w, result.hits))
+        n = w.num_chunks if window_whole else result.prefix_chunks()
+        run.event(EventKind.READY, w)
+        if n == 0:
+            return 0
+        try:
+            ctx = self.storage.read(item.ticket, n)
+            objects = ctx.__enter__()
+        except Exception as e:
+            raise RestoreFailed(
+                FailureKind.READ_ERROR, f"window {w.index}: read raised {e!r}"
+            ) from e
+        try:
+            run.installed_bytes += destination.install(rid, w, objects, n)
+            destination.sync(rid)
+        except Exception as e:
+            ctx.__exit__(type(e), e, e.__traceback__)
+            raise RestoreFailed(
+                FailureKind.INSTALL_ERROR, f"window {w.index}: install raised {e!r}"
+            ) from e
+        ctx.__exit__(None, None, None)
+        run.event(EventKind.INSTALL, w)
+        return n
+
+    def _release(self, run: _Run, item: _InFlight) -> None:
+        try:
+            self.storage.release(item.ticket)
+        except Exception as e:
+            raise RestoreFailed(
+                FailureKind.RELEASE_ERROR, f"window {item.window.index}: release raised {e!r}"
+            ) from e
+        finally:
+            self._unaccount(run, item)
+        run.windows_done += 1
+        run.event(EventKind.RELEASE, item.window)
+
+    def _unaccount(self, run: _Run, item: _InFlight) -> None:
+        if item.bytes_by_rank:
+            self.gauge.remove(item.bytes_by_rank)
+            run.add(item.bytes_by_rank, -1)
+            item.bytes_by_rank = {}
+        if self.budget is not None and item.budget_chunks:
+            self.budget.release(item.budget_chunks)
+            item.budget_chunks = 0
+
+    def _release_all(self, run: _Run, inflight: deque[_InFlight]) -> None:
+        """Release every window still held (failure or unexpected exit). Never raises."""
+        while inflight:
+            item = inflight.popleft()
+            try:
+                self.storage.release(item.ticket)
+            except Exception:
+                log.exception("release of window %d failed during cleanup", item.window.index)
+            self._unaccount(run, item)
+
+    def _fail(
+        self,
+        run: _Run,
+        inflight: deque[_InFlight],
+        destination: RestoreDestination,
+        kind: FailureKind,
+        detail: str,
+    ) -> RestoreOutcome:
+        rid = run.plan.request.request_id
+        self._release_all(run, inflight)
+        try:
+            destination.mark_invalid(rid)
+        except Exception:
+            log.exception("mark_invalid(%s) raised; blocks may be reported valid", rid)
+        self.markers.set(rid, f"{kind.name}: {detail}")
+        run.event(EventKind.FAIL, None)
+        return self._outcome(run, RestoreState.FAILED, kind, detail, 0)
+
+    def _outcome(
+        self, run: _Run, state: RestoreState, kind: FailureKind, detail: str, chunks: int
+    ) -> RestoreOutcome:
+        return RestoreOutcome(
+            request_id=run.plan.request.request_id,
+            state=state,
+            failure=kind,
+            detail=detail,
+            cached_chunks=chunks,
+            chunk_tokens=run.plan.request.chunk_tokens,
+            bytes_restored=run.installed_bytes,
+            windows_done=run.windows_done,
+            window_chunks=self.config.window_chunks,
+            budget_chunks=self.config.budget_chunks if self.config.window_chunks else 0,
+            peak_staged_bytes_by_rank=dict(run.peak),
+            events=tuple(run.events),
+        )
+
+    # ---- whole plan (W = 0) ---------------------------------------------------------------
+
+    def _restore_whole_plan(
+        self, plan: RestorePlan[Any], destination: RestoreDestination
+    ) -> RestoreOutcome:
+        """Stock path: one locked prefetch of the whole plan; expose the hit prefix it got."""
+        run = _Run(plan)
+        inflight: deque[_InFlight] = deque()
+        windows = split_windows(plan.prefix_chunks, 0)
+        got = 0
+        try:
+            if windows:
+                inflight.append(self._stage(run, windows[0], 0))
+                got = self._finish_window(run, inflight[0], destination, window_whole=False)
+                self._release(run, inflight.popleft())
+        except RestoreFailed as e:
+            return self._fail(run, inflight, destination, e.kind, e.detail)
+        except Exception as e:
+            log.exception("whole-plan restore of %s failed", plan.request.request_id)
+            return self._fail(run, inflight, destination, FailureKind.STAGE_ERROR, repr(e))
+        finally:
+            self._release_all(run, inflight)
+        run.event(EventKind.COMMIT, None)
+        return self._outcome(run, RestoreState.COMMITTED, FailureKind.NONE, "", got)
+
+    # ---- admission hooks -------------------------------------------------------------------
+
+    def on_admitted(self, request_id: str) -> None:
+        """The engine admitted the request to RUNNING: clear its force-local marker."""
+        self.markers.on_admitted(request_id)
+
+    def on_teardown(self, request_id: str) -> None:
+        """The request finished or was aborted: clear its force-local marker."""
+        self.markers.on_teardown(request_id)
+
+
+def _missing_detail(plan: RestorePlan[Any], w: Window, hits: tuple[tuple[bool, ...], ...]) -> str:
+    missing = [
+        f"rank {row.row.rank} group {row.row.group} chunk {w.chunk_start + i}"
+        for row, bits in zip(plan.request.rows, hits, strict=False)
+        for i, hit in enumerate(bits)
+        if not hit
+    ]
+    return (
+        f"window {w.index} (chunks {w.chunk_start}..{w.chunk_stop}) incomplete: "
+        f"{len(missing)} object(s) missing, first {missing[:3]}"
+    )

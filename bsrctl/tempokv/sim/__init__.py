@@ -1,0 +1,1 @@
+"""Virtual-time simulation: engine, device and workload around the real TempoKV code."""

@@ -1,0 +1,252 @@
+"""A simulated serving engine: FCFS, at most `max_seqs` active sequences, chunked prefill.
+
+A request granted a slot loads its KV while holding that slot; the other sequences keep
+stepping (an asynchronous connector load) and it joins the batch at the next step boundary.
+Decode-only stretches run as one event (k steps at one step time); an arrival that finds a
+free slot, or a finished load, cuts the stretch at the next step boundary."""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import IntEnum
+
+from bsrctl.tempokv.clocks import Clock, Timer
+from bsrctl.tempokv.controller import Controller, RetrievalGrant
+from bsrctl.tempokv.sim.workload import Request
+from bsrctl.tempokv.ttu import (
+    CostModel,
+    EngineLimits,
+    EngineSnapshot,
+    QueuedSeq,
+    RunningSeq,
+    prefill_pairs,
+)
+
+
+class EngineMode(IntEnum):
+    IDLE = 0  # nothing to step (loads may be in flight)
+    PREFILL_STEP = 1  # one step that includes prefill chunks
+    DECODE_RUN = 2  # k decode-only steps
+
+
+@dataclass(slots=True)
+class RequestLog:
+    """What happened to one request, for metrics and traces."""
+
+    req: Request
+    retrieval_s: float | None = None  # slot granted, retrieval requested
+    admitted_s: float | None = None  # KV on the GPU, joins the batch
+    first_token_s: float | None = None
+    done_s: float | None = None
+    path: str = "none"  # "committed", "ordinary" or "none" (nothing cached)
+
+
+@dataclass(slots=True)
+class _Seq:
+    log: RequestLog
+    prefill_left: int
+    ctx: int
+    generated: int = 0
+
+
+class SimEngine:
+    def __init__(
+        self,
+        clock: Clock,
+        cost: CostModel,
+        limits: EngineLimits,
+        retrieval_bytes_s: float,
+        controller: Controller | None,
+        on_iteration: Callable[[], None] = lambda: None,
+        on_complete: Callable[[RequestLog], None] = lambda log: None,
+    ) -> None:
+        self.clock = clock
+        self.cost = cost
+        self.limits = limits
+        self.retrieval_bytes_s = retrieval_bytes_s
+        self.controller = controller
+        self.on_iteration = on_iteration  # the runtime adapter's hook after each iteration
+        self.on_complete = on_complete
+        self.waiting: deque[RequestLog] = deque()
+        self.loading: list[RequestLog] = []  # hold a slot, KV on its way
+        self.loaded: list[RequestLog] = []  # KV on the GPU, join at the next boundary
+        self.running: list[_Seq] = []
+        self.mode = EngineMode.IDLE
+        self._run: tuple[float, float, int] = (0.0, 0.0, 0)  # start_s, step_s, k
+        self._step_start_s = 0.0
+        self._timer: Timer | None = None
+
+    def _slots_free(self) -> int:
+        used = len(self.running) + len(self.loading) + len(self.loaded)
+        return self.limits.max_seqs - used
+
+    # ---- inputs -------------------------------------------------------------------------
+    def submit(self, log: RequestLog) -> None:
+        self.waiting.append(log)
+        if self.mode is EngineMode.IDLE:
+            self._schedule()
+        elif self.mode is EngineMode.DECODE_RUN and self._slots_free() > 0:
+            self._cut_run()
+
+    # ---- the loop: one scheduling pass per step boundary ----------------------------------
+    def _schedule(self) -> None:
+        for log in self.loaded:
+            req = log.req
+            prefill = max(1, req.prompt_tokens - req.cached_tokens)  # ≥ 1: the last token
+            self.running.append(_Seq(log, prefill, req.cached_tokens))
+        self.loaded.clear()
+        while self._slots_free() > 0 and self.waiting:
+            self._start_load(self.waiting.popleft())
+        if self.running:
+            self._step()
+        else:
+            self.mode = EngineMode.IDLE
+        self.on_iteration()
+
+    def _start_load(self, log: RequestLog) -> None:
+        log.retrieval_s = self.clock.now()
+        self.loading.append(log)
+        req = log.req
+        ctl = self.controller
+        if ctl is None or not req.manifest.objects:
+            self.clock.call_later(0.0, lambda: self._loaded(log))
+            return
+        grant = ctl.request_retrieval(req.req_id, lambda: self._transfer(log))
+        if grant is RetrievalGrant.READY:
+            self._transfer(log)
+        elif grant is RetrievalGrant.ORDINARY:
+            log.path = "ordinary"
+            ctl.ordinary_read(req.req_id, lambda: self._transfer(log))
+
+    def _transfer(self, log: RequestLog) -> None:
+        """Fast tier → GPU. A committed claim is TRANSFERRING until it completes."""
+        ctl = self.controller
+        assert ctl is not None
+        req_id = log.req.req_id
+        committed = log.path != "ordinary"
+        if committed:
+            log.path = "committed"
+            ctl.begin_transfer(req_id)
+
+        def done() -> None:
+            if committed:
+                ctl.end_transfer(req_id)
+            else:
+                ctl.end_ordinary(req_id)
+            self._loaded(log)
+
+        self.clock.call_later(log.req.manifest.size_bytes / self.retrieval_bytes_s, done)
+
+    def _loaded(self, log: RequestLog) -> None:
+        self.loading.remove(log)
+        log.admitted_s = self.clock.now()
+        self.loaded.append(log)
+        if self.mode is EngineMode.IDLE:
+            self._schedule()
+        elif self.mode is EngineMode.DECODE_RUN:
+            self._cut_run()
+
+    def _step(self) -> None:
+        decoding = [s for s in self.running if s.prefill_left == 0]
+        now_s = self.clock.now()
+        if len(decoding) < len(self.running):
+            self.mode = EngineMode.PREFILL_STEP
+            self._step_start_s = now_s
+            step_s = self._prefill_step_s(decoding)
+            self._timer = self.clock.call_later(step_s, self._end_prefill_step)
+        else:
+            k = min(s.log.req.output_tokens - s.generated for s in self.running)
+            step_s = self.cost.step_s(len(self.running), 0, sum(s.ctx for s in self.running))
+            self.mode = EngineMode.DECODE_RUN
+            self._run = (now_s, step_s, k)
+            self._timer = self.clock.call_later(k * step_s, lambda: self._end_run(k))
+
+    def _prefill_step_s(self, decoding: list[_Seq]) -> float:
+        budget = self.limits.max_batched_tokens - len(decoding)
+        tokens, pairs = len(decoding), 0
+        for s in self.running:
+            if s.prefill_left and budget > 0:
+                n = min(s.prefill_left, budget)
+                budget -= n
+                tokens += n
+                pairs += prefill_pairs(n, s.ctx)
+        return self.cost.step_s(tokens, pairs, sum(s.ctx for s in decoding))
+
+    def _end_prefill_step(self) -> None:
+        now_s = self.clock.now()
+        budget = self.limits.max_batched_tokens - sum(1 for s in self.running if not s.prefill_left)
+        for s in self.running:
+            if s.prefill_left == 0:
+                s.generated += 1
+                s.ctx += 1
+            elif budget > 0:
+                n = min(s.prefill_left, budget)
+                budget -= n
+                s.prefill_left -= n
+                s.ctx += n
+                if s.prefill_left == 0:
+                    s.generated = 1  # the prefill's last step yields the first token
+                    s.log.first_token_s = now_s
+        self._finish_done()
+
+    def _end_run(self, k: int) -> None:
+        for s in self.running:
+            s.generated += k
+            s.ctx += k
+        self._finish_done()
+
+    def _cut_run(self) -> None:
+        """Stop the decode stretch after the step now in progress."""
+        start_s, step_s, k = self._run
+        done = max(1, math.ceil((self.clock.now() - start_s) / step_s - 1e-9))
+        if done >= k or self._timer is None:
+            return
+        self._timer.cancel()
+        self._run = (start_s, step_s, done)
+        self._timer = self.clock.call_at(start_s + done * step_s, lambda: self._end_run(done))
+
+    def _finish_done(self) -> None:
+        now_s = self.clock.now()
+        still = []
+        for s in self.running:
+            if s.generated >= s.log.req.output_tokens:
+                s.log.done_s = now_s
+                self.on_complete(s.log)
+            else:
+                still.append(s)
+        self.running = still
+        self._schedule()
+
+    # ---- what the runtime adapter reads -------------------------------------------------
+    def snapshot(self) -> EngineSnapshot:
+        """The engine as of now. busy_s is engine time before the projection's first step:
+        the rest of the decode step in progress (counted as done), or minus the elapsed part
+        of a prefill step (which the projection then replays). Loading requests are taken as
+        about to join (their KV assumed stage-ready)."""
+        now_s = self.clock.now()
+        done, busy_s = 0, 0.0
+        if self.mode is EngineMode.DECODE_RUN:
+            start_s, step_s, k = self._run
+            done = min(k, math.ceil((now_s - start_s) / step_s - 1e-9))
+            busy_s = start_s + done * step_s - now_s
+        elif self.mode is EngineMode.PREFILL_STEP:
+            busy_s = self._step_start_s - now_s
+        seqs = [RunningSeq(s.prefill_left, s.ctx + done, s.generated + done) for s in self.running]
+        for log in (*self.loading, *self.loaded):
+            req = log.req
+            seqs.append(
+                RunningSeq(max(1, req.prompt_tokens - req.cached_tokens), req.cached_tokens, 0)
+            )
+        waiting = tuple(
+            QueuedSeq(
+                log.req.req_id,
+                log.req.prompt_tokens,
+                log.req.cached_tokens,
+                log.req.manifest.size_bytes / self.retrieval_bytes_s,
+            )
+            for log in self.waiting
+        )
+        return EngineSnapshot(now_s, busy_s, tuple(seqs), waiting)

