@@ -121,14 +121,15 @@ def stack_up(
     ),
 ) -> None:
     """Start the stack a spec's `stack:` section describes and leave it running."""
-    from bsrctl.specs import RoundTripSpec, load_spec
-    from bsrctl.stack.serving import ServingStack
+    from bsrctl.specs import load_stack_section
+    from bsrctl.stack.serving import ServingStack, check_ports
 
     def go() -> ServingStack:
-        parsed, _ = load_spec(spec, RoundTripSpec)
+        parsed = load_stack_section(spec)
         if (run_dir / "stack" / "state.json").exists() and _live_state(run_dir):
             raise BadInput(f"--run-dir: a stack is already up in {run_dir}; `bsrctl stack down`")
-        st = ServingStack(parsed.stack, run_dir)
+        check_ports(parsed)
+        st = ServingStack(parsed, run_dir)
         st.up()
         return st
 

@@ -120,3 +120,12 @@ def load_spec(path: Path, model: type[M]) -> tuple[M, dict[str, Any]]:
         return model.model_validate(raw), raw
     except ValidationError as exc:
         raise BadInput(f"{path}: {describe_error(model, exc)}") from None
+
+
+def load_stack_section(path: Path) -> StackSpec:
+    """The `stack:` section of any spec (round trip, ladder, sweep, law, failmatrix)."""
+    raw = read_yaml(path).get("stack", {})
+    try:
+        return StackSpec.model_validate(raw)
+    except ValidationError as exc:
+        raise BadInput(f"{path}: stack.{describe_error(StackSpec, exc)}") from None
