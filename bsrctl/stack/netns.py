@@ -1,111 +1,297 @@
 """A private network namespace with only `lo`, for parts that bind 0.0.0.0 whatever their flags.
 
-A holder process (`unshare -n sleep`) owns the namespace; every stack process starts under
-`nsenter -t HOLDER -n`, and bsrctl's own client calls enter it per thread with setns(2).
+A holder process (`unshare -n sh -c 'ip link set lo up && exec sleep infinity'`) owns it; every
+stack process starts under `nsenter -t HOLDER -n` (nsenter execs: the PID is the program's), and
+bsrctl's own client calls reach the namespace's loopback from a thread that setns(2)-ed into it.
 """
 
 from __future__ import annotations
 
 import ctypes
 import os
+import shutil
+import socket
 import subprocess
-from collections.abc import Iterator
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from bsrctl.errors import StackFailed
 from bsrctl.stack.process import Supervised
 
+T = TypeVar("T")
+
 CLONE_NEWNET = 0x40000000
+LOOPBACK = "127.0.0.1"
+HOLDER_SCRIPT = "ip link set lo up && exec sleep infinity"
+REQUIRED_TOOLS = ("unshare", "nsenter", "ip")
 
 
-def namespaces_allowed() -> tuple[bool, str]:
-    """Whether this user may create a private network namespace, and why not."""
+# ---------------------------------------------------------------------------
+# can we have namespaces here?
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class NamespaceSupport:
+    ok: bool  # a private network namespace with a working lo can be made here
+    detail: str  # what was checked, or what failed and how to fix it
+
+
+def namespace_support(timeout_s: float = 5.0) -> NamespaceSupport:
+    """Whether ``unshare -n`` works here (root or CAP_SYS_ADMIN, tools present)."""
+    missing = [t for t in REQUIRED_TOOLS if shutil.which(t) is None]
+    if missing:
+        return NamespaceSupport(
+            False,
+            f"missing {', '.join(missing)}: install util-linux and iproute2 "
+            "(apt-get install -y util-linux iproute2)",
+        )
     try:
         res = subprocess.run(
-            ["unshare", "-n", "--", "ip", "link", "set", "lo", "up"],
+            ["unshare", "-n", "sh", "-c", "ip link set lo up && ip -o addr show lo"],
             capture_output=True,
-            timeout=10,
             text=True,
+            timeout=timeout_s,
         )
-    except (FileNotFoundError, subprocess.TimeoutExpired) as exc:
-        return False, f"unshare/ip unavailable: {exc}"
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return NamespaceSupport(False, f"unshare -n failed: {exc}")
     if res.returncode != 0:
-        return False, (res.stderr.strip() or f"unshare exited {res.returncode}")
-    return True, "ok"
-
-
-def _setns(fd: int) -> None:
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.setns(fd, CLONE_NEWNET) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"setns: {os.strerror(err)}")
-
-
-class NetNs:
-    """The holder process and helpers to run or call inside its namespace."""
-
-    def __init__(self, log_dir: Path, holder_pid: int | None = None) -> None:
-        self.holder = Supervised(
-            name="netns-holder",
-            argv=["unshare", "-n", "--", "sleep", "infinity"],
-            log_path=log_dir / "netns-holder.log",
+        why = (res.stderr or res.stdout).strip().splitlines()
+        return NamespaceSupport(
+            False,
+            f"unshare -n refused ({why[-1] if why else res.returncode}): run as root or with "
+            "CAP_SYS_ADMIN (docker: --cap-add SYS_ADMIN); Mooncake is skipped, never run "
+            "unconfined",
         )
-        self._attached_pid = holder_pid  # an existing namespace (bsrctl stack status/down)
+    if "127.0.0.1" not in res.stdout:
+        return NamespaceSupport(False, "lo came up without 127.0.0.1 in a new namespace")
+    return NamespaceSupport(True, "unshare -n + nsenter work; lo up in a private namespace")
+
+
+def namespaces_available() -> bool:
+    return namespace_support().ok
+
+
+# ---------------------------------------------------------------------------
+# the namespace
+# ---------------------------------------------------------------------------
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+class NetNamespace:
+    """A private network namespace held by one process; the stack's processes join it.
+
+    Either it owns its holder (``start_netns``) or it attaches to an existing holder's PID
+    (``NetNamespace(pid=...)``, e.g. ``bsrctl.stack.netns.NetNs``'s): then ``stop`` leaves
+    the holder alone.
+    """
+
+    def __init__(self, holder: Supervised | None = None, pid: int | None = None) -> None:
+        if (holder is None) == (pid is None):
+            raise ValueError("give exactly one of holder (owned) or pid (attached)")
+        self.holder = holder
+        self._attached_pid = pid
+
+    @classmethod
+    def of(cls, ns: object) -> NetNamespace:
+        """This class for ``ns``: itself, or attached to any object with a holder ``pid``."""
+        if isinstance(ns, NetNamespace):
+            return ns
+        pid = getattr(ns, "pid", None)
+        if not isinstance(pid, int):
+            raise TypeError(f"not a network namespace handle: {ns!r}")
+        return cls(pid=pid)
 
     @property
     def pid(self) -> int:
-        pid = self._attached_pid or self.holder.pid
-        if pid is None:
-            raise StackFailed("network namespace not started")
-        return pid
+        if self._attached_pid is not None:
+            return self._attached_pid
+        assert self.holder is not None
+        if self.holder.pid is None:
+            raise StackFailed("network namespace holder not started")
+        return self.holder.pid
 
-    def start(self) -> None:
-        ok, why = namespaces_allowed()
-        if not ok:
-            raise StackFailed(
-                f"private network namespaces are not allowed here ({why}); Mooncake needs one "
-                f"because some of its listeners bind 0.0.0.0: run as root, or disable "
-                f"stack.mooncake.enabled"
-            )
-        self.holder.start()
-        res = subprocess.run(
-            [*self.prefix(), "ip", "link", "set", "lo", "up"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-        )
-        if res.returncode != 0:
-            self.holder.stop()
-            raise StackFailed(f"cannot bring lo up in the namespace: {res.stderr.strip()}")
+    @property
+    def ns_path(self) -> str:
+        return f"/proc/{self.pid}/ns/net"
 
-    def prefix(self) -> list[str]:
-        """argv prefix that runs a command inside the namespace."""
-        return ["nsenter", "-t", str(self.pid), "-n", "--"]
+    def alive(self) -> bool:
+        if self.holder is not None:
+            return self.holder.alive()
+        return os.path.exists(self.ns_path)
 
-    @contextmanager
-    def inside(self) -> Iterator[None]:
-        """Run this thread's code inside the namespace, then return to where it was."""
-        own = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
-        target = os.open(f"/proc/{self.pid}/ns/net", os.O_RDONLY)
-        try:
-            _setns(target)
+    def wrap(self, argv: list[str]) -> list[str]:
+        """Command line that runs argv inside the namespace (nsenter execs: same PID)."""
+        return ["nsenter", "-t", str(self.pid), "-n", "--", *argv]
+
+    def call(self, fn: Callable[[], T], timeout_s: float = 30.0) -> T:
+        """Run fn in a new thread that has joined the namespace (setns is per thread)."""
+        box: dict[str, object] = {}
+
+        def run() -> None:
             try:
-                yield
-            finally:
-                _setns(own)
-        finally:
-            os.close(target)
-            os.close(own)
+                fd = os.open(self.ns_path, os.O_RDONLY)
+                try:
+                    if _libc.setns(fd, CLONE_NEWNET) != 0:
+                        err = ctypes.get_errno()
+                        raise OSError(err, f"setns({self.ns_path}): {os.strerror(err)}")
+                finally:
+                    os.close(fd)
+                box["value"] = fn()
+            except BaseException as exc:  # handed to the caller
+                box["error"] = exc
 
-    def stop(self) -> None:
-        self.holder.stop(timeout_s=5)
+        t = threading.Thread(target=run, name="netns-call", daemon=True)
+        t.start()
+        t.join(timeout_s)
+        if t.is_alive():
+            raise TimeoutError(f"call in network namespace {self.pid} ran over {timeout_s} s")
+        if "error" in box:
+            raise box["error"]  # type: ignore[misc]
+        return box["value"]  # type: ignore[return-value]
+
+    def free_port(self) -> int:
+        """A port free on the namespace's loopback (bind 0, read it, close)."""
+
+        def pick() -> int:
+            with socket.socket() as s:
+                s.bind((LOOPBACK, 0))
+                return int(s.getsockname()[1])
+
+        return self.call(pick, 5.0)
+
+    def http_get(self, url: str, timeout_s: float = 2.0) -> tuple[int, bytes] | None:
+        """(status, body) of a GET inside the namespace; None if nothing answered."""
+
+        def get() -> tuple[int, bytes] | None:
+            try:
+                with urllib.request.urlopen(url, timeout=timeout_s) as resp:
+                    return int(resp.status), resp.read()
+            except urllib.error.HTTPError as exc:
+                return int(exc.code), exc.read()
+            except (urllib.error.URLError, OSError, ValueError):
+                return None
+
+        return self.call(get, timeout_s + 5.0)
+
+    def http_ok(self, url: str, timeout_s: float = 2.0) -> bool:
+        res = self.http_get(url, timeout_s)
+        return res is not None and 200 <= res[0] < 300
+
+    def tcp_open(self, port: int, host: str = LOOPBACK, timeout_s: float = 1.0) -> bool:
+        def probe() -> bool:
+            try:
+                with socket.create_connection((host, port), timeout=timeout_s):
+                    return True
+            except OSError:
+                return False
+
+        return self.call(probe, timeout_s + 5.0)
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Stop the holder if this object owns it (the namespace goes with its last process)."""
+        if self.holder is not None:
+            self.holder.stop(timeout_s)
+
+
+def start_netns(log_dir: Path, name: str = "netns", timeout_s: float = 10.0) -> NetNamespace:
+    """Start the holder of a private network namespace with lo up."""
+    support = namespace_support()
+    if not support.ok:
+        raise StackFailed(f"no private network namespace: {support.detail}")
+    holder = Supervised(
+        name=name,
+        argv=["unshare", "-n", "sh", "-c", HOLDER_SCRIPT],
+        log_path=log_dir / f"{name}.log",
+    )
+    holder.start()
+    ns = NetNamespace(holder=holder)
+    try:
+        holder.wait_healthy(lambda: _lo_up(ns), timeout_s, interval_s=0.05)
+    except BaseException:
+        holder.stop(2.0)
+        raise
+    return ns
+
+
+def _lo_up(ns: NetNamespace) -> bool:
+    """The namespace is private (not ours) and its loopback carries a connection."""
+    try:
+        if os.readlink(ns.ns_path) == os.readlink("/proc/self/ns/net"):
+            return False  # unshare has not run yet: nsenter now would land in our namespace
+        return ns.call(_loopback_works, 5.0)
+    except (OSError, StackFailed, TimeoutError):
+        return False
+
+
+def _loopback_works() -> bool:
+    try:
+        with socket.socket() as srv:
+            srv.bind((LOOPBACK, 0))
+            srv.listen(1)
+            with socket.create_connection(srv.getsockname(), timeout=0.5):
+                return True
+    except OSError:
+        return False
+
+
+def ensure_ready(ns: NetNamespace, timeout_s: float = 10.0) -> None:
+    """Wait until ns is a private namespace with lo up; StackFailed (with the fix) if not."""
+    if wait_until(lambda: _lo_up(ns), timeout_s):
+        return
+    if os.path.exists(ns.ns_path) and os.readlink(ns.ns_path) == os.readlink("/proc/self/ns/net"):
+        why = f"process {ns.pid} shares bsrctl's own network namespace (not unshared)"
+    else:
+        why = f"lo is down in the namespace of process {ns.pid}"
+    raise StackFailed(
+        f"network namespace not ready after {timeout_s:.0f} s: {why}; start the holder with "
+        f"unshare -n sh -c '{HOLDER_SCRIPT}' (bsrctl.stack.mooncake.start_netns)"
+    )
+
+
+def wait_until(probe: Callable[[], bool], timeout_s: float, interval_s: float = 0.05) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if probe():
+            return True
+        time.sleep(interval_s)
+    return probe()
+
+
+def in_ns(ns: NetNamespace | None, fn: Callable[[], T], timeout_s: float = 600.0) -> T:
+    """fn() inside ns when there is one, else here."""
+    return fn() if ns is None else ns.call(fn, timeout_s)
 
 
 @contextmanager
-def maybe_inside(ns: NetNs | None) -> Iterator[None]:
+def maybe_inside(ns: NetNamespace | None) -> Iterator[None]:
+    """Run this thread's code inside ns (when given), then return to where it was."""
     if ns is None:
         yield
-    else:
-        with ns.inside():
+        return
+    own = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
+    target = os.open(ns.ns_path, os.O_RDONLY)
+    try:
+        _setns(target, ns.ns_path)
+        try:
             yield
+        finally:
+            _setns(own, "own namespace")
+    finally:
+        os.close(target)
+        os.close(own)
+
+
+def _setns(fd: int, what: str) -> None:
+    if _libc.setns(fd, CLONE_NEWNET) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"setns({what}): {os.strerror(err)}")

@@ -21,7 +21,7 @@ from typing import Any
 from bsrctl.errors import StackFailed
 from bsrctl.specs import StackSpec
 from bsrctl.stack import tinymodel
-from bsrctl.stack.netns import NetNs, maybe_inside
+from bsrctl.stack.netns import NetNamespace, maybe_inside, start_netns
 from bsrctl.stack.process import (
     Supervised,
     ensure_port_free,
@@ -86,7 +86,7 @@ class ServingStack:
     def __init__(self, spec: StackSpec, run_dir: Path) -> None:
         self.spec = spec
         self.dir = Path(run_dir) / "stack"
-        self.ns: NetNs | None = None
+        self.ns: NetNamespace | None = None
         self.parts: dict[str, Supervised] = {}
         self.ports: dict[str, int] = {}
         self.model_dir: Path | None = None
@@ -107,9 +107,8 @@ class ServingStack:
             self.dir.mkdir(parents=True, exist_ok=True)
             self.model_dir = self._model()
             if self.spec.mooncake.enabled:
-                self.ns = NetNs(self.dir)
+                self.ns = start_netns(self.dir)
                 self.launched.append(self.ns.holder)
-                self.ns.start()
             self._allocate_ports()  # a port in use is bad input: fail before starting anything
             if self.spec.mooncake.enabled:
                 self._start_mooncake()
@@ -127,6 +126,7 @@ class ServingStack:
                 part.stop()
                 self._cleanup_shm(part)
         if self.mooncake is not None:
+            self._note_mooncake()
             self.mooncake.stop()
             self.mooncake = None
         if self.ns is not None:
@@ -176,7 +176,7 @@ class ServingStack:
         return port
 
     def _prefix(self) -> list[str]:
-        return self.ns.prefix() if self.ns else []
+        return self.ns.wrap([]) if self.ns else []
 
     def _start_mooncake(self) -> None:
         from bsrctl.stack import mooncake  # written by the L2-adapter work; imports the wheel
@@ -206,10 +206,7 @@ class ServingStack:
         ]  # fmt: skip
         for adapter in self._l2_adapters():
             argv += ["--l2-adapter", json.dumps(adapter)]
-        import importlib.util  # TEMPORARY until the server module lands
-
-        if importlib.util.find_spec(SERVER_MODULE) is not None:
-            argv += ["--server-module", json.dumps(self._server_module_arg())]
+        argv += ["--server-module", json.dumps(self._server_module_arg())]
         part = Supervised("lmcache", argv, self.dir / "lmcache.log", env=base_env())
         self._launch(part)
         url = f"http://127.0.0.1:{http_port}/healthcheck"
@@ -218,14 +215,35 @@ class ServingStack:
             part.wait_healthy(lambda: tcp_open("127.0.0.1", port), 30)
 
     def _l2_adapters(self) -> list[dict[str, Any]]:
+        """bsrctl's own L2 adapters, each behind the fault wrapper (inert until a rule is
+        armed through its control file), so failure matrices inject by real means."""
+        lm = self.spec.lmcache
         out: list[dict[str, Any]] = []
-        if self.spec.lmcache.fs_l2:
+        if lm.fs_l2:
             l2 = self.dir / "l2-fs"
             l2.mkdir(parents=True, exist_ok=True)
-            out.append({"type": "fs", "base_path": str(l2)})
+            inner = {
+                "type": "bsr_fs",
+                "base_path": str(l2),
+                "load_concurrency": lm.load_concurrency,
+                "checksum": lm.checksum,
+            }
+            out.append(fault_wrapped("fs", inner, self.fault_control("fs")))
         if self.spec.mooncake.enabled and self.mooncake is not None:
-            out.append(self.mooncake.l2_adapter_config())
+            inner = self.mooncake.l2_adapter_config()["adapter_params"]
+            out.append(
+                fault_wrapped(
+                    "mooncake",
+                    {"type": "bsr_mooncake", **inner},
+                    self.fault_control("mooncake"),
+                    verify=lm.checksum,
+                )
+            )
         return out
+
+    def fault_control(self, tier: str) -> Path:
+        """The file a tier's fault wrapper re-reads: write rules there to inject faults."""
+        return self.dir / f"faults-{tier}.json"
 
     def _server_module_arg(self) -> dict[str, Any]:
         lm = self.spec.lmcache
@@ -379,6 +397,15 @@ class ServingStack:
         """Empty LMCache's L1 so the next load must come from L2."""
         self._http("POST", f"{self.lmcache_http}/cache/clear", {"tier": "l1", "force": True})
 
+    def tier_reads(self) -> dict[str, int]:
+        """Keys each L2 tier has served at load since the server started (its own counter)."""
+        out: dict[str, int] = {}
+        for adapter in self.lmcache_status()["storage_manager"].get("l2_adapters", []):
+            fault = adapter.get("bsr_fault")
+            if fault:
+                out[fault["name"]] = int(fault.get("load_hit_keys", 0))
+        return out
+
     def lmcache_status(self) -> dict[str, Any]:
         return self._http("GET", f"{self.lmcache_http}/status")
 
@@ -425,7 +452,15 @@ class ServingStack:
             ],
         }
 
+    def _note_mooncake(self) -> None:
+        """Mooncake restarts replace its Supervised handles: remember every one of them."""
+        for part in (self.mooncake.master, self.mooncake.node):
+            if part.pid and all(part is not q for q in self.launched):
+                self.launched.append(part)
+
     def _save_state(self) -> None:
+        if self.mooncake is not None:
+            self._note_mooncake()
         self.dir.mkdir(parents=True, exist_ok=True)
         (self.dir / "state.json").write_text(json.dumps(self.state(), indent=2))
 
@@ -441,6 +476,22 @@ class ServingStack:
         if self.model_dir:
             out["model_sha256"] = tinymodel.model_sha256(self.model_dir)
         return out
+
+
+def fault_wrapped(
+    name: str, inner: dict[str, Any], control: Path, verify: bool = False
+) -> dict[str, Any]:
+    """An --l2-adapter spec: `inner` behind bsrctl's fault adapter, loaded via LMCache's
+    plugin type (the server builds adapters before any server module runs)."""
+    params: dict[str, Any] = {"name": name, "control_path": str(control), "inner": inner}
+    if verify:  # the inner adapter keeps no checksums of its own (Mooncake)
+        params.update(verify=True, checksum_dir=str(control.parent / f"checksums-{name}"))
+    return {
+        "type": "plugin",
+        "module_path": "bsrctl.lmcache_ext.fault_adapter",
+        "class_name": "BsrFaultL2Adapter",
+        "adapter_params": params,
+    }
 
 
 def check_ports(spec: StackSpec) -> None:

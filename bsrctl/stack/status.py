@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from bsrctl.errors import BadInput
-from bsrctl.stack.netns import NetNs, maybe_inside
+from bsrctl.stack.netns import NetNamespace, maybe_inside
 from bsrctl.stack.process import http_ok, pids_alive
 
 HEALTH = {"vllm": ("vllm.port", "/health"), "lmcache": ("lmcache.http_port", "/healthcheck")}
@@ -18,8 +18,10 @@ def status_from_state(run_dir: Path) -> dict[str, dict[str, Any]]:
     if not path.is_file():
         raise BadInput(f"--run-dir: no stack state at {path}; start one with `bsrctl stack up`")
     state = json.loads(path.read_text())
-    ns = NetNs(Path(run_dir) / "stack", state["netns_pid"]) if state.get("netns_pid") else None
+    ns = NetNamespace(pid=state["netns_pid"]) if state.get("netns_pid") else None
     rows: dict[str, dict[str, Any]] = {}
+    if ns is not None and not ns.alive():
+        ns = None  # the namespace is gone with its holder: every part is down
     with maybe_inside(ns):
         for name, part in state.get("parts", {}).items():
             port_key, route = HEALTH[name]

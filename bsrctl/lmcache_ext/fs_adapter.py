@@ -1,0 +1,509 @@
+"""Filesystem L2 adapter with load concurrency, optional O_DIRECT and sha256 sidecars.
+
+A subclass of LMCache 0.5.6's stock ``FSL2Adapter`` (``lmcache.v1.distributed.l2_adapters.
+fs_l2_adapter``): same directory layout, same file names (one ``<key>.data`` file of raw
+object bytes per ``ObjectKey``), same per-key lookup (file exists), same task/event-fd
+protocol and hit bitmaps (bit i set iff object i was read completely). What changes:
+
+- ``load_concurrency`` (env ``LMCACHE_FS_LOAD_CONCURRENCY`` when the field is absent, as in
+  the BSR paper): the keys of load tasks are read by a pool of that many threads, instead of
+  one key at a time. Reads still fill the caller's preallocated L1 objects; a key's bit is
+  set only when its whole object was read (and verified), so the bitmaps are the same.
+- ``use_odirect``: reads bypass the page cache (honest SSD reads). The base path must be on a
+  filesystem that takes O_DIRECT (checked at start, tmpfs refuses). Unaligned destinations
+  or sizes go through a page-aligned bounce buffer instead of silently falling back.
+- ``checksum``: at store time a sidecar ``<key>.data.sha256`` ("<hex digest> <size>") is
+  written before the data file; at load the object's bytes are hashed and compared, and a
+  mismatch, a missing sidecar, or a file whose size is not the object's size is a miss. The
+  bad bytes only ever sat in the L1 write buffer the prefetch controller then discards
+  (``finish_write_and_delete``), so a corrupted or truncated object on disk is detected
+  before any byte of it is installed in an engine's KV cache.
+
+A file whose size differs from the object's is a miss even without ``checksum``: the stock
+adapter accepts an oversized file (it reads the first bytes); this one is fail-closed.
+``read_ahead_size`` is accepted (stock field) but loads here read each object in one call.
+
+Loading it into the real ``lmcache server`` (the stock ``plugin`` adapter type imports the
+module and finds ``BsrFSL2AdapterConfig`` by the ``<class_name>Config`` convention)::
+
+    LMCACHE_TRACK_USAGE=false lmcache server --host 127.0.0.1 --port 5555 \\
+      --l1-size-gb 1 --eviction-policy LRU --chunk-size 256 \\
+      --http-host 127.0.0.1 --http-port 8766 --disable-observability \\
+      --supported-transfer-mode auto \\
+      --l2-adapter '{"type": "plugin", "module_path": "bsrctl.lmcache_ext.fs_adapter",
+                     "class_name": "BsrFSL2Adapter",
+                     "adapter_params": {"base_path": "/run/l2", "load_concurrency": 4,
+                                        "checksum": true, "use_odirect": false}}'
+
+In-process (``StorageManager``) the type is also registered as ``"bsr_fs"``: build the config
+with ``BsrFSL2AdapterConfig.from_dict({...})`` or ``--l2-adapter '{"type": "bsr_fs", ...}'``
+in a process that imported this module first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import errno
+import hashlib
+import mmap
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from lmcache.lmcache_native import Bitmap
+from lmcache.logging import init_logger
+from lmcache.v1.distributed.api import ObjectKey
+from lmcache.v1.distributed.internal_api import L2StoreResult
+from lmcache.v1.distributed.l2_adapters.base import L2AdapterInterface, L2TaskId
+from lmcache.v1.distributed.l2_adapters.config import (
+    L2AdapterConfigBase,
+    register_l2_adapter_type,
+)
+from lmcache.v1.distributed.l2_adapters.factory import register_l2_adapter_factory
+from lmcache.v1.distributed.l2_adapters.fs_l2_adapter import FSL2Adapter, FSL2AdapterConfig
+
+logger = init_logger(__name__)
+
+TYPE_NAME = "bsr_fs"
+ENV_LOAD_CONCURRENCY = "LMCACHE_FS_LOAD_CONCURRENCY"
+SIDECAR_SUFFIX = ".sha256"
+ODIRECT_ALIGN_BYTES = 4096  # logical-block alignment that every O_DIRECT device accepts
+
+
+# ---------------------------------------------------------------------------
+# checksums: shared with fault_adapter.py
+# ---------------------------------------------------------------------------
+
+
+def sha256_hex(buf: Any) -> str:
+    """sha256 of a buffer (hashlib releases the GIL, so threads hash in parallel)."""
+    return hashlib.sha256(buf).hexdigest()
+
+
+def format_checksum(digest_hex: str, size_bytes: int) -> str:
+    return f"{digest_hex} {size_bytes}\n"
+
+
+def parse_checksum(text: str) -> tuple[str, int] | None:
+    parts = text.split()
+    if len(parts) != 2 or len(parts[0]) != 64:
+        return None
+    try:
+        return parts[0], int(parts[1])
+    except ValueError:
+        return None
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
+
+
+def buffer_address(buf: Any) -> int:
+    """Address of a writable buffer (memoryview of an L1 object)."""
+    mv = buf if isinstance(buf, memoryview) else memoryview(buf)
+    return ctypes.addressof(ctypes.c_char.from_buffer(mv))
+
+
+# ---------------------------------------------------------------------------
+# config
+# ---------------------------------------------------------------------------
+
+
+def _load_concurrency_from_env() -> int:
+    raw = os.environ.get(ENV_LOAD_CONCURRENCY, "1")
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"{ENV_LOAD_CONCURRENCY}={raw!r}: must be a positive integer") from None
+    if value < 1:
+        raise ValueError(f"{ENV_LOAD_CONCURRENCY}={raw!r}: must be a positive integer")
+    return value
+
+
+class BsrFSL2AdapterConfig(FSL2AdapterConfig):
+    """Stock FS fields (base_path, relative_tmp_dir, read_ahead_size, use_odirect) plus
+    load_concurrency and checksum."""
+
+    def __init__(
+        self,
+        base_path: str,
+        relative_tmp_dir: str | None = None,
+        read_ahead_size: int | None = None,
+        use_odirect: bool = False,
+        load_concurrency: int = 1,
+        checksum: bool = False,
+    ):
+        super().__init__(base_path, relative_tmp_dir, read_ahead_size, use_odirect)
+        if isinstance(load_concurrency, bool) or not isinstance(load_concurrency, int):
+            raise ValueError("load_concurrency must be a positive integer")
+        if load_concurrency < 1:
+            raise ValueError(f"load_concurrency must be >= 1, got {load_concurrency}")
+        self.load_concurrency = load_concurrency  # threads reading load-task keys at once
+        self.checksum = checksum  # write sha256 sidecars at store, verify them at load
+
+    @classmethod
+    def from_dict(cls, d: dict) -> BsrFSL2AdapterConfig:
+        known = {
+            "type",
+            "base_path",
+            "relative_tmp_dir",
+            "read_ahead_size",
+            "use_odirect",
+            "load_concurrency",
+            "checksum",
+            # keys the server's generic parser handles itself
+            "affinity_tag",
+            "shared",
+            "eviction",
+            "persist_enabled",
+            "serde",
+        }
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(
+                f"unknown {TYPE_NAME} adapter fields {unknown}; known: {sorted(known - {'type'})}"
+            )
+        stock = FSL2AdapterConfig.from_dict(d)
+        if "load_concurrency" in d:
+            load_concurrency = d["load_concurrency"]
+        else:
+            load_concurrency = _load_concurrency_from_env()
+        checksum = d.get("checksum", False)
+        if not isinstance(checksum, bool):
+            raise ValueError("checksum must be a boolean")
+        return cls(
+            base_path=stock.base_path,
+            relative_tmp_dir=stock.relative_tmp_dir,
+            read_ahead_size=stock.read_ahead_size,
+            use_odirect=stock.use_odirect,
+            load_concurrency=load_concurrency,
+            checksum=checksum,
+        )
+
+    @classmethod
+    def help(cls) -> str:
+        return (
+            FSL2AdapterConfig.help() + "\n"
+            f"- load_concurrency (int): keys read at once (default ${ENV_LOAD_CONCURRENCY} "
+            "or 1)\n"
+            "- checksum (bool): sha256 sidecar at store, verified at load (default false)"
+        )
+
+
+# ---------------------------------------------------------------------------
+# adapter
+# ---------------------------------------------------------------------------
+
+
+class BsrFSL2Adapter(FSL2Adapter):
+    """Stock FS adapter whose loads run ``load_concurrency`` keys at a time."""
+
+    def __init__(self, config: BsrFSL2AdapterConfig, l1_memory_desc: Any = None) -> None:
+        if config.use_odirect:
+            _check_odirect_supported(Path(config.base_path))
+        super().__init__(config)
+        self._load_concurrency = config.load_concurrency
+        self._checksum = config.checksum
+        self._load_pool = ThreadPoolExecutor(
+            max_workers=config.load_concurrency, thread_name_prefix="bsr-fs-load"
+        )
+        self._store_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bsr-fs-store")
+        self._counters_lock = threading.Lock()
+        self._counters = {
+            "loaded": 0,  # objects read whole (and verified when checksum is on)
+            "missing": 0,  # no data file
+            "size_mismatch": 0,  # data file size != object size (truncated or oversized)
+            "checksum_missing": 0,  # checksum on, no readable sidecar
+            "checksum_mismatch": 0,  # checksum on, digest or size differs: corrupted
+            "read_error": 0,  # any other I/O error
+        }
+        self._corrupt_keys: list[str] = []  # file names of objects that failed verification
+        self._inflight_loads = 0
+        self._peak_inflight_loads = 0  # high-water mark of concurrent key reads
+        logger.info(
+            "BsrFSL2Adapter base_path=%s load_concurrency=%d checksum=%s use_odirect=%s",
+            config.base_path,
+            config.load_concurrency,
+            config.checksum,
+            config.use_odirect,
+        )
+
+    # ---- status --------------------------------------------------------
+
+    def counters(self) -> dict[str, int]:
+        with self._counters_lock:
+            out = dict(self._counters)
+            out["peak_inflight_loads"] = self._peak_inflight_loads
+            return out
+
+    def corrupt_keys(self) -> list[str]:
+        with self._counters_lock:
+            return list(self._corrupt_keys)
+
+    def report_status(self) -> dict:
+        status = super().report_status()
+        status.update(
+            type="BsrFSL2Adapter",
+            load_concurrency=self._load_concurrency,
+            checksum=self._checksum,
+            counters=self.counters(),
+        )
+        return status
+
+    def close(self) -> None:
+        super().close()
+        self._load_pool.shutdown(wait=True, cancel_futures=True)
+        self._store_pool.shutdown(wait=True, cancel_futures=True)
+
+    # ---- load ----------------------------------------------------------
+
+    async def _execute_load(
+        self, keys: list[ObjectKey], objects: list[Any], task_id: L2TaskId
+    ) -> None:
+        bitmap = Bitmap(len(keys))
+        try:
+            futures = [
+                self._loop.run_in_executor(self._load_pool, self._load_one, key, obj.byte_array)
+                for key, obj in zip(keys, objects, strict=True)
+            ]
+            results = await asyncio.gather(*futures, return_exceptions=True)
+            for i, ok in enumerate(results):
+                if ok is True:
+                    bitmap.set(i)
+                elif isinstance(ok, BaseException):
+                    logger.error("BsrFSL2Adapter load of %s failed: %r", keys[i], ok)
+        except Exception:
+            logger.exception("BsrFSL2Adapter load task %s failed", task_id)
+        loaded = [keys[i] for i in bitmap.get_indices_list()]
+        if loaded:
+            self._notify_keys_accessed(loaded)
+        with self._lock:
+            self._completed_load_tasks[task_id] = bitmap
+        self._load_efd.notify()
+
+    def _count(self, name: str, key_file: str | None = None) -> None:
+        with self._counters_lock:
+            self._counters[name] += 1
+            if key_file is not None:
+                self._corrupt_keys.append(key_file)
+
+    def _load_one(self, key: ObjectKey, dst: Any) -> bool:
+        """Read one object into dst; True only if it is whole (and verified)."""
+        with self._counters_lock:
+            self._inflight_loads += 1
+            self._peak_inflight_loads = max(self._peak_inflight_loads, self._inflight_loads)
+        try:
+            return self._load_one_unlocked(key, dst)
+        finally:
+            with self._counters_lock:
+                self._inflight_loads -= 1
+
+    def _load_one_unlocked(self, key: ObjectKey, dst: Any) -> bool:
+        path = self._key_to_path(key)
+        size = len(dst)
+        expected: tuple[str, int] | None = None
+        if self._checksum:
+            try:
+                expected = parse_checksum(_sidecar(path).read_text())
+            except OSError:
+                expected = None
+            if expected is None:
+                self._count("checksum_missing", path.name)
+                logger.warning("no valid checksum sidecar for %s: reported as a miss", path.name)
+                return False
+        try:
+            if self._use_odirect:
+                num_read = self._read_odirect(path, dst)
+            else:
+                num_read = self._read_buffered(path, dst)
+        except FileNotFoundError:
+            self._count("missing")
+            return False
+        except OSError:
+            logger.exception("BsrFSL2Adapter failed to read %s", path)
+            self._count("read_error")
+            return False
+        if num_read != size:
+            self._count("size_mismatch", path.name)
+            logger.warning(
+                "size mismatch for %s: object %d bytes, file gave %s: reported as a miss",
+                path.name,
+                size,
+                num_read,
+            )
+            return False
+        if expected is not None:
+            digest = sha256_hex(dst)
+            if digest != expected[0] or size != expected[1]:
+                self._count("checksum_mismatch", path.name)
+                logger.warning(
+                    "checksum mismatch for %s (corrupted object): reported as a miss", path.name
+                )
+                return False
+        self._count("loaded")
+        return True
+
+    @staticmethod
+    def _read_buffered(path: Path, dst: Any) -> int:
+        """Bytes read, or -1 when the file's size is not len(dst)."""
+        with open(path, "rb", buffering=0) as f:
+            if os.fstat(f.fileno()).st_size != len(dst):
+                return -1
+            mv = memoryview(dst).cast("B")
+            total = 0
+            while total < len(mv):
+                n = f.readinto(mv[total:])
+                if not n:
+                    break
+                total += n
+            return total
+
+    @staticmethod
+    def _read_odirect(path: Path, dst: Any) -> int:
+        """O_DIRECT read; a page-aligned bounce buffer when dst or its size is unaligned."""
+        size = len(dst)
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+        try:
+            if os.fstat(fd).st_size != size:
+                return -1
+            mv = memoryview(dst).cast("B")
+            aligned = size % ODIRECT_ALIGN_BYTES == 0 and (
+                buffer_address(mv) % ODIRECT_ALIGN_BYTES == 0
+            )
+            if aligned:
+                return _preadv_full(fd, mv, size)
+            padded = -(-size // ODIRECT_ALIGN_BYTES) * ODIRECT_ALIGN_BYTES
+            with mmap.mmap(-1, padded) as bounce:  # anonymous mmap: page aligned
+                bmv = memoryview(bounce)
+                try:
+                    n = _preadv_full(fd, bmv, padded)
+                    if n >= size:
+                        mv[:size] = bmv[:size]
+                    return min(n, size)
+                finally:
+                    bmv.release()
+        finally:
+            os.close(fd)
+
+    # ---- store ---------------------------------------------------------
+
+    async def _execute_store(
+        self, keys: list[ObjectKey], objects: list[Any], task_id: L2TaskId
+    ) -> None:
+        success = True
+        stored_keys: list[ObjectKey] = []
+        stored_sizes: list[int] = []
+        for key, obj in zip(keys, objects, strict=True):
+            try:
+                size = await self._loop.run_in_executor(
+                    self._store_pool, self._store_one, key, obj.byte_array
+                )
+            except Exception:
+                logger.exception("BsrFSL2Adapter failed to store %s", key)
+                success = False
+                continue
+            if size is not None:
+                stored_keys.append(key)
+                stored_sizes.append(size)
+        if stored_keys:
+            self._notify_keys_stored(stored_keys, stored_sizes)
+        with self._lock:
+            self._completed_store_tasks[task_id] = L2StoreResult(success, sum(stored_sizes))
+        self._store_efd.notify()
+
+    def _store_one(self, key: ObjectKey, buf: Any) -> int | None:
+        """Write one object (sidecar first). None when it was already on disk."""
+        final, tmp = self._key_to_file_and_tmp_path(key)
+        sidecar = _sidecar(final)
+        if final.exists() and (not self._checksum or sidecar.exists()):
+            return None
+        size = len(buf)
+        if self._checksum:
+            write_atomic(sidecar, format_checksum(sha256_hex(buf), size).encode())
+        try:
+            mv = memoryview(buf).cast("B")
+            if self._use_odirect and _odirect_aligned(mv):
+                self._write_with_odirect(tmp, mv)
+            else:
+                with open(tmp, "wb") as f:
+                    f.write(mv)
+            os.replace(tmp, final)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        return size
+
+    # ---- delete --------------------------------------------------------
+
+    async def _execute_delete(self, keys: list[ObjectKey]) -> tuple[list[ObjectKey], list[int]]:
+        deleted = await super()._execute_delete(keys)
+        for key in keys:
+            try:
+                _sidecar(self._key_to_path(key)).unlink(missing_ok=True)
+            except OSError:
+                logger.warning("could not remove the checksum sidecar of %s", key)
+        return deleted
+
+
+def _sidecar(data_path: Path) -> Path:
+    return data_path.with_name(data_path.name + SIDECAR_SUFFIX)
+
+
+def _odirect_aligned(mv: memoryview) -> bool:
+    return len(mv) % ODIRECT_ALIGN_BYTES == 0 and buffer_address(mv) % ODIRECT_ALIGN_BYTES == 0
+
+
+def _preadv_full(fd: int, mv: memoryview, length: int) -> int:
+    total = 0
+    while total < length:
+        n = os.preadv(fd, [mv[total:length]], total)
+        if n <= 0:
+            break
+        total += n
+        if total % ODIRECT_ALIGN_BYTES:  # short read at EOF
+            break
+    return total
+
+
+def _check_odirect_supported(base_path: Path) -> None:
+    base_path.mkdir(parents=True, exist_ok=True)
+    probe = base_path / ".odirect-probe"
+    try:
+        fd = os.open(probe, os.O_CREAT | os.O_WRONLY | os.O_DIRECT, 0o644)
+        os.close(fd)
+    except OSError as exc:
+        if exc.errno == errno.EINVAL:
+            raise ValueError(
+                f"use_odirect: the filesystem of {base_path} does not take O_DIRECT "
+                "(tmpfs?); put base_path on a disk filesystem or set use_odirect false"
+            ) from None
+        raise
+    finally:
+        probe.unlink(missing_ok=True)
+
+
+# ---------------------------------------------------------------------------
+# registration (by type name, for in-process use; the server uses type "plugin")
+# ---------------------------------------------------------------------------
+
+
+def _create(config: L2AdapterConfigBase, l1_memory_desc: Any = None) -> L2AdapterInterface:
+    assert isinstance(config, BsrFSL2AdapterConfig)
+    return BsrFSL2Adapter(config, l1_memory_desc)
+
+
+def _register() -> None:
+    try:
+        register_l2_adapter_type(TYPE_NAME, BsrFSL2AdapterConfig)
+        register_l2_adapter_factory(TYPE_NAME, _create)
+    except ValueError:  # already registered in this process
+        pass
+
+
+_register()

@@ -1,0 +1,916 @@
+"""bsrctl's LMCache MP-server module: probe-only lookup, windowed fail-closed retrieve.
+
+Fast tests drive the module's real handlers over LMCache's real StorageManager (real L1,
+real filesystem L2 behind bsrctl's fault adapter), in process, with no vLLM. The e2e tests
+start the real ``lmcache server`` with the module and a real vLLM OpenAI server over the
+tiny Llama (``-m e2e``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("lmcache")
+
+from lmcache.v1.distributed.api import AttnWindowDesc, MemoryLayoutDesc, ObjectKey  # noqa: E402
+from lmcache.v1.distributed.config import (  # noqa: E402
+    add_storage_manager_args,
+    parse_args_to_config,
+)
+from lmcache.v1.multiprocess.custom_types import IPCCacheServerKey  # noqa: E402
+from lmcache.v1.multiprocess.engine_context import MPCacheServerContext  # noqa: E402
+from lmcache.v1.multiprocess.ext_server_module import (  # noqa: E402
+    ExtServerModuleBuildContext,
+    iter_server_module_handlers,
+)
+from lmcache.v1.multiprocess.modules.lmcache_driven_transfer import (  # noqa: E402
+    LMCacheDrivenTransferModule,
+)
+from lmcache.v1.multiprocess.modules.lookup import LookupModule  # noqa: E402
+from lmcache.v1.multiprocess.request_handler import iter_request_handlers  # noqa: E402
+
+from bsrctl.errors import BadInput  # noqa: E402
+from bsrctl.lmcache_ext import fault_adapter  # noqa: E402
+from bsrctl.lmcache_ext.server_module import (  # noqa: E402
+    BsrServerConfig,
+    BsrServerModule,
+    build_server_modules,
+)
+from bsrctl.restore.plan import confirm_plan  # noqa: E402
+from bsrctl.restore.types import FailureKind, RestoreRequest, RowId, RowKeys, Window  # noqa: E402
+
+# ---------------------------------------------------------------------------------------
+# fast tests: config and handler registration
+# ---------------------------------------------------------------------------------------
+
+REPLACED = {
+    "lookup",
+    "query_prefetch_status",
+    "wait_prefetch_status",
+    "free_lookup_locks",
+    "retrieve",
+    "store",
+    "end_session",
+}
+
+
+def test_config_defaults_and_validation() -> None:
+    assert BsrServerConfig.from_dict({}) == BsrServerConfig()
+    cfg = BsrServerConfig.from_dict({"window_chunks": 2, "admission_budget_chunks": 4})
+    assert (cfg.window_chunks, cfg.admission_budget_chunks) == (2, 4)
+    with pytest.raises(BadInput, match="unknown config key"):
+        BsrServerConfig.from_dict({"window": 2})
+    with pytest.raises(BadInput, match="B >= W"):
+        BsrServerConfig.from_dict({"window_chunks": 4, "admission_budget_chunks": 2})
+    with pytest.raises(BadInput, match="integer"):
+        BsrServerConfig.from_dict({"window_chunks": 1.5})
+    with pytest.raises(BadInput, match="> 0"):
+        BsrServerConfig.from_dict({"window_timeout_s": 0})
+
+
+def test_handlers_match_the_rpc_contract_and_replace_the_builtins() -> None:
+    # iter_request_handlers validates every signature against LMCache's RPC specs, as the
+    # server does when it registers them; a mismatch would raise here.
+    ops = {h.operation: h for h in iter_request_handlers(BsrServerModule)}
+    assert set(ops) == REPLACED
+    builtin = {
+        h.operation: h
+        for cls in (LookupModule, LMCacheDrivenTransferModule)
+        for h in iter_request_handlers(cls)
+    }
+    for op in REPLACED:  # same thread pool as the built-in they shadow
+        assert ops[op].options == builtin[op].options, op
+    methods = [h.method for h in iter_server_module_handlers(BsrServerModule)]
+    assert methods == sorted(
+        ["bsr.configure", "bsr.fault", "bsr.forget", "bsr.markers", "bsr.peak"]
+        + ["bsr.reset_peak", "bsr.status"]
+    )
+
+
+# ---------------------------------------------------------------------------------------
+# fast tests: the module's handlers over a real StorageManager, in process
+# ---------------------------------------------------------------------------------------
+
+CHUNK = 16  # tokens per chunk
+MODEL = "bsr-unit-model"
+LAYOUT = MemoryLayoutDesc(shapes=[torch.Size([2, 2, CHUNK, 64])], dtypes=[torch.float32])
+C_BYTES = 2 * 2 * CHUNK * 64 * 4  # one chunk of the single row (rank 0, group 0)
+
+
+class _InProcessServer:
+    """A real MPCacheServerContext + built-in modules + the BSR module, no transport."""
+
+    def __init__(self, tmp: Path, l1_bytes: int, config: dict[str, Any], name: str) -> None:
+        self.fault_name = name
+        self.l2_dir = tmp / "l2"
+        adapter = {
+            "type": "bsr_fault",
+            "name": name,
+            "inner": {"type": "bsr_fs", "base_path": str(self.l2_dir)},
+        }
+        parser = argparse.ArgumentParser()
+        add_storage_manager_args(parser)
+        args = parser.parse_args(
+            [
+                "--l1-size-gb",
+                str(l1_bytes / 2**30),
+                "--eviction-policy",
+                "LRU",
+                "--l2-adapter",
+                json.dumps(adapter),
+            ]
+        )
+        self.ctx = MPCacheServerContext(parse_args_to_config(args), chunk_size=CHUNK)
+        self.sm = self.ctx.storage_manager
+        self.lookup_mod = LookupModule(self.ctx)
+        self.transfer_mod = LMCacheDrivenTransferModule(self.ctx)
+        self.ctx.layout_desc_registry.register(
+            MODEL, 1, LAYOUT, AttnWindowDesc([-1]), group_layout_descs={0: LAYOUT}
+        )
+        build = ExtServerModuleBuildContext(
+            server_context=self.ctx,
+            mp_config=None,  # type: ignore[arg-type]
+            coordinator_config=None,  # type: ignore[arg-type]
+            modules=(self.lookup_mod, self.transfer_mod),
+            config=config,
+        )
+        self.module = build_server_modules(build)
+
+    def close(self) -> None:
+        self.transfer_mod.close()
+        self.ctx.close()
+
+    def l1_used(self) -> int:
+        return int(self.sm.get_l1_usage()[0])
+
+    def keys_for(self, tokens: list[int]) -> list[ObjectKey]:
+        hashes = self.ctx.token_hasher.compute_chunk_hashes(tokens)
+        rank = ObjectKey.ComputeKVRank(1, 0, 1, 0)
+        return [ObjectKey(h, MODEL, rank, 0) for h in hashes]
+
+    def seed(self, tokens: list[int]) -> list[bytes]:
+        """Store every chunk (L1 + L2 write-through) one at a time, then empty L1."""
+        keys = self.keys_for(tokens)
+        payloads = []
+        for i, key in enumerate(keys):
+            obj = self.sm.reserve_write([key], LAYOUT)[key]
+            raw = obj.raw_tensor.view(torch.uint8)
+            raw.copy_(torch.randint(0, 256, raw.shape, dtype=torch.uint8))
+            payloads.append(bytes(raw.numpy().tobytes()))
+            self.sm.finish_write([key])
+            deadline = time.monotonic() + 20
+            while self._l2_files() < i + 1 and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert self._l2_files() == i + 1, "L2 write-through did not complete"
+            self.forget()
+        return payloads
+
+    def _l2_files(self) -> int:
+        return len(list(self.l2_dir.glob("*.data")))
+
+    def forget(self) -> None:
+        out = json.loads(self.module.bsr_forget(b'{"wait_s": 10}'))
+        assert out["l1_used_bytes_after"] == 0, out
+
+    def lookup(self, tokens: list[int], rid: str) -> int:
+        key = IPCCacheServerKey(
+            model_name=MODEL,
+            world_size=1,
+            worker_id=None,
+            token_ids=tuple(tokens),
+            start=0,
+            end=len(tokens) // CHUNK * CHUNK,
+            request_id=rid,
+            num_kv_readers=1,
+        )
+        self.module.lookup(key, 1)
+        got = self.module.wait_prefetch_status(rid, 10.0)
+        assert got is not None
+        return int(got)
+
+
+class _VerifyingDestination:
+    """Installs nothing; checks each window's bytes against what was stored."""
+
+    def __init__(self, payloads: list[bytes], fail_window: int = -1) -> None:
+        self.payloads = payloads
+        self.fail_window = fail_window
+        self.installed: list[int] = []
+        self.invalid = False
+
+    def install(self, request_id: str, window: Window, objects: Any, num_chunks: int) -> int:
+        if window.index == self.fail_window:
+            raise RuntimeError("install fault")
+        total = 0
+        for objs in objects.values():
+            for i, obj in enumerate(objs[:num_chunks]):
+                chunk = window.chunk_start + i
+                got = obj.raw_tensor.view(torch.uint8).numpy().tobytes()
+                assert got == self.payloads[chunk], f"chunk {chunk} differs"
+                self.installed.append(chunk)
+                total += obj.get_size()
+        return total
+
+    def sync(self, request_id: str) -> None:
+        return None
+
+    def mark_invalid(self, request_id: str) -> None:
+        self.invalid = True
+
+
+def _restore(server: _InProcessServer, tokens: list[int], rid: str, dest: Any) -> Any:
+    keys = server.keys_for(tokens)
+    req = RestoreRequest(rid, (RowKeys(RowId(0, 0), tuple(keys), C_BYTES),), CHUNK)
+    plan = confirm_plan(req, [(True,) * len(keys)])
+    return server.module.restorer.restore(plan, dest)
+
+
+@pytest.fixture
+def bsr_sm_server():
+    import shutil
+
+    tmp_path = _private_dir("bsr-sm-unit-")
+    made: list[_InProcessServer] = []
+
+    def make(l1_bytes: int, **config: Any) -> _InProcessServer:
+        name = f"bsr-unit-{len(made)}-{time.monotonic_ns()}"
+        server = _InProcessServer(tmp_path / name, l1_bytes, config, name)
+        made.append(server)
+        return server
+
+    yield make
+    for s in made:
+        s.close()
+    shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+def _tokens(num_chunks: int, salt: int = 0) -> list[int]:
+    return [(7 * i + salt) % 1000 + 2 for i in range(num_chunks * CHUNK + 5)]
+
+
+def test_probe_only_lookup_counts_the_whole_prefix_and_stages_nothing(bsr_sm_server) -> None:
+    server = bsr_sm_server(8 * C_BYTES, window_chunks=2)
+    tokens = _tokens(12)
+    server.seed(tokens)
+    assert server.l1_used() == 0
+    assert server.lookup(tokens, "r-probe") == 12  # 12 chunks > L1's 8: still the full count
+    assert server.l1_used() == 0
+    status = server.module.status()
+    assert status["counters"]["lookups_probe_only"] == 1
+    assert status["l1_used_after_last_probe_bytes"] == 0
+    server.module.free_lookup_locks(
+        IPCCacheServerKey(MODEL, 1, None, tuple(tokens), 0, 12 * CHUNK, "r-probe"), 1
+    )
+    assert server.module.status()["counters"]["free_lookup_locks_noop"] == 1
+
+
+@pytest.mark.parametrize("w", [1, 2, 4])
+def test_windows_restore_byte_exact_with_peak_exactly_w_chunks(bsr_sm_server, w: int) -> None:
+    server = bsr_sm_server(8 * C_BYTES, window_chunks=w)
+    tokens = _tokens(12, salt=w)
+    payloads = server.seed(tokens)
+    server.module.bsr_reset_peak(b"")
+    dest = _VerifyingDestination(payloads)
+    outcome = _restore(server, tokens, f"r-w{w}", dest)
+    assert outcome.ok, outcome.detail
+    assert dest.installed == list(range(12))
+    peak = json.loads(server.module.bsr_peak(b""))
+    assert peak["restore_pool_peak_bytes"] == w * C_BYTES
+    assert peak["l1_used_peak_bytes"] == w * C_BYTES  # measured in L1, not computed
+    assert server.l1_used() == 0  # every window released
+
+
+def test_budget_2w_pipelines_two_windows_within_b(bsr_sm_server) -> None:
+    server = bsr_sm_server(8 * C_BYTES, window_chunks=2, admission_budget_chunks=4)
+    tokens = _tokens(12, salt=11)
+    payloads = server.seed(tokens)
+    server.module.bsr_reset_peak(b"")
+    dest = _VerifyingDestination(payloads)
+    outcome = _restore(server, tokens, "r-pipe", dest)
+    assert outcome.ok, outcome.detail
+    assert dest.installed == list(range(12))
+    peak = json.loads(server.module.bsr_peak(b""))
+    assert peak["restore_pool_peak_bytes"] == 4 * C_BYTES  # window j+1 staged with j
+    assert 2 * C_BYTES <= peak["l1_used_peak_bytes"] <= 4 * C_BYTES
+    status = server.module.status()
+    assert status["effective_budget_chunks"] == 4 and status["budget_peak_in_use_chunks"] == 4
+    assert server.l1_used() == 0
+
+
+def test_dropped_key_in_window_k_fails_closed_and_forces_local(bsr_sm_server) -> None:
+    server = bsr_sm_server(8 * C_BYTES, window_chunks=2)
+    tokens = _tokens(10, salt=3)
+    payloads = server.seed(tokens)
+    assert server.lookup(tokens, "r-fault") == 10
+    # Real means: the L2 adapter drops the first key of its third load task (window 2).
+    fault_adapter.set_fault_rules(
+        [{"action": "drop", "tasks": [2], "positions": [0]}], server.fault_name
+    )
+    dest = _VerifyingDestination(payloads)
+    outcome = _restore(server, tokens, "r-fault", dest)
+    assert not outcome.ok and outcome.failure == FailureKind.MISSING_KEY
+    assert outcome.cached_chunks == 0 and outcome.windows_done == 2
+    assert dest.invalid
+    assert server.l1_used() == 0
+    assert fault_adapter.fault_stats(server.fault_name)["dropped_keys"] == 1
+    fault_adapter.clear_fault_rules(server.fault_name)
+    # Force-local: the next lookup of that request reports 0 until it is torn down.
+    assert server.lookup(tokens, "r-fault") == 0
+    assert server.module.status()["counters"]["lookups_forced_local"] == 1
+    server.module.end_session("r-fault")
+    assert server.lookup(tokens, "r-fault") == 10
+    events = [e["event"] for e in json.loads(server.module.bsr_markers(b""))["events"]]
+    assert events == ["set", "forced_lookup", "cleared_teardown"]
+
+
+def test_install_error_and_timeout_fail_closed(bsr_sm_server) -> None:
+    server = bsr_sm_server(8 * C_BYTES, window_chunks=2, window_timeout_s=0.5)
+    tokens = _tokens(6, salt=5)
+    payloads = server.seed(tokens)
+    out = _restore(server, tokens, "r-install", _VerifyingDestination(payloads, fail_window=1))
+    assert not out.ok and out.failure == FailureKind.INSTALL_ERROR and out.windows_done == 1
+    assert server.l1_used() == 0
+    fault_adapter.set_fault_rules(
+        [{"action": "delay", "tasks": [1], "delay_s": 2.0}], server.fault_name
+    )
+    out = _restore(server, tokens, "r-timeout", _VerifyingDestination(payloads))
+    assert not out.ok and out.failure == FailureKind.TIMEOUT and out.windows_done == 1
+    deadline = time.monotonic() + 10  # the late window is drained in the background
+    while server.l1_used() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert server.l1_used() == 0
+    fault_adapter.clear_fault_rules(server.fault_name)
+
+
+def test_handlers_fail_closed_and_never_raise(bsr_sm_server, monkeypatch) -> None:
+    server = bsr_sm_server(8 * C_BYTES, window_chunks=2)
+    m = server.module
+    key = IPCCacheServerKey("not-registered", 1, None, tuple(range(40)), 0, 32, "r-x")
+    m.lookup(key, 1)
+    assert m.query_prefetch_status("r-x") == 0
+    assert m.wait_prefetch_status("never-looked-up", 0.1) == 0
+    wkey = IPCCacheServerKey("not-registered", 1, 0, tuple(range(40)), 0, 32, "r-x")
+    assert m.retrieve(wkey, 12345, [[1, 2]], b"", 0) == (b"", False)
+    assert m.store(wkey, 12345, [[1, 2]], b"") == (b"", False)
+    m.free_lookup_locks(key, 1)
+    m.end_session("r-x")
+    # A storage that raises inside the probe: the lookup answers 0, nothing escapes.
+    tokens = _tokens(4, salt=9)
+    server.seed(tokens)
+
+    def boom(*_a: Any, **_k: Any) -> Any:
+        raise RuntimeError("storage exploded")
+
+    monkeypatch.setattr(m.restorer.storage, "probe", boom)
+    assert server.lookup(tokens, "r-boom") == 0
+    monkeypatch.setattr(m, "_windowed_retrieve", boom)
+    assert m.retrieve(wkey, 12345, [[1, 2]], b"", 0) == (b"", False)
+    assert m.markers.record("r-x") is not None  # every failed retrieve forces local
+
+
+def test_configure_switches_window_at_run_time(bsr_sm_server) -> None:
+    server = bsr_sm_server(8 * C_BYTES, window_chunks=2)
+    out = json.loads(server.module.bsr_configure(json.dumps({"window_chunks": 4}).encode()))
+    assert out["ok"] and server.module.window_chunks == 4
+    out = json.loads(server.module.bsr_configure(b'{"admission_budget_chunks": 1}'))
+    assert not out["ok"] and "B >= W" in out["error"]
+    assert server.module.window_chunks == 4
+
+
+# ---------------------------------------------------------------------------------------
+# e2e: the real `lmcache server` with this module + a real vLLM over the tiny Llama
+# ---------------------------------------------------------------------------------------
+
+E2E_CHUNK = 256
+E2E_PREFIX_CHUNKS = 15
+E2E_TAIL_TOKENS = 40  # < one chunk: the cold run stores exactly the 15-chunk prefix
+E2E_MAX_TOKENS = 16
+E2E_VLLM_START_S = 360.0  # 2 shared cores: be patient, but bounded
+E2E_REQUEST_S = 120.0
+
+
+def _e2e_env(cache_root: Path) -> dict[str, str]:
+    return {
+        "LMCACHE_TRACK_USAGE": "false",
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "VLLM_HOST_IP": "127.0.0.1",
+        "GLOO_SOCKET_IFNAME": "lo",
+        "VLLM_NO_USAGE_STATS": "1",
+        "DO_NOT_TRACK": "1",
+        "VLLM_CACHE_ROOT": str(cache_root),
+        "TOKENIZERS_PARALLELISM": "false",
+    }
+
+
+def _shm_segments(pids: list[int], log: Path) -> set[str]:
+    """Shared-memory segments our vLLM created: psm_* (message queues) and lmcache_kv_*
+    (its KV cache moved to POSIX shm in lmcache_driven mode), from its maps and its log."""
+    prefixes = ("/dev/shm/psm_", "/dev/shm/lmcache_kv_")
+    found: set[str] = set()
+    for pid in pids:
+        try:
+            for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
+                parts = line.split()
+                if len(parts) >= 6 and parts[5].startswith(prefixes):
+                    found.add(parts[5])
+            for fd in Path(f"/proc/{pid}/fd").iterdir():
+                try:
+                    target = str(fd.readlink())
+                except OSError:
+                    continue
+                if target.startswith(prefixes):
+                    found.add(target)
+        except OSError:
+            continue
+    try:
+        for m in re.finditer(r"to SHM /(lmcache_kv_\d+_\d+)", log.read_text(errors="replace")):
+            found.add(f"/dev/shm/{m.group(1)}")
+    except OSError:
+        pass
+    return found
+
+
+class _Stack:
+    """One lmcache server (with the BSR module) and one vLLM OpenAI server."""
+
+    def __init__(
+        self, root: Path, model: Path, l2_adapter: dict, l1_bytes: int, cfg: dict, tp: int = 1
+    ):
+        from bsrctl.stack.process import Supervised, free_port
+
+        self.root, self.model = root, model
+        self.mq_port, self.lmc_http = free_port(), free_port()
+        self.vllm_port = free_port()
+        env = _e2e_env(root / "vllm-cache")
+        module = {"module_path": "bsrctl.lmcache_ext.server_module", "config": cfg}
+        venv_bin = Path(__import__("sys").executable).parent
+        self.server_argv = [
+            str(venv_bin / "lmcache"),
+            "server",
+            "--host", "127.0.0.1", "--port", str(self.mq_port),
+            "--l1-size-gb", repr(l1_bytes / 2**30),
+            "--eviction-policy", "LRU",
+            "--chunk-size", str(E2E_CHUNK),
+            "--http-host", "127.0.0.1", "--http-port", str(self.lmc_http),
+            "--disable-observability",
+            "--supported-transfer-mode", "auto",
+            "--l2-adapter", json.dumps(l2_adapter),
+            "--server-module", json.dumps(module),
+        ]  # fmt: skip
+        self.server = Supervised("lmcache", self.server_argv, root / "lmcache.log", env=env)
+        kv = {
+            "kv_connector": "LMCacheMPConnector",
+            "kv_role": "kv_both",
+            "kv_load_failure_policy": "recompute",
+            "kv_connector_extra_config": {
+                "lmcache.mp.host": "tcp://127.0.0.1",
+                "lmcache.mp.port": self.mq_port,
+                "lmcache.mp.mp_transfer_mode": "lmcache_driven",
+            },
+        }
+        self.vllm_argv = [
+            str(venv_bin / "python"), "-m", "vllm.entrypoints.openai.api_server",
+            "--model", str(model), "--host", "127.0.0.1", "--port", str(self.vllm_port),
+            "--enforce-eager", "--max-model-len", "8192", "--dtype", "float32",
+            "--seed", "0", "--no-enable-prefix-caching", "--enable-prompt-tokens-details",
+            "--kv-transfer-config", json.dumps(kv),
+        ]  # fmt: skip
+        vllm_env = dict(env)
+        if tp > 1:
+            self.vllm_argv += ["--tensor-parallel-size", str(tp)]
+            vllm_env["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(str(i) for i in range(tp))
+        self.vllm = Supervised("vllm", self.vllm_argv, root / "vllm.log", env=vllm_env)
+        self._client: Any = None
+        self._segments: set[str] = set()
+
+    def start(self) -> None:
+        from bsrctl.stack.process import http_ok
+
+        self.server.start()
+        self.server.wait_healthy(
+            lambda: http_ok(f"http://127.0.0.1:{self.lmc_http}/healthcheck"), 120.0
+        )
+        self.vllm.start()
+        try:
+            self.vllm.wait_healthy(
+                lambda: http_ok(f"http://127.0.0.1:{self.vllm_port}/health"),
+                E2E_VLLM_START_S,
+                1.0,
+            )
+        finally:
+            self._remember_segments()
+
+    def _remember_segments(self) -> None:
+        """Note our vLLM's shm segments while every process of it is alive to be asked."""
+        pids = [p for p in [self.vllm.pid, *self.vllm.descendants()] if p]
+        self._segments |= _shm_segments(pids, self.root / "vllm.log")
+
+    def stop(self) -> None:
+        if self._client is not None:
+            try:
+                self._client.close()
+            except Exception:
+                pass
+            self._client = None
+        self._remember_segments()
+        self.vllm.stop(30.0)
+        self.server.stop(30.0)
+        for seg in self._segments:
+            Path(seg).unlink(missing_ok=True)
+
+    # ---- server_module_call --------------------------------------------------------------
+
+    def call(self, method: str, payload: dict | None = None, timeout_s: float = 60.0) -> dict:
+        from lmcache.v1.multiprocess.protocols.server_module import ServerModuleCallRequest
+        from lmcache.v1.multiprocess.transport.factory import RequestClientFactory
+
+        if self._client is None:
+            self._client = RequestClientFactory.create(f"tcp://127.0.0.1:{self.mq_port}")
+        req = ServerModuleCallRequest(method=method, payload=json.dumps(payload or {}).encode())
+        resp = self._client.server_module_call(req).result(timeout=timeout_s)
+        assert resp.success, f"{method}: {resp.error}"
+        return json.loads(resp.payload)
+
+    # ---- vLLM ---------------------------------------------------------------------------
+
+    def complete(self, prompt: list[int]) -> dict:
+        import urllib.error
+        import urllib.request
+
+        body = {
+            "model": str(self.model),
+            "prompt": prompt,
+            "max_tokens": E2E_MAX_TOKENS,
+            "temperature": 0.0,
+            "return_token_ids": True,
+        }
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{self.vllm_port}/v1/completions",
+            data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        t0 = time.monotonic()
+        try:
+            with urllib.request.urlopen(req, timeout=E2E_REQUEST_S) as resp:
+                out = json.loads(resp.read())
+        except urllib.error.HTTPError as e:
+            raise AssertionError(f"vLLM answered {e.code}: {e.read()[:500]!r}") from None
+        choice = out["choices"][0]
+        ids = choice.get("token_ids")
+        assert ids, f"no token ids in the response: {sorted(choice)}"
+        details = (out.get("usage") or {}).get("prompt_tokens_details") or {}
+        return {
+            "token_ids": ids,
+            "sha256": __import__("hashlib").sha256(json.dumps(ids).encode()).hexdigest(),
+            "cached_tokens": int(details.get("cached_tokens") or 0),
+            "elapsed_s": time.monotonic() - t0,
+        }
+
+    def external_hits(self) -> float:
+        import urllib.request
+
+        url = f"http://127.0.0.1:{self.vllm_port}/metrics"
+        with urllib.request.urlopen(url, timeout=30) as resp:
+            text = resp.read().decode()
+        total = 0.0
+        for line in text.splitlines():
+            if line.startswith("vllm:external_prefix_cache_hits_total"):
+                total += float(line.rsplit(" ", 1)[1])
+        return total
+
+    def log_text(self) -> str:
+        return (self.root / "vllm.log").read_text(errors="replace")
+
+
+def _fault_l2(base: Path) -> dict:
+    """bsrctl's FS L2 behind bsrctl's fault adapter (no rules armed: a plain FS tier)."""
+    return {
+        "type": "plugin",
+        "module_path": "bsrctl.lmcache_ext.fault_adapter",
+        "class_name": "BsrFaultL2Adapter",
+        "adapter_params": {"name": "fs", "inner": {"type": "bsr_fs", "base_path": str(base)}},
+    }
+
+
+class _E2E:
+    """Shared state of the e2e module: model, prompt, canonical output, the stack."""
+
+    def __init__(self, root: Path) -> None:
+        from bsrctl.stack import tinymodel
+
+        self.root = root
+        self.model = tinymodel.build()
+        self.chunk_bytes = tinymodel.TinyModelRecipe().kv_bytes_per_token() * E2E_CHUNK
+        vocab = tinymodel.vocab_size(self.model)
+        rng = __import__("random").Random(20261129)
+        n = E2E_PREFIX_CHUNKS * E2E_CHUNK + E2E_TAIL_TOKENS
+        self.prompt = [rng.randrange(2, vocab) for _ in range(n)]
+        self.prefix_tokens = E2E_PREFIX_CHUNKS * E2E_CHUNK
+        self.l2_dir = root / "l2"
+        self.canonical = ""
+        self.figures: list[dict] = []
+        self.stack = _Stack(
+            root / "stack-a", self.model, _fault_l2(self.l2_dir), 64 << 20, {"window_chunks": 2}
+        )
+
+    def record(self, **figures: Any) -> None:
+        self.figures.append(figures)
+        print("BSR-E2E", json.dumps(figures, sort_keys=True), flush=True)
+        (self.root / "figures.jsonl").open("a").write(json.dumps(figures, sort_keys=True) + "\n")
+
+
+def _private_dir(prefix: str) -> Path:
+    """A directory of our own: pytest's basetemp is rotated by concurrent pytest runs."""
+    import tempfile
+
+    return Path(tempfile.mkdtemp(prefix=prefix))
+
+
+@pytest.fixture(scope="module")
+def bsr_e2e(request):
+    import shutil
+
+    env = _E2E(_private_dir("bsr-sm-e2e-"))
+    failed0 = request.session.testsfailed
+    try:
+        env.stack.start()
+        cold = env.stack.complete(env.prompt)  # computes and stores the prefix
+        env.canonical = cold["sha256"]
+        out = env.stack.call("bsr.forget", {"wait_s": 60})
+        assert out["l1_used_bytes_after"] == 0, out
+        assert len(list(env.l2_dir.glob("*.data"))) == E2E_PREFIX_CHUNKS
+        env.record(case="cold", sha256=cold["sha256"], cached_tokens=cold["cached_tokens"])
+        yield env
+    finally:
+        env.stack.stop()
+        print(f"BSR-E2E logs and figures in {env.root}", flush=True)
+        if request.session.testsfailed == failed0:
+            shutil.rmtree(env.root / "l2", ignore_errors=True)
+            shutil.rmtree(env.root / "l2-tp2", ignore_errors=True)
+
+
+def _last_outcome(stack: _Stack) -> dict:
+    return stack.call("bsr.status")["recent_outcomes"][-1]
+
+
+@pytest.mark.e2e
+def test_e2e_window_peaks_canonical_output_and_full_hits(bsr_e2e) -> None:
+    env, s = bsr_e2e, bsr_e2e.stack
+    c = env.chunk_bytes
+    for w in (0, 1, 2, 4):
+        assert s.call("bsr.configure", {"window_chunks": w})["ok"]
+        assert s.call("bsr.forget", {"wait_s": 30})["l1_used_bytes_after"] == 0
+        s.call("bsr.reset_peak")
+        hits0 = s.external_hits()
+        out = s.complete(env.prompt)
+        hits = s.external_hits() - hits0
+        peak = s.call("bsr.peak")
+        status = s.call("bsr.status")
+        last = status["recent_outcomes"][-1]
+        env.record(
+            case=f"W={w}",
+            sha256=out["sha256"],
+            cached_tokens=out["cached_tokens"],
+            external_hits=hits,
+            restore_pool_peak_bytes=peak["restore_pool_peak_bytes"],
+            l1_used_peak_bytes=peak["l1_used_peak_bytes"],
+            l1_after_probe=status["l1_used_after_last_probe_bytes"] if w else None,
+            windows=last.get("windows_done"),
+            restore_s=last["restore_s"],
+            elapsed_s=round(out["elapsed_s"], 3),
+        )
+        assert out["sha256"] == env.canonical
+        assert out["cached_tokens"] == env.prefix_tokens
+        assert hits == env.prefix_tokens
+        assert last["ok"] and last["mode"] == ("bsr" if w else "stock")
+        want = (w or E2E_PREFIX_CHUNKS) * c  # W = 0: the whole prefix is pinned in L1
+        assert peak["restore_pool_peak_bytes"] == want
+        assert peak["l1_used_peak_bytes"] == want
+        if w:
+            # (a) the module's probe-only lookup ran, and it left L1 empty
+            assert status["last_probe"]["chunks"] == E2E_PREFIX_CHUNKS
+            assert status["l1_used_after_last_probe_bytes"] == 0
+            assert last["windows_done"] == -(-E2E_PREFIX_CHUNKS // w)
+    # The module's status is also part of the server's own status page.
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{s.lmc_http}/status", timeout=30) as r:
+        page = json.loads(r.read())
+    assert page["bsr"]["schema"] == "bsrctl.lmcache_ext/1"
+    assert page["bsr"]["effective_window_chunks"] == 4
+
+
+@pytest.mark.e2e
+def test_e2e_rpc_probe_only_lookup_and_force_local(bsr_e2e) -> None:
+    """Over the server's own RPC: lookup stages nothing; a failed retrieve forces local."""
+    from lmcache.v1.multiprocess.transport.factory import RequestClientFactory
+
+    env, s = bsr_e2e, bsr_e2e.stack
+    assert s.call("bsr.configure", {"window_chunks": 2})["ok"]
+    assert s.call("bsr.forget", {"wait_s": 30})["l1_used_bytes_after"] == 0
+    probe = s.call("bsr.status")["last_probe"]
+    client = RequestClientFactory.create(f"tcp://127.0.0.1:{s.mq_port}")
+    try:
+        key = IPCCacheServerKey(
+            model_name=probe["model_name"],
+            world_size=probe["world_size"],
+            worker_id=None,
+            token_ids=tuple(env.prompt),
+            start=0,
+            end=env.prefix_tokens,
+            request_id="bsr-rpc-1",
+            num_kv_readers=1,
+        )
+
+        def lookup() -> int:
+            client.lookup(key, 1).result(timeout=60)
+            return int(client.query_prefetch_status("bsr-rpc-1").result(timeout=60))
+
+        assert lookup() == E2E_PREFIX_CHUNKS
+        assert s.call("bsr.peak")["l1_used_bytes"] == 0  # (a) probe-only: nothing staged
+        # A retrieve for an instance that is not registered fails closed (no hang) ...
+        wkey = IPCCacheServerKey(**{**_key_fields(key), "worker_id": 0})
+        handle, ok = client.retrieve(wkey, 999_999, [[1, 2]], b"", 0).result(timeout=60)
+        assert ok is False
+        # ... and the next lookup of that request reports 0 until its teardown.
+        assert lookup() == 0
+        client.end_session("bsr-rpc-1").result(timeout=60)
+        assert lookup() == E2E_PREFIX_CHUNKS
+        client.end_session("bsr-rpc-1").result(timeout=60)
+    finally:
+        client.close()
+    events = [e["event"] for e in s.call("bsr.markers")["events"] if e["request_id"] == "bsr-rpc-1"]
+    assert events == ["set", "forced_lookup", "cleared_teardown"]
+    env.record(case="rpc-force-local", marker_events=events)
+
+
+def _key_fields(key: IPCCacheServerKey) -> dict:
+    names = ["model_name", "world_size", "worker_id", "token_ids", "start", "end"]
+    names += ["request_id", "cache_salt", "request_configs", "num_kv_readers"]
+    return {n: getattr(key, n) for n in names}
+
+
+FAULTS = [
+    # (case, fault-adapter rules, module config, expected failure, failing window)
+    ("drop", [{"action": "drop", "tasks": [3], "positions": [0]}], {}, "MISSING_KEY", 3),
+    ("timeout", [{"action": "delay", "tasks": [2], "delay_s": 6.0}],
+     {"window_timeout_s": 2}, "TIMEOUT", 2),
+    ("install", [], {"test_only_fail_install_window": 1}, "INSTALL_ERROR", 1),
+]  # fmt: skip
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize(("case", "rules", "cfg", "failure", "window"), FAULTS)
+def test_e2e_fault_in_window_k_recomputes_canonically(
+    bsr_e2e, case: str, rules: list, cfg: dict, failure: str, window: int
+) -> None:
+    env, s = bsr_e2e, bsr_e2e.stack
+    assert s.call("bsr.configure", {"window_chunks": 2, **cfg})["ok"]
+    assert s.call("bsr.forget", {"wait_s": 30})["l1_used_bytes_after"] == 0
+    recovered0 = s.log_text().count("Recovered from KV load failure")
+    assert s.call("bsr.fault", {"op": "set", "name": "fs", "rules": rules})["ok"]
+    try:
+        out = s.complete(env.prompt)
+    finally:
+        s.call("bsr.fault", {"op": "clear", "name": "fs"})
+        s.call(
+            "bsr.configure",
+            {"window_chunks": 2, "window_timeout_s": 30, "test_only_fail_install_window": -1},
+        )
+    failed = [o for o in s.call("bsr.status")["recent_outcomes"] if not o["ok"]][-1]
+    rid = failed["request_id"]
+    deadline = time.monotonic() + 30  # the marker clears when the request is admitted/ends
+    while time.monotonic() < deadline:
+        events = [e["event"] for e in s.call("bsr.markers")["events"] if e["request_id"] == rid]
+        if len(events) >= 2:
+            break
+        time.sleep(0.5)
+    recovered = s.log_text().count("Recovered from KV load failure") - recovered0
+    follow = s.complete(env.prompt)  # post-failure health: the engine still serves
+    env.record(
+        case=f"fault-{case}",
+        sha256=out["sha256"],
+        cached_tokens=out["cached_tokens"],
+        failure=failed["failure"],
+        windows_done=failed["windows_done"],
+        detail=failed["detail"],
+        elapsed_s=round(out["elapsed_s"], 3),
+        marker_events=events,
+        vllm_recovered=recovered,
+        follow_up_sha256=follow["sha256"],
+        follow_up_cached_tokens=follow["cached_tokens"],
+    )
+    assert out["sha256"] == env.canonical  # recomputed, canonical
+    assert out["elapsed_s"] < E2E_REQUEST_S  # no hang
+    assert failed["failure"] == failure and failed["windows_done"] == window
+    assert failed["cached_chunks"] == 0
+    assert events[0] == "set" and events[1] in ("cleared_admitted", "cleared_teardown")
+    assert recovered >= 1
+    assert follow["sha256"] == env.canonical
+
+
+@pytest.mark.e2e
+def test_e2e_l1_smaller_than_prefix(bsr_e2e) -> None:
+    """A 2 MiB L1 (8 chunks) under a 15-chunk prefix: stock 0 external, W = 2 all of it."""
+    env = bsr_e2e
+    env.stack.stop()  # one stack at a time on this machine; the FS L2 stays on disk
+    c = env.chunk_bytes
+    stack = _Stack(env.root / "stack-c", env.model, _fault_l2(env.l2_dir), 2 << 20, {})
+    try:
+        stack.start()
+        for w in (0, 2):
+            assert stack.call("bsr.configure", {"window_chunks": w})["ok"]
+            stack.call("bsr.forget", {"wait_s": 30})
+            stack.call("bsr.reset_peak")
+            hits0 = stack.external_hits()
+            out = stack.complete(env.prompt)
+            hits = stack.external_hits() - hits0
+            peak = stack.call("bsr.peak")
+            env.record(
+                case=f"small-L1 W={w}",
+                l1_capacity_bytes=peak["l1_capacity_bytes"],
+                sha256=out["sha256"],
+                cached_tokens=out["cached_tokens"],
+                external_hits=hits,
+                restore_pool_peak_bytes=peak["restore_pool_peak_bytes"],
+                l1_used_peak_bytes=peak["l1_used_peak_bytes"],
+            )
+            assert peak["l1_capacity_bytes"] < E2E_PREFIX_CHUNKS * c
+            assert out["sha256"] == env.canonical
+            if w == 0:
+                assert out["cached_tokens"] == 0 and hits == 0
+                # the stock whole-plan prefetch could not allocate the prefix in L1
+                log = (env.root / "stack-c" / "lmcache.log").read_text(errors="replace")
+                assert "no enough memory is available" in log
+            else:
+                assert out["cached_tokens"] == env.prefix_tokens and hits == env.prefix_tokens
+                assert peak["restore_pool_peak_bytes"] == w * c
+                assert peak["l1_used_peak_bytes"] == w * c
+    finally:
+        stack.stop()
+
+
+@pytest.mark.e2e
+def test_e2e_tp2_per_rank_peaks_and_one_rank_fault(bsr_e2e) -> None:
+    """TP = 2: the gauge is per rank; one rank's dropped key collapses the whole prefix."""
+    from lmcache.v1.multiprocess.token_hasher import TokenHasher
+
+    env = bsr_e2e
+    env.stack.stop()
+    l2 = env.root / "l2-tp2"
+    c_rank = env.chunk_bytes // 2  # 2 KV heads, one per rank
+    stack = _Stack(env.root / "stack-tp2", env.model, _fault_l2(l2), 64 << 20, {}, tp=2)
+    try:
+        stack.start()
+        cold = stack.complete(env.prompt)
+        assert stack.call("bsr.forget", {"wait_s": 60})["l1_used_bytes_after"] == 0
+        assert len(list(l2.glob("*.data"))) == 2 * E2E_PREFIX_CHUNKS
+        assert stack.call("bsr.configure", {"window_chunks": 2})["ok"]
+        stack.call("bsr.reset_peak")
+        out = stack.complete(env.prompt)
+        peak = stack.call("bsr.peak")
+        env.record(
+            case="TP=2 W=2",
+            cold_sha256=cold["sha256"],
+            sha256=out["sha256"],
+            cached_tokens=out["cached_tokens"],
+            restore_pool_peak_bytes_by_rank=peak["restore_pool_peak_bytes_by_rank"],
+            l1_used_peak_bytes=peak["l1_used_peak_bytes"],
+        )
+        assert out["sha256"] == cold["sha256"] == env.canonical  # TP = 2 equals TP = 1
+        assert out["cached_tokens"] == env.prefix_tokens
+        assert peak["restore_pool_peak_bytes_by_rank"] == {"0": 2 * c_rank, "1": 2 * c_rank}
+        assert peak["l1_used_peak_bytes"] == 2 * c_rank  # B = W: one window at a time
+
+        # Rank 1 loses chunk 5 at load (window 2 of its restore); rank 0 restores fine.
+        hashes = TokenHasher(chunk_size=E2E_CHUNK).compute_chunk_hashes(env.prompt)
+        victim = bytes(hashes[5]).hex()
+        assert any(victim in p.name for p in l2.glob("*.data")), "hash scheme differs"
+        rule = {"action": "drop", "ranks": [1], "chunk_hashes": [victim]}
+        assert stack.call("bsr.forget", {"wait_s": 30})["l1_used_bytes_after"] == 0
+        assert stack.call("bsr.fault", {"op": "set", "name": "fs", "rules": [rule]})["ok"]
+        try:
+            bad = stack.complete(env.prompt)
+        finally:
+            stack.call("bsr.fault", {"op": "clear", "name": "fs"})
+        outcomes = stack.call("bsr.status")["recent_outcomes"][-2:]
+        by_rank = {o["rank"]: o for o in outcomes}
+        env.record(
+            case="TP=2 rank-1 fault",
+            sha256=bad["sha256"],
+            cached_tokens=bad["cached_tokens"],
+            outcomes={r: (o["ok"], o["failure"], o["windows_done"]) for r, o in by_rank.items()},
+        )
+        assert by_rank[1]["failure"] == "MISSING_KEY" and by_rank[1]["windows_done"] == 2
+        assert by_rank[0]["ok"]
+        assert bad["sha256"] == env.canonical and bad["cached_tokens"] == 0
+    finally:
+        stack.stop()
