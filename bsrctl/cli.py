@@ -14,7 +14,11 @@ from rich.console import Console
 from bsrctl.errors import BadInput, StackFailed
 from bsrctl.evidence import Verdict, exit_code
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="Qualify KV-cache restoration (BSR, TempoKV) on vLLM + LMCache + Mooncake.",
+)
 stack_app = typer.Typer(no_args_is_help=True, help="Start, inspect and stop a serving stack.")
 app.add_typer(stack_app, name="stack")
 err = Console(stderr=True)
@@ -69,6 +73,61 @@ def roundtrip(spec: SpecArg, out_dir: OutOpt = Path("reports"), quiet: QuietOpt 
 
     verdict = guarded(lambda: run_roundtrip(spec, out_dir, progress_printer(quiet)))
     finish(verdict, out_dir)
+
+
+@app.command()
+def ladder(
+    spec: SpecArg,
+    stack: StackOpt = "serving",
+    out_dir: OutOpt = Path("reports"),
+    quiet: QuietOpt = False,
+) -> None:
+    """Whole-plan capacity ladder (W = 0): the first L1 rung that passes per prefix size."""
+    from bsrctl.experiments.ladder import run_ladder
+
+    finish(guarded(lambda: run_ladder(spec, out_dir, stack, quiet)), out_dir)
+
+
+@app.command()
+def sweep(
+    spec: SpecArg,
+    stack: StackOpt = "serving",
+    out_dir: OutOpt = Path("reports"),
+    quiet: QuietOpt = False,
+    repeat_new_salt: Annotated[
+        bool, typer.Option("--repeat-new-salt", help="rerun the largest point, fresh salt")
+    ] = False,
+) -> None:
+    """Window sweep: one deployment, W fixed, prefix sizes in a list (run id br-e1-...)."""
+    from bsrctl.experiments.sweep import run_sweep
+
+    finish(guarded(lambda: run_sweep(spec, out_dir, stack, quiet, repeat_new_salt)), out_dir)
+
+
+@app.command()
+def law(
+    spec: SpecArg,
+    stack: StackOpt = "serving",
+    out_dir: OutOpt = Path("reports"),
+    quiet: QuietOpt = False,
+) -> None:
+    """Capacity law: restore-pool peak against W, least-squares fit; slope must be c."""
+    from bsrctl.experiments.law import run_law
+
+    finish(guarded(lambda: run_law(spec, out_dir, stack, quiet)), out_dir)
+
+
+@app.command()
+def failmatrix(
+    spec: SpecArg,
+    stack: StackOpt = "serving",
+    out_dir: OutOpt = Path("reports"),
+    quiet: QuietOpt = False,
+) -> None:
+    """Workload x fault matrix: every failed restore ends closed, correct and explained."""
+    from bsrctl.experiments.failmatrix import run_failmatrix
+
+    finish(guarded(lambda: run_failmatrix(spec, out_dir, stack, quiet)), out_dir)
 
 
 @app.command()
