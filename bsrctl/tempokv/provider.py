@@ -12,7 +12,7 @@ from typing import Protocol
 from bsrctl.tempokv.clocks import Clock
 from bsrctl.tempokv.fasttier import ByteTimeMeter, FastTier
 from bsrctl.tempokv.kv import KvObject, Manifest
-from bsrctl.tempokv.ttr import OpView, RateMeter, TtrQuery
+from bsrctl.tempokv.ttr import OpView, RateMeter, TtrQuery, project_finish_s
 
 
 class CommitRefusal(IntEnum):
@@ -111,6 +111,7 @@ class StagingProvider:
         self.on_ready: Callable[[str], None] = lambda claim_id: None
         self.on_change: Callable[[], None] = lambda: None
         self.read_bytes_total = 0
+        self._eta_cache: tuple[tuple[int, float], dict[int, float]] | None = None
 
     # ---- what is where ------------------------------------------------------------------
     def store(self, objects: Iterable[KvObject]) -> None:
@@ -125,7 +126,9 @@ class StagingProvider:
         index = {op_id: i for i, op_id in enumerate(self._ops)}
         ops = tuple(
             OpView(
-                self.device.remaining_bytes(op.op_id) if op.running else op.size_bytes, op.running
+                self.device.remaining_bytes(op.op_id) if op.running else op.size_bytes,
+                op.running,
+                op.kind is OpKind.STAGE,
             )
             for op in self._ops.values()
         )
@@ -299,9 +302,11 @@ class StagingProvider:
                 raise RuntimeError(f"no room for protected {obj.object_id}: budget invariant")
             tier.insert(obj)
         self._busy_bytes += op.size_bytes
-        if not any(o.running for o in self._ops.values()) and self._busy_since_s is not None:
-            self.rate.observe(self._busy_bytes, self.clock.now() - self._busy_since_s)
-            self._busy_since_s, self._busy_bytes = None, 0
+        if self._busy_since_s is not None:
+            still_busy = any(o.running for o in self._ops.values())
+            self.rate.observe(self._busy_bytes, self.clock.now() - self._busy_since_s, still_busy)
+            if not still_busy:
+                self._busy_since_s, self._busy_bytes = None, 0
         self._changed()
         ready = [cid for cid, c in self._commitments.items() if op_id in c.pending_ops]
         done_reads = self._settle_reads(op)
@@ -338,6 +343,23 @@ class StagingProvider:
 
     def _changed(self) -> None:
         self.version += 1
+
+    # ---- what the runtime adapter may ask ----------------------------------------------
+    def pending_eta_s(self, claim_id: str) -> float:
+        """Projected time until this claim's committed staging (or its ordinary read)
+        completes, on the same queue projection as TTR; 0 when nothing is pending."""
+        c = self._commitments.get(claim_id)
+        read = self._reads.get(claim_id)
+        pending = c.pending_ops if c is not None else read.pending_ops if read else set()
+        if not pending:
+            return 0.0
+        key = (self.version, self.clock.now())
+        if self._eta_cache is None or self._eta_cache[0] != key:
+            query = self.ttr_query(Manifest(()))
+            finish_s = project_finish_s(query.ops, self.concurrency, self.rate.rate_bytes_s)
+            self._eta_cache = (key, dict(zip(self._ops, finish_s, strict=True)))
+        by_op = self._eta_cache[1]
+        return max((by_op[op_id] for op_id in pending if op_id in by_op), default=0.0)
 
     # ---- what the evidence reads --------------------------------------------------------
     @property

@@ -51,7 +51,12 @@ class DeviceSpec(Strict):
     contention: float = Field(
         0.19, ge=0, description="aggregate falls as 1/(1+c·(n−1)) with n reads on the device"
     )
-    concurrency: int = Field(1, ge=1, description="staging ops in flight, in commit order")
+    concurrency: int = Field(
+        8,
+        ge=1,
+        description="staging ops in flight, in issue order, sharing the aggregate rate (§3.1); "
+        "Fig. 2's −6.02 s margin needs the target staged alongside a four-op backlog (≥ 5)",
+    )
     retrieval_gib_s: float = Field(17.0, gt=0, description="fast tier→GPU; calibrated, Fig. 1")
     fast_tier_gib: float = Field(100.0, gt=0)
     budget_fraction: float = Field(0.5, gt=0, le=1, description="protected budget / capacity")

@@ -10,8 +10,10 @@ from typing import Protocol
 
 @dataclass(frozen=True, slots=True)
 class OpView:
-    remaining_bytes: int  # bytes still to read for this staging op
+    remaining_bytes: int  # bytes still to read for this op
     running: bool  # issued to the device (else queued behind the concurrency limit)
+    staging: bool = True  # a staging op (counts toward the provider's concurrency); False:
+    # an ordinary demand read, issued at once outside that limit but sharing the device
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,15 +33,22 @@ class TtrEstimator(Protocol):
 
 def project_finish_s(ops: tuple[OpView, ...], concurrency: int, rate_bytes_s: float) -> list[float]:
     """Finish time of each op when running ops share one aggregate rate equally and queued
-    ops start, in issue order, as slots free. Overlapping transfers are not summed."""
+    staging ops start, in issue order, as staging slots free. As in the provider, only
+    staging ops count toward its concurrency (ordinary reads are issued at once) and every
+    running op, of either kind, shares the device. Overlapping transfers are not summed."""
     finish_s = [0.0] * len(ops)
     remaining = [float(op.remaining_bytes) for op in ops]
     queued = deque(i for i, op in enumerate(ops) if not op.running)
     active = [i for i, op in enumerate(ops) if op.running]
-    while len(active) < concurrency and queued:
-        active.append(queued.popleft())
     t_s = 0.0
-    while active:
+    while True:
+        staging = sum(ops[i].staging for i in active)
+        while queued and (staging < concurrency or not ops[queued[0]].staging):
+            i = queued.popleft()
+            active.append(i)
+            staging += ops[i].staging
+        if not active:
+            return finish_s
         per_op_bytes_s = rate_bytes_s / len(active)
         step = min(remaining[i] for i in active)
         t_s += step / per_op_bytes_s
@@ -51,9 +60,6 @@ def project_finish_s(ops: tuple[OpView, ...], concurrency: int, rate_bytes_s: fl
             else:
                 still.append(i)
         active = still
-        while len(active) < concurrency and queued:
-            active.append(queued.popleft())
-    return finish_s
 
 
 class QueueProjectionTtr:
@@ -90,19 +96,29 @@ class StaticTtr:
 class RateMeter:
     """Effective aggregate staging rate from completed operations over active intervals.
 
-    Each busy period (device never idle) yields bytes completed / its duration; the estimate
-    pools the last `window` periods with the calibrated prior weighted as `prior_s` seconds."""
+    Each busy period (device never idle) contributes the bytes of the operations completed
+    in it over its active time so far; the estimate is revised at every completion, not only
+    when the device goes idle, and pools the last `window` periods with the calibrated prior
+    weighted as `prior_s` seconds."""
 
     def __init__(self, prior_bytes_s: float, prior_s: float = 1.0, window: int = 8) -> None:
         self.prior_bytes_s = prior_bytes_s
         self.prior_s = prior_s
         self._periods: deque[tuple[float, float]] = deque(maxlen=window)  # (bytes, seconds)
+        self._open: tuple[float, float] | None = None  # the busy period still running
         self.rate_bytes_s = prior_bytes_s
 
-    def observe(self, done_bytes: float, active_s: float) -> None:
+    def observe(self, done_bytes: float, active_s: float, period_open: bool = False) -> None:
+        """Bytes completed over active_s seconds of the current busy period; period_open
+        says more operations of the same period are still running (revised again later)."""
         if active_s <= 0:
             return
-        self._periods.append((done_bytes, active_s))
-        total_bytes = self.prior_bytes_s * self.prior_s + sum(b for b, _ in self._periods)
-        total_s = self.prior_s + sum(s for _, s in self._periods)
+        if period_open:
+            self._open = (done_bytes, active_s)
+        else:
+            self._open = None
+            self._periods.append((done_bytes, active_s))
+        pooled = [*self._periods, *([self._open] if self._open else [])]
+        total_bytes = self.prior_bytes_s * self.prior_s + sum(b for b, _ in pooled)
+        total_s = self.prior_s + sum(s for _, s in pooled)
         self.rate_bytes_s = total_bytes / total_s

@@ -46,6 +46,7 @@ class RunningSeq:
     prefill_left_tokens: int  # prompt tokens not yet prefilled
     ctx_tokens: int  # tokens whose KV is on the GPU now
     generated_tokens: int  # output tokens produced so far
+    ready_in_s: float = 0.0  # holds a slot but joins the batch only after its KV load ends
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +55,8 @@ class QueuedSeq:
     prompt_tokens: int
     cached_tokens: int  # restored from the external cache instead of prefilled
     load_s: float  # its fast-tier→GPU retrieval, assuming its KV is stage-ready
+    stage_ready_in_s: float = 0.0  # known retrieval dependency: committed staging still
+    # running finishes this long after the snapshot (0: ready, or nothing known)
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,9 +109,15 @@ def project_ttus(
     snap: EngineSnapshot, cost: CostModel, limits: EngineLimits, predictor: OutputPredictor
 ) -> dict[str, float]:
     """TTU (seconds after snap.at_s) of every waiting request: when it gets a slot and its
-    retrieval starts. Predecessors hold their slot through their own retrieval."""
+    retrieval starts. Predecessors hold their slot through their own retrieval, which waits
+    for their known staging dependencies; the target's own KV is assumed stage-ready."""
     seqs = [
-        _Proj(r.prefill_left_tokens, r.ctx_tokens, predictor.remaining_tokens(r.generated_tokens))
+        _Proj(
+            r.prefill_left_tokens,
+            r.ctx_tokens,
+            predictor.remaining_tokens(r.generated_tokens),
+            r.ready_in_s,
+        )
         for r in snap.running
     ]
     full_output = predictor.remaining_tokens(0)
@@ -122,7 +131,8 @@ def project_ttus(
             i += 1
             ttus[q.req_id] = t_s
             prefill = max(1, q.prompt_tokens - q.cached_tokens)
-            seqs.append(_Proj(prefill, q.cached_tokens, full_output, t_s + q.load_s))
+            ready_s = max(t_s, q.stage_ready_in_s) + q.load_s
+            seqs.append(_Proj(prefill, q.cached_tokens, full_output, ready_s))
         if i < len(waiting):
             t_s = _until_an_exit(seqs, t_s, cost, limits)
     return ttus

@@ -28,7 +28,9 @@ def test_claim_holds_nothing_before_commitment(clock):
 
 def test_commits_exactly_when_laxity_crosses_zero(clock):
     p = make_provider(clock)
-    ctl = Controller(clock, p, Timed("tempokv", QueueProjectionTtr(p.rate)), tick_s=0.0)
+    ctl = Controller(
+        clock, p, Timed("tempokv", QueueProjectionTtr(p.rate)), tick_s=0.0, crossing_wakeup=True
+    )
     m = objs("a", 8)  # 8 GiB at 8 GiB/s: TTR = 1 s
     p.store(m.objects)
     ctl.report_hit("r1", m)
@@ -43,18 +45,12 @@ def test_commits_exactly_when_laxity_crosses_zero(clock):
 def test_periodic_tick_commits_on_the_first_tick_past_the_crossing(clock):
     p = make_provider(clock)
     ctl = Controller(clock, p, Timed("tempokv-static", StaticTtr(RATE)), tick_s=0.05)
-    ctl._arm_timers = lambda: _tick_only(ctl)  # no crossing wakeup: ticks alone
     m = objs("a", 8)
     p.store(m.objects)
     ctl.report_hit("r1", m)
     ctl.update_runtime(["r1"], {"r1": 1.23}, 0.0)  # crossing at 0.23 s
     clock.run()
     assert trace(ctl.claims["r1"])[1] == (0.25, S.STAGING)
-
-
-def _tick_only(ctl):
-    if ctl.has_planned() and ctl._tick is None:
-        ctl._tick = ctl.clock.call_later(ctl.tick_s, ctl._on_tick)
 
 
 def test_full_lifecycle_and_release(clock):
@@ -144,3 +140,18 @@ def test_cancel_committed_keeps_protection_until_io_ends(clock):
     assert p.tier.reserved_bytes == 4 * GIB  # I/O outstanding: still protected
     clock.run()
     assert p.tier.reserved_bytes == 0 and clock.now() == 0.5
+
+
+def test_queue_rank_counts_the_full_waiting_queue(clock):
+    # §5: Queue-K commits when the request is among the first K of the runtime's *full*
+    # waiting queue; a request ahead with no reusable KV still takes a rank.
+    p = make_provider(clock)
+    ctl = Controller(clock, p, QueueK(1))
+    m = objs("a", 2)
+    p.store(m.objects)
+    ctl.report_hit("r1", m)
+    ctl.update_runtime(["r0", "r1"], None, 0.0)  # r0: no hit, no claim
+    assert ctl.claims["r1"].state is S.PLANNED
+    clock.call_at(1.0, lambda: ctl.update_runtime(["r1"], None, clock.now()))
+    clock.run()
+    assert trace(ctl.claims["r1"])[:2] == [(0.0, S.PLANNED), (1.0, S.STAGING)]

@@ -68,3 +68,41 @@ def test_ttu_waits_for_a_slot_on_the_shared_timeline():
     assert abs(ttus["a"] - 0.1) < 1e-12
     assert ttus["b"] > ttus["a"]
     assert project_ttus(snap, COST, EngineLimits(max_seqs=4), pred) == {"a": 0.0, "b": 0.0}
+
+
+def test_ordinary_reads_share_the_device_but_not_the_staging_slots():
+    # Provider: ordinary reads go out at once, outside the staging concurrency (§3.1: the
+    # projection follows the provider's issue order and concurrency).
+    ops = (OpView(8, True, staging=False), OpView(8, False))
+    assert project_finish_s(ops, 1, 8.0) == [2.0, 2.0]  # both run, 4 B/s each
+
+
+def test_rate_meter_is_revised_at_each_completion_of_a_busy_period():
+    meter = RateMeter(10.0, prior_s=1.0)
+    meter.observe(8.0, 2.0, period_open=True)  # one op done, others still running
+    assert meter.rate_bytes_s == (10.0 + 8.0) / 3.0
+    meter.observe(16.0, 3.0)  # the period closes: replaces its open estimate
+    assert meter.rate_bytes_s == (10.0 + 16.0) / 4.0
+
+
+def test_ttu_accounts_for_predecessors_known_retrieval_dependencies():
+    pred = OutputPredictor(100, (100,))
+    free = EngineSnapshot(0.0, 0.0, (), (QueuedSeq("a", 11, 10, 0.5), QueuedSeq("b", 11, 10, 0.5)))
+    one = EngineLimits(max_seqs=1)
+    base = project_ttus(free, COST, one, pred)["b"]
+    # "a" is committed but its staging ends 2 s from now: it holds the slot longer
+    staged = EngineSnapshot(
+        0.0, 0.0, (), (QueuedSeq("a", 11, 10, 0.5, 2.0), QueuedSeq("b", 11, 10, 0.5))
+    )
+    assert abs(project_ttus(staged, COST, one, pred)["b"] - (base + 2.0)) < 1e-9
+    # a slot holder still loading joins only when its load ends
+    loading = EngineSnapshot(0.0, 0.0, (RunningSeq(1, 10, 0, 2.5),), (QueuedSeq("b", 11, 10, 0.5),))
+    now = EngineSnapshot(0.0, 0.0, (RunningSeq(1, 10, 0),), (QueuedSeq("b", 11, 10, 0.5),))
+    assert (
+        abs(
+            project_ttus(loading, COST, one, pred)["b"]
+            - project_ttus(now, COST, one, pred)["b"]
+            - 2.5
+        )
+        < 1e-9
+    )

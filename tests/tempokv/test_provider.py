@@ -129,3 +129,15 @@ def test_budget_never_exceeded_over_random_workloads(ops):
         p.release(cid)
     clock.run()
     assert p.tier.reserved_bytes == 0 and p.meter.peak_bytes <= 8 * GIB
+
+
+def test_pending_eta_projects_the_claims_outstanding_staging(clock):
+    p = make_provider(clock, concurrency=1)
+    p.store(objs("a", 8).objects + objs("b", 4).objects)
+    p.commit("c1", objs("a", 8))  # 1 s at 8 GiB/s
+    p.commit("c2", objs("b", 4))  # queued behind it: ready at 1.5 s
+    assert (p.pending_eta_s("c1"), p.pending_eta_s("c2")) == (1.0, 1.5)
+    clock.run(until_s=0.5)
+    assert p.pending_eta_s("c2") == 1.0
+    clock.run()
+    assert p.pending_eta_s("c2") == 0.0 and p.pending_eta_s("nobody") == 0.0

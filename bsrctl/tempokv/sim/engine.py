@@ -1,7 +1,8 @@
 """A simulated serving engine: FCFS, at most `max_seqs` active sequences, chunked prefill.
 
 A request granted a slot loads its KV while holding that slot; the other sequences keep
-stepping (an asynchronous connector load) and it joins the batch at the next step boundary.
+stepping (an asynchronous connector load, as LMCache's MP connector does in vLLM) and it
+joins the batch at the next step boundary.
 Decode-only stretches run as one event (k steps at one step time); an arrival that finds a
 free slot, or a finished load, cuts the stretch at the next step boundary."""
 
@@ -42,6 +43,7 @@ class RequestLog:
     first_token_s: float | None = None
     done_s: float | None = None
     path: str = "none"  # "committed", "ordinary" or "none" (nothing cached)
+    transfer_end_s: float | None = None  # fast tier→GPU transfer under way, ends then
 
 
 @dataclass(slots=True)
@@ -138,7 +140,9 @@ class SimEngine:
                 ctl.end_ordinary(req_id)
             self._loaded(log)
 
-        self.clock.call_later(log.req.manifest.size_bytes / self.retrieval_bytes_s, done)
+        transfer_s = log.req.manifest.size_bytes / self.retrieval_bytes_s
+        log.transfer_end_s = self.clock.now() + transfer_s
+        self.clock.call_later(transfer_s, done)
 
     def _loaded(self, log: RequestLog) -> None:
         self.loading.remove(log)
@@ -238,15 +242,33 @@ class SimEngine:
         for log in (*self.loading, *self.loaded):
             req = log.req
             seqs.append(
-                RunningSeq(max(1, req.prompt_tokens - req.cached_tokens), req.cached_tokens, 0)
+                RunningSeq(
+                    max(1, req.prompt_tokens - req.cached_tokens),
+                    req.cached_tokens,
+                    0,
+                    self._load_left_s(log, now_s),
+                )
             )
+        eta = self.controller.ready_eta_s if self.controller is not None else None
         waiting = tuple(
             QueuedSeq(
                 log.req.req_id,
                 log.req.prompt_tokens,
                 log.req.cached_tokens,
                 log.req.manifest.size_bytes / self.retrieval_bytes_s,
+                eta(log.req.req_id) if eta is not None else 0.0,
             )
             for log in self.waiting
         )
         return EngineSnapshot(now_s, busy_s, tuple(seqs), waiting)
+
+    def _load_left_s(self, log: RequestLog, now_s: float) -> float:
+        """Known retrieval dependency of a request holding a slot: the rest of its transfer,
+        or its pending staging / ordinary read (as the controller projects it) plus the
+        transfer. 0 once loaded."""
+        if log in self.loaded or self.controller is None or not log.req.manifest.objects:
+            return 0.0
+        if log.transfer_end_s is not None:
+            return max(0.0, log.transfer_end_s - now_s)
+        transfer_s = log.req.manifest.size_bytes / self.retrieval_bytes_s
+        return self.controller.ready_eta_s(log.req.req_id) + transfer_s

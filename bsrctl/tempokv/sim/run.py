@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from bsrctl.tempokv.clocks import VirtualClock
+from bsrctl.tempokv.clocks import Clock, VirtualClock
 from bsrctl.tempokv.controller import Controller
 from bsrctl.tempokv.kv import GIB
 from bsrctl.tempokv.policies import make_policy
@@ -111,7 +111,8 @@ class SimAdapter:
 
     def on_iteration(self) -> None:
         ctl = self.controller
-        order = [lg.req.req_id for lg in self.engine.waiting if lg.req.req_id in ctl.claims]
+        # The full waiting queue (Queue-K ranks in it), requests without a hit included.
+        order = [lg.req.req_id for lg in self.engine.waiting]
         ttus = None
         if ctl.policy.needs_ttu and ctl.has_planned():
             snap = self.engine.snapshot()
@@ -127,8 +128,11 @@ def simulate(
     control: ControlConfig,
     policy_name: str,
     keep_trace: bool = True,
+    clock: Clock | None = None,
 ) -> SimResult:
-    clock = VirtualClock()
+    """Run one policy; virtual time unless a clock is given (a WallClock runs the very same
+    controller, provider and engine code in real time)."""
+    clock = VirtualClock() if clock is None else clock
     device = SimStagingDevice(clock, device_cfg)
     rate = RateMeter(device_cfg.staging_bytes_s, control.rate_prior_s)
     provider = StagingProvider(
