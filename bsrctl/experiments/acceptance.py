@@ -1,0 +1,213 @@
+"""Acceptance of one restore point: named checks, pure functions over measured values.
+
+The paper's criterion (Section 6): cached-token accounting, tier isolation, registration
+identity, canonical output, post-request health, and for W > 0 the bounded restore pool.
+Each function takes what was measured (None = not measured) and returns a Check; missing
+evidence is UNKNOWN, never PASS. ``judge`` applies them to a point's ``measures`` dict, so
+a point can be re-judged from its evidence alone.
+
+On the storage stack there is no model: ``canonical_output`` is replaced by
+``canonical_bytes`` (every installed object compared with regenerated canonical bytes).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from bsrctl.evidence.verdict import Check, check
+
+CHECK_NAMES = (
+    "cached_token_accounting",
+    "tier_isolation",
+    "registration_identity",
+    "canonical_output",
+    "canonical_bytes",
+    "post_request_health",
+    "bounded_restore",
+)
+
+
+def _missing(name: str, *what: str) -> Check:
+    return check(name, None, f"not measured: {', '.join(what)}")
+
+
+def cached_token_accounting(
+    cached_tokens: int | None,
+    expected_cached_tokens: int | None,
+    external_hit_tokens: int | None = None,
+) -> Check:
+    """Cached tokens == the chunk-aligned prefix expected (and, on serving, all external)."""
+    name = "cached_token_accounting"
+    if cached_tokens is None or expected_cached_tokens is None:
+        return _missing(name, "cached_tokens" if cached_tokens is None else "expected tokens")
+    if expected_cached_tokens <= 0:
+        return check(name, None, f"expected {expected_cached_tokens} tokens: nothing to restore")
+    ext = "" if external_hit_tokens is None else f", external hits {external_hit_tokens}"
+    detail = f"cached {cached_tokens}{ext}, expected {expected_cached_tokens}"
+    ok = cached_tokens == expected_cached_tokens and external_hit_tokens in (
+        None,
+        expected_cached_tokens,
+    )
+    return check(name, ok, detail)
+
+
+def tier_isolation(
+    tier: str,
+    l1_bytes_before: int | None,
+    cached_tokens: int | None,
+    tier_bytes_read: int | None,
+    external_hit_tokens: int | None = None,
+) -> Check:
+    """The bytes came from `tier`: L1 empty before the request, the tier's counters show the
+    reads, and (serving) vLLM's local prefix cache served nothing."""
+    name = "tier_isolation"
+    if l1_bytes_before is None or cached_tokens is None or tier_bytes_read is None:
+        what = [
+            n
+            for n, v in (
+                ("L1 bytes before the request", l1_bytes_before),
+                ("cached tokens", cached_tokens),
+                (f"bytes read from {tier}", tier_bytes_read),
+            )
+            if v is None
+        ]
+        return _missing(name, *what)
+    if l1_bytes_before > 0:
+        return check(name, False, f"L1 held {l1_bytes_before} B before the request: not emptied")
+    if external_hit_tokens is not None and cached_tokens != external_hit_tokens:
+        local = cached_tokens - external_hit_tokens
+        return check(
+            name,
+            False,
+            f"{local} of {cached_tokens} cached tokens came from vLLM's local prefix cache",
+        )
+    if tier_bytes_read <= 0:
+        if cached_tokens > 0:
+            return check(name, False, f"{cached_tokens} tokens cached but 0 B read from {tier}")
+        return check(name, None, f"nothing was read from {tier} (0 cached tokens): no evidence")
+    return check(
+        name, True, f"L1 empty before; {tier_bytes_read} B read from {tier}; local cache 0"
+    )
+
+
+def registration_identity(
+    expected_bytes_per_chunk: int | None,
+    measured_bytes_per_chunk: int | None,
+    expected_digest: str | None = None,
+    restored_digest: str | None = None,
+) -> Check:
+    """The restored state has the registered geometry: bytes per chunk per rank (and the
+    tensor-list digest where the stack reports one)."""
+    name = "registration_identity"
+    if expected_bytes_per_chunk is None or measured_bytes_per_chunk is None:
+        return _missing(name, "bytes per chunk of the restored state")
+    diffs = []
+    if measured_bytes_per_chunk != expected_bytes_per_chunk:
+        diffs.append(f"bytes per chunk {measured_bytes_per_chunk} != {expected_bytes_per_chunk}")
+    if expected_digest is not None or restored_digest is not None:
+        if expected_digest is None or restored_digest is None:
+            return _missing(name, "one of the registration digests")
+        if expected_digest != restored_digest:
+            diffs.append(f"digest {restored_digest[:12]} != {expected_digest[:12]}")
+        scope = f"digest {expected_digest[:12]}, "
+    else:
+        scope = "no digest from this stack, "
+    if diffs:
+        return check(name, False, "; ".join(diffs))
+    return check(name, True, f"{scope}{measured_bytes_per_chunk} B per chunk per rank")
+
+
+def canonical_output(output_sha256: str | None, canonical_sha256: str | None) -> Check:
+    """Output token sha256 == that of the same request with no external cache."""
+    name = "canonical_output"
+    if not output_sha256 or not canonical_sha256:
+        return _missing(name, "output sha256" if not output_sha256 else "canonical sha256")
+    return check(
+        name, output_sha256 == canonical_sha256, f"{output_sha256[:16]} vs {canonical_sha256[:16]}"
+    )
+
+
+def canonical_bytes(verify_ok: bool | None, mismatches: int | None, bytes_restored: int | None):
+    """Storage stack (no model): replaces canonical_output with byte verification."""
+    name = "canonical_bytes"
+    why = "storage stack has no model: canonical_output replaced by byte verification; "
+    if verify_ok is None or mismatches is None:
+        return check(name, None, why + "destination does not verify (use destination: verify)")
+    if not bytes_restored:
+        return check(name, None, why + "0 B restored: nothing verified")
+    return check(
+        name,
+        verify_ok and mismatches == 0,
+        why + f"{bytes_restored} B installed, {mismatches} object(s) not canonical",
+    )
+
+
+def post_request_health(healthy: bool | None, detail: str = "") -> Check:
+    """The stack still serves after the request (a short follow-up succeeds)."""
+    name = "post_request_health"
+    if healthy is None:
+        return check(name, None, detail or "health not measured")
+    return check(name, healthy, detail)
+
+
+def bounded_restore(
+    window_chunks: int | None,
+    restore_pool_peak_bytes: int | None,
+    bound_bytes: int | None,
+    bytes_restored: int | None = None,
+) -> Check:
+    """For W > 0: measured restore-pool peak <= W*c + aux."""
+    name = "bounded_restore"
+    if window_chunks is None or restore_pool_peak_bytes is None or bound_bytes is None:
+        return _missing(name, "window, restore-pool peak or bound")
+    if window_chunks <= 0:
+        return check(name, None, f"W = {window_chunks}: the whole-plan path has no bound")
+    if restore_pool_peak_bytes == 0 and bytes_restored:
+        return check(
+            name, None, f"peak 0 B while {bytes_restored} B were restored: gauge saw nothing"
+        )
+    ok = restore_pool_peak_bytes <= bound_bytes
+    rel = "<=" if ok else ">"
+    return check(
+        name,
+        ok,
+        f"peak {restore_pool_peak_bytes} B {rel} W*c + aux = {bound_bytes} B (W = {window_chunks})",
+    )
+
+
+def judge(m: Mapping[str, Any], stack: str) -> tuple[Check, ...]:
+    """Every acceptance check of one point, from its measures (see the key names used)."""
+    g = m.get
+    checks = [
+        cached_token_accounting(
+            g("cached_tokens"), g("expected_cached_tokens"), g("external_hit_tokens")
+        ),
+        tier_isolation(
+            g("tier") or "L2",
+            g("l1_bytes_before_restore"),
+            g("cached_tokens"),
+            g("tier_bytes_read"),
+            g("external_hit_tokens"),
+        ),
+        registration_identity(
+            g("bytes_per_chunk_expected"),
+            g("bytes_per_chunk_measured"),
+            g("registration_digest_expected"),
+            g("registration_digest"),
+        ),
+        canonical_bytes(g("verify_ok"), g("verify_mismatches"), g("bytes_restored"))
+        if stack == "storage"
+        else canonical_output(g("output_sha256"), g("canonical_sha256")),
+        post_request_health(g("healthy"), g("health_detail") or ""),
+    ]
+    if (g("window_chunks") or 0) > 0:
+        checks.append(
+            bounded_restore(
+                g("window_chunks"),
+                g("restore_pool_peak_bytes"),
+                g("rws_bound_bytes"),
+                g("bytes_restored"),
+            )
+        )
+    return tuple(checks)

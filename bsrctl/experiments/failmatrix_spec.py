@@ -1,0 +1,174 @@
+"""The `bsrctl failmatrix` spec: a workload x fault matrix, each cell with its expected outcome.
+
+Layout::
+
+    stack: {...}                 # bsrctl.specs.StackSpec (W = stack.lmcache.window_chunks > 0)
+    workload:
+      prompt_tokens: 4000        # prefix seeded then restored (one fresh prompt per cell)
+      max_tokens: 8
+      salt: fm-cpu
+    storage:                     # cells with `stack: storage` (in-process, TP ranks, no model)
+      tp_ranks: 2
+      prefix_tokens: 4096
+      window_chunks: 2
+      l1_capacity_bytes: 8388608
+    cells:
+      - id: window-timeout
+        fault: window_timeout    # see FAULTS
+        at: during_window        # before_request | during_window | between_windows
+        window: 1                # k
+        source: fs               # the tier that serves the restore when nothing fails
+        expect: recompute        # lower_tier | recompute | closed
+        bound_s: 120
+
+Expected outcomes: ``lower_tier`` = the full prefix from the next valid tier; ``recompute`` =
+0 cached tokens and local recomputation; ``closed`` = either of the two (which one depends on
+timing, e.g. L1 pressure), never a partial count, or an explicit error (never a hang).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, ValidationError, model_validator
+
+from bsrctl.errors import BadInput
+from bsrctl.specs import StackSpec, Strict, describe_error, read_yaml
+
+Point_ = Literal["before_request", "during_window", "between_windows"]
+Expect = Literal["lower_tier", "recompute", "closed"]
+
+# fault -> (stack it runs on, injection points it supports)
+FAULTS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "mooncake_master_down": ("serving", ("before_request", "between_windows")),
+    "mooncake_and_fs_absent": ("serving", ("before_request",)),
+    "window_timeout": ("serving", ("during_window",)),
+    "object_corrupted": ("serving", ("during_window",)),
+    "object_truncated": ("serving", ("during_window",)),
+    "l1_exhausted": ("serving", ("between_windows",)),
+    "lmcache_killed": ("serving", ("between_windows",)),
+    "rank_keys_dropped": ("storage", ("during_window",)),
+    "storage_window_timeout": ("storage", ("during_window",)),
+}
+
+
+class WorkloadSpec(Strict):
+    prompt_tokens: int = Field(4000, gt=0, description="prefix tokens per cell's prompt")
+    max_tokens: int = Field(8, gt=0)
+    salt: str = Field("bsrctl-failmatrix", min_length=1)
+    flood_requests: int = Field(3, ge=1, description="l1_exhausted: other prompts sent")
+
+
+class StorageCellsSpec(Strict):
+    """Geometry of the cells that run on the in-process storage stack."""
+
+    registration: Literal["tiny-llama"] = "tiny-llama"
+    tp_ranks: int = Field(2, ge=1)
+    prefix_tokens: int = Field(4096, gt=0)
+    window_chunks: int = Field(2, gt=0)
+    l1_capacity_bytes: int = Field(8 << 20, ge=4096)
+    window_timeout_s: float = Field(5.0, gt=0)
+
+
+class CellSpec(Strict):
+    id: str = Field(pattern=r"^[a-z0-9][a-z0-9_.-]*$", description="unique cell name")
+    fault: Literal[tuple(FAULTS)]  # type: ignore[valid-type]
+    at: Point_ = "during_window"
+    window: int = Field(1, ge=0, description="k: the window the fault strikes or holds")
+    source: Literal["fs", "mooncake", "all"] = Field(
+        "fs", description="the tier that holds the prefix (the others are hidden); all: both"
+    )
+    expect: Expect
+    rank: int = Field(1, ge=0, description="rank_keys_dropped: the rank whose key goes")
+    hold_s: float = Field(4.0, gt=0, description="between_windows: how long window k is held")
+    bound_s: float = Field(180.0, gt=0, description="the cell must end within this")
+
+    @property
+    def stack(self) -> str:
+        return FAULTS[self.fault][0]
+
+
+class FailMatrixSpec(Strict):
+    stack: StackSpec = StackSpec()
+    workload: WorkloadSpec = WorkloadSpec()
+    storage: StorageCellsSpec = StorageCellsSpec()
+    cells: list[CellSpec] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _coherent(self) -> FailMatrixSpec:
+        ids = [c.id for c in self.cells]
+        dup = sorted({i for i in ids if ids.count(i) > 1})
+        if dup:
+            raise ValueError(f"cell ids must be unique; repeated: {dup}")
+        for c in self.cells:
+            _check_cell(self, c)
+        return self
+
+    def serving_windows(self) -> int:
+        lm = self.stack.lmcache
+        chunks = self.workload.prompt_tokens // lm.chunk_size
+        return math.ceil(chunks / lm.window_chunks) if lm.window_chunks else 0
+
+    def storage_windows(self) -> int:
+        s = self.storage
+        return math.ceil(math.ceil(s.prefix_tokens / 256) / s.window_chunks)
+
+
+def _check_cell(spec: FailMatrixSpec, c: CellSpec) -> None:
+    where = f"cell {c.id!r}"
+    stack, points = FAULTS[c.fault]
+    if c.at not in points:
+        raise ValueError(f"{where}: fault {c.fault} is injected at {list(points)}, not {c.at!r}")
+    if stack == "storage":
+        n = spec.storage_windows()
+        if c.rank >= spec.storage.tp_ranks:
+            raise ValueError(f"{where}: rank {c.rank} >= storage.tp_ranks {spec.storage.tp_ranks}")
+        if c.window >= n:
+            raise ValueError(f"{where}: window {c.window} >= {n} windows of the storage prefix")
+        return
+    lm, v = spec.stack.lmcache, spec.stack.vllm
+    if lm.window_chunks <= 0:
+        raise ValueError(f"{where}: serving cells need stack.lmcache.window_chunks > 0 (BSR on)")
+    n = spec.serving_windows()
+    last = n - 1 if c.at == "during_window" else n - 2
+    if c.window > last:
+        raise ValueError(
+            f"{where}: window {c.window} out of range for {c.at} ({n} windows of "
+            f"{lm.window_chunks} chunks in {spec.workload.prompt_tokens} tokens); use 0..{last}"
+        )
+    if spec.workload.prompt_tokens + spec.workload.max_tokens > v.max_model_len:
+        raise ValueError("workload.prompt_tokens + max_tokens exceeds stack.vllm.max_model_len")
+    needs_moon = c.source in ("mooncake", "all") or c.fault.startswith("mooncake")
+    if needs_moon and not spec.stack.mooncake.enabled:
+        raise ValueError(f"{where}: needs stack.mooncake.enabled: true")
+    if (
+        c.source in ("fs", "all")
+        and not lm.fs_l2
+        or c.fault.startswith("object_")
+        and c.source != "fs"
+    ):
+        raise ValueError(f"{where}: needs source fs and stack.lmcache.fs_l2: true")
+    if c.fault in ("object_corrupted", "object_truncated") and not lm.checksum:
+        raise ValueError(f"{where}: needs stack.lmcache.checksum: true (detect before install)")
+    if c.at == "between_windows" and c.hold_s >= lm.window_timeout_s:
+        raise ValueError(
+            f"{where}: hold_s {c.hold_s} must be below stack.lmcache.window_timeout_s "
+            f"{lm.window_timeout_s} (a hold longer than the timeout is the window_timeout fault)"
+        )
+    if c.expect == "lower_tier" and (c.fault != "mooncake_master_down" or c.source != "all"):
+        raise ValueError(
+            f"{where}: expect lower_tier needs fault mooncake_master_down with source all "
+            "(the FS L2 below Mooncake holds the full prefix)"
+        )
+    if c.at == "between_windows" and c.source == "all":
+        raise ValueError(f"{where}: between_windows holds one tier's window: source fs or mooncake")
+
+
+def load_matrix(path: Path) -> tuple[FailMatrixSpec, dict]:
+    raw = read_yaml(path)
+    try:
+        return FailMatrixSpec.model_validate(raw), raw
+    except ValidationError as exc:
+        raise BadInput(f"{path}: {describe_error(FailMatrixSpec, exc)}") from None

@@ -1,0 +1,262 @@
+"""Fault injectors of the failure matrix, each by real means on a real serving stack.
+
+An injector has three steps around the request: ``arm()`` before it is sent (stop a process
+by PID, remove / corrupt / truncate a tier's files, write fault-wrapper rules), ``strike()``
+while it runs (between windows: wait until the fault wrapper holds window k, then stop a
+process or flood L1 with other traffic) and ``recover()`` after it, which restarts what was
+stopped and clears every rule so the next cell can reuse the deployment. Nothing ever tells
+the code under test that a fault happened.
+
+Isolation (``source``): the tier that serves the restore when nothing fails. ``mooncake``
+hides the FS L2 (its folder is swapped for an empty one); ``fs`` makes Mooncake's lookups
+miss through its fault wrapper (a lookup-phase drop looks like absence); ``all`` leaves both.
+"""
+
+from __future__ import annotations
+
+import shutil
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bsrctl.errors import StackFailed
+from bsrctl.experiments.failmatrix_spec import CellSpec
+from bsrctl.lmcache_ext.fault_adapter import write_control_file
+from bsrctl.stack.serving import ServingStack
+
+Say = Callable[[str], None]
+
+
+def chunk_hashes_hex(token_ids: list[int], chunk_size: int, num_chunks: int) -> list[str]:
+    """LMCache's own chunk hashes of a prompt (the MP server's TokenHasher, blake3)."""
+    from lmcache.v1.multiprocess.token_hasher import TokenHasher
+
+    hasher = TokenHasher(chunk_size=chunk_size, hash_algorithm="blake3")
+    return [h.hex() for h in hasher.compute_chunk_hashes(token_ids, end=num_chunks * chunk_size)]
+
+
+def fs_objects(stack: ServingStack, chunk_hash: str) -> list[Path]:
+    return sorted((stack.dir / "l2-fs").glob(f"*@{chunk_hash}*.data"))
+
+
+def fault_stats(stack: ServingStack, tier: str) -> dict[str, Any]:
+    """The fault wrapper's counters of one tier and its inner adapter's own counters."""
+    for adapter in stack.lmcache_status()["storage_manager"].get("l2_adapters", []):
+        fault = adapter.get("bsr_fault") or {}
+        if fault.get("name") == tier:
+            return {**fault, "inner": adapter.get("counters", {})}
+    return {}
+
+
+def wait_held(stack: ServingStack, tier: str, before: int, timeout_s: float) -> float:
+    """Seconds until tier's wrapper has delayed one more task (window k is being held)."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout_s:
+        if int(fault_stats(stack, tier).get("delayed_tasks", 0)) > before:
+            return time.monotonic() - t0
+        time.sleep(0.05)
+    raise StackFailed(f"window hold on tier {tier} not seen within {timeout_s:.0f} s")
+
+
+@dataclass
+class Injector:
+    """One cell's fault. Subclasses override arm/strike/recover and fill `notes`."""
+
+    stack: ServingStack
+    cell: CellSpec
+    token_ids: list[int]  # the cell's prompt
+    say: Say
+    notes: dict[str, Any] = field(default_factory=dict)  # what was done, for the evidence
+    stopped_pids: list[int] = field(default_factory=list)  # processes this fault stopped
+    _hidden: Path | None = None
+
+    # -- isolation (always) --
+
+    def isolate(self) -> None:
+        st = self.stack
+        if self.cell.source == "mooncake":
+            fs_dir, hidden = st.dir / "l2-fs", st.dir / "l2-fs.hidden"
+            fs_dir.rename(hidden)
+            fs_dir.mkdir()
+            self._hidden = hidden
+        elif self.cell.source == "fs" and st.mooncake is not None:
+            write_control_file(
+                st.fault_control("mooncake"), [{"action": "drop", "phase": "lookup"}]
+            )
+
+    def unisolate(self) -> None:
+        st = self.stack
+        if self._hidden is not None:
+            shutil.rmtree(st.dir / "l2-fs", ignore_errors=True)
+            self._hidden.rename(st.dir / "l2-fs")
+            self._hidden = None
+        for tier in ("fs", "mooncake"):
+            write_control_file(st.fault_control(tier), [])
+
+    # -- the fault --
+
+    def arm(self) -> None:
+        pass
+
+    def strike(self) -> None:
+        pass
+
+    def recover(self) -> None:
+        pass
+
+    # -- helpers --
+
+    def hold_rule(self, delay_s: float) -> None:
+        """Hold window k of the source tier for delay_s (the load's result is withheld)."""
+        tier = self.cell.source
+        self._held_before = int(fault_stats(self.stack, tier).get("delayed_tasks", 0))
+        rule = {"action": "delay", "tasks": [self.cell.window], "delay_s": delay_s, "limit": 1}
+        write_control_file(self.stack.fault_control(tier), [rule])
+        self.notes["rule"] = {"tier": tier, **rule}
+
+    def wait_hold(self) -> None:
+        waited = wait_held(self.stack, self.cell.source, self._held_before, self.cell.bound_s)
+        self.notes["hold_seen_after_s"] = round(waited, 3)
+
+    def window_object(self) -> Path:
+        """The FS object of window k's first chunk (file name carries the chunk hash)."""
+        lm = self.stack.spec.lmcache
+        chunk = self.cell.window * lm.window_chunks
+        hashes = chunk_hashes_hex(self.token_ids, lm.chunk_size, chunk + 1)
+        found = fs_objects(self.stack, hashes[chunk])
+        if not found:
+            raise StackFailed(f"no FS object for chunk {chunk} (hash {hashes[chunk][:16]})")
+        return found[0]
+
+
+class MasterDown(Injector):
+    """Stop the Mooncake master by PID: before the request, or while window k is held."""
+
+    def arm(self) -> None:
+        if self.cell.at == "before_request":
+            self._stop()
+        else:
+            self.hold_rule(self.cell.hold_s)
+
+    def strike(self) -> None:
+        if self.cell.at == "between_windows":
+            self.wait_hold()
+            self._stop()
+
+    def _stop(self) -> None:
+        moon = self.stack.mooncake
+        pid = moon.master.pid
+        moon.stop_master(timeout_s=5.0)
+        self.stopped_pids.append(pid)
+        self.notes["stopped"] = {"mooncake-master": pid, "at_s": round(time.monotonic(), 3)}
+
+    def recover(self) -> None:
+        moon = self.stack.mooncake
+        moon.start_master()
+        moon.start_node()
+        self.stack._save_state()  # noqa: SLF001 - records the new PIDs for the audit
+        self.notes["restarted"] = moon.pids()
+
+
+class MooncakeAndFsAbsent(MasterDown):
+    """Mooncake master stopped and every FS L2 object removed before the request."""
+
+    def arm(self) -> None:
+        self._stop()
+        fs_dir = self.stack.dir / "l2-fs"
+        removed = 0
+        for path in fs_dir.iterdir():
+            if path.is_file():
+                path.unlink()
+                removed += 1
+        self.notes["fs_files_removed"] = removed
+
+
+class WindowTimeout(Injector):
+    """Window k's load is withheld beyond window_timeout_s (a delayed adapter)."""
+
+    def arm(self) -> None:
+        self.hold_rule(self.stack.spec.lmcache.window_timeout_s + 3.0)
+
+
+class ObjectDamaged(Injector):
+    """Window k's first FS object: bytes flipped (corrupted) or cut in half (truncated)."""
+
+    def arm(self) -> None:
+        path = self.window_object()
+        data = bytearray(path.read_bytes())
+        if self.cell.fault == "object_corrupted":
+            mid = len(data) // 2
+            for i in range(mid, min(mid + 4096, len(data))):
+                data[i] ^= 0xFF
+            how = f"4096 bytes flipped at offset {mid}"
+        else:
+            data = data[: len(data) // 2]
+            how = f"truncated to {len(data)} bytes"
+        path.write_bytes(bytes(data))
+        self.notes["object"] = {"file": path.name, "how": how}
+
+
+class L1Exhausted(Injector):
+    """While window k is held, other prompts' traffic fills LMCache's L1."""
+
+    flood: Callable[[], dict[str, Any]] | None = None
+
+    def arm(self) -> None:
+        self.hold_rule(self.cell.hold_s)
+
+    def strike(self) -> None:
+        self.wait_hold()
+        assert self.flood is not None
+        self.notes["flood"] = self.flood()
+
+
+class LmcacheKilled(Injector):
+    """While window k is held, the LMCache server is killed by PID (with its children)."""
+
+    def arm(self) -> None:
+        self.hold_rule(self.cell.hold_s)
+
+    def strike(self) -> None:
+        self.wait_hold()
+        part = self.stack.parts["lmcache"]
+        self.stopped_pids += [part.pid, *part.descendants()]
+        part.stop(timeout_s=1.0)
+        self.notes["killed"] = {"lmcache": self.stopped_pids, "at_s": round(time.monotonic(), 3)}
+
+    def recover(self) -> None:
+        st = self.stack
+        st.parts.pop("lmcache", None)
+        st.start_lmcache()
+        self.notes["restarted_lmcache"] = st.parts["lmcache"].pid
+        st._save_state()  # noqa: SLF001 - records the new PIDs for the audit
+
+
+INJECTORS: dict[str, type[Injector]] = {
+    "mooncake_master_down": MasterDown,
+    "mooncake_and_fs_absent": MooncakeAndFsAbsent,
+    "window_timeout": WindowTimeout,
+    "object_corrupted": ObjectDamaged,
+    "object_truncated": ObjectDamaged,
+    "l1_exhausted": L1Exhausted,
+    "lmcache_killed": LmcacheKilled,
+}
+
+
+def run_bounded(fn: Callable[[], Any], timeout_s: float) -> tuple[Any, BaseException | None, bool]:
+    """fn() in a daemon thread: (result, exception, finished within timeout_s)."""
+    box: dict[str, Any] = {}
+
+    def body() -> None:
+        try:
+            box["result"] = fn()
+        except BaseException as exc:  # reported, never raised here
+            box["error"] = exc
+
+    th = threading.Thread(target=body, daemon=True)
+    th.start()
+    th.join(timeout_s)
+    return box.get("result"), box.get("error"), not th.is_alive()

@@ -1,0 +1,204 @@
+"""`bsrctl ladder`: the whole-plan path (W = 0). For each prefix size, raise L1 through the
+rungs (a fresh deployment per rung: LMCache relaunched with that L1, and vLLM with it) until
+full-prefix reuse passes. On serving, one first deployment (the spec's L1) computes and
+stores every prefix; the rungs share its FS L2 and only restore. Recorded per size: first
+passing rung, last failing rung, the measured restore-pool (L1) peak of the passing rung,
+and where this machine's memory ends.
+
+Each rung point carries the acceptance checks as measured, plus ``rung_outcome``:
+
+- ``pass``: every check PASS: the first passing rung; the size stops here.
+- ``capacity``: the stack stayed healthy and the output canonical, but the prefix was not
+  reused: L1 too small (no other check FAILED). A valid observation, kept out of the run
+  verdict.
+- ``fail``: reuse happened but another check FAILED (wrong output, wrong geometry).
+- ``unknown``: anything else (engine unhealthy, stack failed, timeout): redone once; a clean
+  redo supersedes it (``superseded_by``), both stay in the record.
+- ``memory_limit``: the rung's L1 does not fit this machine: not deployed; the size stops.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from bsrctl.errors import StackFailed
+from bsrctl.evidence import EvidenceWriter, Point, Verdict, merge
+from bsrctl.evidence.verdict import Check, check
+from bsrctl.experiments.acceptance import judge
+from bsrctl.experiments.run import Progress, execute, progress
+from bsrctl.experiments.specs import ExperimentSpec, load_experiment
+from bsrctl.experiments.targets import ServingTarget, StorageTarget, make_target
+
+OUTCOMES = ("pass", "capacity", "fail", "unknown", "memory_limit")
+
+
+class LadderWriter(EvidenceWriter):
+    """The run verdict merges the rungs that judge the system: capacity rungs (expected
+    failures of a too-small L1) and superseded attempts are kept but not counted."""
+
+    def _points_verdict(self) -> Verdict:
+        return merge(
+            Verdict(p["verdict"])
+            for p in self.doc["points"]
+            if p.get("rung_outcome") != "capacity" and not p.get("superseded_by")
+        )
+
+
+def rung_outcome(checks: tuple[Check, ...]) -> str:
+    """Classify a measured rung from its checks (see the module doc)."""
+    by = {c.name: str(c.verdict) for c in checks}
+    if by and all(v == "PASS" for v in by.values()):
+        return "pass"
+    healthy = by.get("post_request_health") == "PASS"
+    others_failed = any(v == "FAIL" for n, v in by.items() if n != "cached_token_accounting")
+    if by.get("cached_token_accounting") == "FAIL":
+        # Not reused, yet nothing else went wrong: the whole plan did not fit in L1.
+        return "capacity" if healthy and not others_failed else "unknown"
+    if healthy and others_failed:
+        return "fail"
+    return "unknown"
+
+
+def _gib(n: int) -> str:
+    """Human size of a rung: 2 GiB, 4 MiB."""
+    return f"{n / 2**30:g} GiB" if n >= 1 << 30 else f"{n / 2**20:g} MiB"
+
+
+class _Ladder:
+    """One ladder run: sizes x rungs on one target."""
+
+    def __init__(
+        self, spec: ExperimentSpec, stack: str, target: Any, writer: EvidenceWriter, say: Progress
+    ) -> None:
+        self.spec, self.stack, self.target, self.w, self.say = spec, stack, target, writer, say
+
+    def measure(self, tokens: int, rung: int, pid: str, attempt: int) -> tuple[Point, str]:
+        params = {"tokens": tokens, "window_chunks": 0, "l1_capacity_bytes": rung}
+        extra: dict[str, Any] = {"attempt": attempt}
+        try:
+            self.target.deploy(rung, 0, 0)
+            if attempt == 1 and not self.w.doc["stack"].get("registration"):
+                self.w.set_stack(self.target.describe())
+            m = self.target.measure(tokens, 0, self.spec.salt, cold=False)
+        except (StackFailed, OSError, RuntimeError, TimeoutError) as exc:
+            # Not a capacity answer (engine unhealthy, timeout, L1 not allocatable): UNKNOWN.
+            m = {"tokens": tokens, "window_chunks": 0, "l1_capacity_bytes": rung}
+            why = f"{type(exc).__name__}: {exc}"
+            m.update(healthy=None, health_detail=f"stack failed: {why}", error=why)
+        finally:
+            self.target.teardown()
+        checks = judge(m, self.stack)
+        outcome = rung_outcome(checks)
+        return Point(pid, params, m, checks, {**extra, "rung_outcome": outcome}), outcome
+
+    def memory_point(self, tokens: int, rung: int, detail: str) -> Point:
+        params = {"tokens": tokens, "window_chunks": 0, "l1_capacity_bytes": rung}
+        c = check("machine_memory", None, f"rung not deployed: {detail}")
+        return Point(f"n{tokens}-l1-{rung}", params, {}, (c,), {"rung_outcome": "memory_limit"})
+
+    def climb(self, tokens: int) -> dict[str, Any]:
+        """Every rung of one size until one passes; the size's summary row."""
+        row: dict[str, Any] = {
+            "tokens": tokens,
+            "first_passing_rung_bytes": None,
+            "last_failing_rung_bytes": None,
+            "l1_peak_bytes": None,
+            "memory_ends_at_rung_bytes": None,
+            "unresolved_rungs_bytes": [],
+            "failed_rungs_bytes": [],
+        }
+        for rung in self.spec.ladder.rungs_bytes:  # type: ignore[union-attr]
+            fits, detail = self.target.fits(rung)
+            if not fits:
+                self.say(f"N = {tokens}: rung {_gib(rung)} does not fit this machine: {detail}")
+                self.w.add_point(self.memory_point(tokens, rung, detail))
+                row["memory_ends_at_rung_bytes"] = rung
+                row["memory_detail"] = detail
+                break
+            outcome = self.rung(tokens, rung)
+            if outcome == "pass":
+                last = self.w.points[-1]["measures"]
+                row["first_passing_rung_bytes"] = rung
+                row["l1_peak_bytes"] = last.get("restore_pool_peak_bytes")
+                row["l1_used_peak_bytes"] = last.get("l1_used_peak_bytes")
+                break
+            if outcome == "capacity":
+                row["last_failing_rung_bytes"] = rung
+            elif outcome == "fail":
+                row["failed_rungs_bytes"].append(rung)
+                break
+            else:
+                row["unresolved_rungs_bytes"].append(rung)
+        return row
+
+    def rung(self, tokens: int, rung: int) -> str:
+        pid = f"n{tokens}-l1-{rung}"
+        self.say(f"N = {tokens} tokens, L1 rung {_gib(rung)}")
+        point, outcome = self.measure(tokens, rung, pid, 1)
+        self.w.add_point(point)
+        if outcome != "unknown" or not self.spec.ladder.redo_unknown:  # type: ignore[union-attr]
+            return outcome
+        first = len(self.w.points) - 1
+        self.say(f"N = {tokens}, rung {_gib(rung)}: not a capacity result, redoing once")
+        redo, outcome2 = self.measure(tokens, rung, f"{pid}-redo", 2)
+        if outcome2 != "unknown":
+            self.w.points[first]["superseded_by"] = redo.id  # flushed with the next point
+        self.w.add_point(redo)
+        return outcome2
+
+
+def size_check(row: dict[str, Any]) -> Check:
+    n = row["tokens"]
+    if row["first_passing_rung_bytes"] is not None:
+        return check(
+            f"ladder_n{n}",
+            True,
+            f"first passing rung {_gib(row['first_passing_rung_bytes'])} (last failing "
+            f"{_gib(row['last_failing_rung_bytes']) if row['last_failing_rung_bytes'] else 'none'}"
+            f"), L1 peak {row['l1_peak_bytes']} B",
+        )
+    if row["failed_rungs_bytes"]:
+        return check(f"ladder_n{n}", False, f"rung {_gib(row['failed_rungs_bytes'][-1])} FAILED")
+    if row["memory_ends_at_rung_bytes"] is not None:
+        why = f"machine memory ends at rung {_gib(row['memory_ends_at_rung_bytes'])}"
+    elif row["unresolved_rungs_bytes"]:
+        why = f"rungs {[_gib(r) for r in row['unresolved_rungs_bytes']]} unresolved"
+    else:
+        why = "no rung was large enough: add a larger rung"
+    return check(f"ladder_n{n}", None, f"no passing rung: {why}")
+
+
+def run_ladder(
+    spec_path: Path, out_dir: Path, stack: str = "serving", quiet: bool = False
+) -> Verdict:
+    """Run the spec's `ladder:` section on `stack` ("serving" | "storage"); the run verdict."""
+    spec, raw = load_experiment(spec_path, "ladder", stack)
+    lad = spec.ladder
+    assert lad is not None
+    say = progress(quiet)
+    writer = LadderWriter(out_dir, "ladder", raw, spec.salt, {"kind": stack})
+    target: StorageTarget | ServingTarget = make_target(spec, stack, writer.run_dir)
+
+    def body(w: EvidenceWriter) -> tuple[dict[str, Any], list[Check]]:
+        prompts = [(spec.salt, n) for n in lad.sizes_tokens]
+        target.prepare(w.run_dir, prompts)
+        if stack == "serving":  # store every prefix once; each rung then only restores
+            say("storing the prefixes (one deployment with the spec's L1)")
+            target.deploy(spec.stack.lmcache.l1_size_bytes, 0, 0)
+            try:
+                w.set_stack(target.describe())
+                target.store(prompts)
+            finally:
+                target.teardown()
+        ladder = _Ladder(spec, stack, target, w, say)
+        rows = [ladder.climb(n) for n in lad.sizes_tokens]
+        reg = spec.registration_for(stack)
+        summary = {
+            "rungs_bytes": list(lad.rungs_bytes),
+            "bytes_per_chunk": reg.bytes_per_chunk,
+            "sizes": rows,
+        }
+        return summary, [size_check(r) for r in rows]
+
+    return execute(writer, body, target.cleanup, say)

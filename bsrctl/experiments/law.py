@@ -1,0 +1,92 @@
+"""`bsrctl law`: one prefix size, W over a list (default 8, 16, 32, 64) on one deployment;
+least-squares fit of the restore-pool peak against W. PASS only when the slope is within
+``law.slope_tolerance`` (1%) of the registration's bytes per chunk c and R² >= ``law.min_r2``
+(0.999). The fit is exact (rational arithmetic); the fitted slope is printed."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+from bsrctl.evidence import EvidenceWriter, Verdict
+from bsrctl.evidence.verdict import Check, check
+from bsrctl.experiments.run import execute, progress, restore_point
+from bsrctl.experiments.specs import load_experiment
+from bsrctl.experiments.targets import make_target
+
+
+def fit_line(xs: list[int], ys: list[int]) -> tuple[Fraction, Fraction, float | None]:
+    """Least squares y = slope*x + intercept, exactly; R² (None when y does not vary)."""
+    n = len(xs)
+    if n < 2 or len(set(xs)) < 2:
+        raise ValueError(f"need at least 2 distinct x to fit a line, got {xs}")
+    mx, my = Fraction(sum(xs), n), Fraction(sum(ys), n)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    sxy = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True))
+    slope = sxy / sxx
+    intercept = my - slope * mx
+    ss_tot = sum((y - my) ** 2 for y in ys)
+    ss_res = sum((y - (slope * x + intercept)) ** 2 for x, y in zip(xs, ys, strict=True))
+    r2 = None if ss_tot == 0 else float(1 - ss_res / ss_tot)
+    return slope, intercept, r2
+
+
+def law_check(
+    windows: list[int], peaks: list[int | None], c: int, tolerance: float, min_r2: float
+) -> tuple[Check, dict[str, Any]]:
+    """The capacity law over measured (W, peak) pairs; missing peaks -> UNKNOWN."""
+    if any(p is None for p in peaks) or len(windows) < 3:
+        return check("capacity_law", None, f"peaks missing or < 3 windows: {peaks}"), {}
+    slope, intercept, r2 = fit_line(windows, [int(p) for p in peaks if p is not None])
+    rel = float((slope - c) / c)
+    fit = {
+        "slope_bytes_per_chunk": float(slope),
+        "intercept_bytes": float(intercept),
+        "r2": r2,
+        "bytes_per_chunk": c,
+        "slope_relative_error": rel,
+        "slope_equals_c_exactly": slope == c,
+        "windows_chunks": windows,
+        "restore_pool_peak_bytes": peaks,
+    }
+    detail = (
+        f"slope {float(slope):.1f} B/chunk vs c = {c} B ({rel:+.4%}, tolerance "
+        f"{tolerance:.2%}); intercept {float(intercept):.1f} B; R² "
+        f"{'undefined' if r2 is None else f'{r2:.6f}'} (min {min_r2})"
+    )
+    ok = None if r2 is None else abs(rel) <= tolerance and r2 >= min_r2
+    return check("capacity_law", ok, detail), fit
+
+
+def run_law(spec_path: Path, out_dir: Path, stack: str = "serving", quiet: bool = False) -> Verdict:
+    """Run the spec's `law:` section on `stack` ("serving" | "storage"); the run verdict."""
+    spec, raw = load_experiment(spec_path, "law", stack)
+    law = spec.law
+    assert law is not None
+    say = progress(quiet)
+    reg = spec.registration_for(stack)
+    writer = EvidenceWriter(out_dir, "law", raw, spec.salt, {"kind": stack})
+    target = make_target(spec, stack, writer.run_dir)
+    l1 = spec.stack.lmcache.l1_size_bytes
+
+    def body(w: EvidenceWriter) -> tuple[dict[str, Any], list[Check]]:
+        target.prepare(w.run_dir, [(spec.salt, law.tokens)])
+        first = law.windows_chunks[0]
+        say(f"deploying: L1 {l1} B, W = {first}")
+        target.deploy(l1, first, 0)
+        w.set_stack(target.describe())
+        peaks: list[int | None] = []
+        for win in law.windows_chunks:
+            say(f"N = {law.tokens} tokens, W = {win}")
+            m = target.measure(law.tokens, win, spec.salt)
+            params = {"tokens": law.tokens, "window_chunks": win, "l1_capacity_bytes": l1}
+            w.add_point(restore_point(f"n{law.tokens}-w{win}", params, m, stack))
+            peaks.append(m.get("restore_pool_peak_bytes"))
+        c, fit = law_check(
+            list(law.windows_chunks), peaks, reg.bytes_per_chunk, law.slope_tolerance, law.min_r2
+        )
+        print(f"law ({stack}): {c.detail}: {c.verdict}", flush=True)
+        return {"tokens": law.tokens, "fit": fit}, [c]
+
+    return execute(writer, body, target.cleanup, say)

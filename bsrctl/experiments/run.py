@@ -1,0 +1,94 @@
+"""The life of one ladder / sweep / law run: evidence opened first, a point after each
+measurement, SIGTERM and Ctrl-C turned into an abort (evidence valid, ``complete: false``),
+summary.md rendered from the evidence whatever happened. A rerun always gets a new run id."""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from bsrctl.evidence import EvidenceWriter, Point, Verdict, merge
+from bsrctl.evidence.verdict import Check
+from bsrctl.experiments.acceptance import judge
+from bsrctl.report.markdown import write_summary
+
+Progress = Callable[[str], None]
+Body = Callable[[EvidenceWriter], tuple[dict[str, Any], list[Check]]]
+
+
+class Interrupted(KeyboardInterrupt):
+    """The run got SIGTERM (handled like Ctrl-C)."""
+
+
+def progress(quiet: bool) -> Progress:
+    def say(msg: str) -> None:
+        print(f"· {msg}", file=sys.stderr, flush=True)
+
+    return (lambda _msg: None) if quiet else say
+
+
+class _TermGuard:
+    """While armed, the first SIGTERM raises Interrupted; disarmed, signals are only noted."""
+
+    def __init__(self) -> None:
+        self.armed = True
+        self.received = 0
+
+    def disarm(self) -> None:
+        self.armed = False
+
+    def handler(self, signum: int, _frame: Any) -> None:
+        self.received += 1
+        if self.armed:
+            self.armed = False
+            raise Interrupted(f"signal {signal.Signals(signum).name}")
+
+
+@contextmanager
+def sigterm_interrupts() -> Iterator[_TermGuard]:
+    """SIGTERM raises Interrupted in the main thread (once); disarm() before teardown so a
+    second signal cannot cut a teardown short. No-op outside the main thread."""
+    guard = _TermGuard()
+    if threading.current_thread() is not threading.main_thread():
+        yield guard
+        return
+    old = signal.signal(signal.SIGTERM, guard.handler)
+    try:
+        yield guard
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+def restore_point(
+    point_id: str, params: dict[str, Any], measures: dict[str, Any], stack: str, **extra: Any
+) -> Point:
+    """A point judged by the acceptance checks from its own measures."""
+    return Point(point_id, params, measures, judge(measures, stack), extra)
+
+
+def execute(
+    writer: EvidenceWriter, body: Body, teardown: Callable[[], None], say: Progress
+) -> Verdict:
+    """Run `body`, finish or abort the evidence, always tear down and render summary.md."""
+    try:
+        with sigterm_interrupts() as guard:
+            try:
+                summary, run_checks = body(writer)
+            finally:
+                guard.disarm()
+                teardown()
+        summary["checks"] = [c.to_json() for c in run_checks]
+        run_verdict = merge(c.verdict for c in run_checks) if run_checks else None
+        verdict = writer.finish(summary, run_verdict)
+    except BaseException as exc:
+        why = "interrupted" if isinstance(exc, KeyboardInterrupt) else "stopped"
+        writer.abort(f"{why}: {type(exc).__name__}: {exc}")
+        raise
+    finally:
+        write_summary(writer.run_dir)
+    say(f"{verdict}: {writer.run_dir}")
+    return verdict

@@ -1,0 +1,94 @@
+"""Reading BSR's restore pool on the serving stack: the server module's ``bsr.*`` handlers.
+
+The LMCache server loads ``bsrctl.lmcache_ext.server_module``; its handlers are reachable
+through LMCache's own ``server_module_call`` RPC (JSON in, JSON out) on the server's MQ port,
+and its ``status()`` also appears under ``"bsr"`` in LMCache's HTTP ``/status``.
+
+- ``peak()``: ``restore_pool_peak_bytes`` (max over ranks of the module's gauge: bytes staged
+  for restore, W=0 whole plan included), ``..._by_rank``, ``l1_used_peak_bytes`` (L1 usage
+  sampled at each window ready), ``l1_used_bytes``, ``l1_capacity_bytes``;
+- ``reset_peak()``, ``forget(wait_s)`` (empty L1, waiting for write-throughs),
+  ``configure(window_chunks=...)`` (W at run time, same engines), ``status()``.
+
+Every call is bounded; a failed call raises StackFailed.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from bsrctl.errors import StackFailed
+from bsrctl.stack.netns import maybe_inside
+from bsrctl.stack.serving import ServingStack
+
+
+class BsrModuleClient:
+    """server_module_call client for one LMCache server (recreate after a restart)."""
+
+    def __init__(self, stack: ServingStack, timeout_s: float = 120.0) -> None:
+        self.stack = stack
+        self.timeout_s = timeout_s
+        self._client: Any = None
+        self._zmq: Any = None
+
+    def _connect(self) -> Any:
+        if self._client is None:
+            import zmq
+            from lmcache.v1.multiprocess.transport.factory import RequestClientFactory
+
+            url = f"tcp://127.0.0.1:{self.stack.ports['lmcache.port']}"
+            with maybe_inside(self.stack.ns):  # the socket's I/O thread joins the namespace
+                self._zmq = zmq.Context()
+                self._client = RequestClientFactory.create(url, context=self._zmq)
+        return self._client
+
+    def call(self, method: str, payload: dict[str, Any] | None = None) -> dict[str, Any]:
+        from lmcache.v1.multiprocess.protocols.server_module import ServerModuleCallRequest
+
+        req = ServerModuleCallRequest(method=method, payload=json.dumps(payload or {}).encode())
+        try:
+            resp = self._connect().server_module_call(req).result(timeout=self.timeout_s)
+        except Exception as exc:
+            part = self.stack.parts.get("lmcache")
+            raise StackFailed(
+                f"LMCache server_module_call {method} failed ({exc!r}); is the BSR server "
+                f"module loaded?",
+                part.tail() if part else "",
+            ) from None
+        if not resp.success:
+            raise StackFailed(f"LMCache {method} answered an error: {resp.error}")
+        return json.loads(resp.payload)
+
+    def peak(self) -> dict[str, Any]:
+        return self.call("bsr.peak")
+
+    def reset_peak(self) -> dict[str, Any]:
+        return self.call("bsr.reset_peak")
+
+    def status(self) -> dict[str, Any]:
+        return self.call("bsr.status")
+
+    def forget(self, wait_s: float = 60.0) -> dict[str, Any]:
+        return self.call("bsr.forget", {"wait_s": wait_s})
+
+    def configure(self, **config: Any) -> dict[str, Any]:
+        out = self.call("bsr.configure", config)
+        if not out.get("ok"):
+            raise StackFailed(f"bsr.configure {config} refused: {out.get('error')}")
+        return out
+
+    def close(self) -> None:
+        if self._client is not None:
+            try:
+                self._client.close()
+            except Exception:
+                pass
+        if self._zmq is not None:
+            self._zmq.destroy(linger=0)
+        self._client = self._zmq = None
+
+
+def bsr_status_over_http(stack: ServingStack) -> dict[str, Any] | None:
+    """The module's status from LMCache's /status (None when the module is not loaded)."""
+    return stack.lmcache_status().get("bsr")

@@ -1,0 +1,131 @@
+"""`bsrctl sweep`: one deployment, W fixed, L1 fixed, the prefix size over a list (the
+paper's E1). All points in one evidence block, run id br-e1-<12 hex>; no engine relaunch.
+
+With ``sweep.whole_plan_contrast`` each size also runs at W = 0 on the same engines (the
+window is switched at run time), so one run shows a flat restore pool for W > 0 and a
+growing one for W = 0. ``repeat_new_salt`` reruns the largest size with a fresh salt.
+"""
+
+from __future__ import annotations
+
+import secrets
+from pathlib import Path
+from typing import Any
+
+from bsrctl.evidence import EvidenceWriter, Verdict
+from bsrctl.evidence.verdict import Check, check
+from bsrctl.experiments.run import execute, progress, restore_point
+from bsrctl.experiments.specs import ExperimentSpec, load_experiment
+from bsrctl.experiments.targets import make_target
+
+
+def run_sweep(
+    spec_path: Path,
+    out_dir: Path,
+    stack: str = "serving",
+    quiet: bool = False,
+    repeat_new_salt: bool = False,
+) -> Verdict:
+    """Run the spec's `sweep:` section on `stack` ("serving" | "storage"); the run verdict."""
+    spec, raw = load_experiment(spec_path, "sweep", stack)
+    sw = spec.sweep
+    assert sw is not None
+    say = progress(quiet)
+    new_salt = f"{spec.salt}-repeat-{secrets.token_hex(4)}" if repeat_new_salt else ""
+    writer = EvidenceWriter(out_dir, "sweep", raw, spec.salt, {"kind": stack})
+    target = make_target(spec, stack, writer.run_dir)
+    windows = [sw.window_chunks] + ([0] if sw.whole_plan_contrast and sw.window_chunks else [])
+
+    def body(w: EvidenceWriter) -> tuple[dict[str, Any], list[Check]]:
+        prompts = [(spec.salt, n) for n in sw.sizes_tokens]
+        if new_salt:
+            prompts.append((new_salt, sw.sizes_tokens[-1]))
+        say(f"preparing the {stack} stack ({len(prompts)} prompts)")
+        target.prepare(w.run_dir, prompts)
+        l1 = spec.stack.lmcache.l1_size_bytes
+        say(f"deploying: L1 {l1} B, W = {sw.window_chunks}")
+        target.deploy(l1, sw.window_chunks, sw.admission_budget_chunks)
+        w.set_stack(target.describe())
+        for n in sw.sizes_tokens:
+            for win in windows:
+                say(f"N = {n} tokens, W = {win}")
+                m = target.measure(n, win, spec.salt)
+                w.add_point(restore_point(f"n{n}-w{win}", _params(n, win, l1), m, stack))
+        if new_salt:
+            n = sw.sizes_tokens[-1]
+            if stack == "storage":
+                target.forget_salt_files()  # bound disk: the old salt's files are not reused
+            say(f"repeat N = {n} with a new salt {new_salt}")
+            m = target.measure(n, sw.window_chunks, new_salt)
+            pid = f"n{n}-w{sw.window_chunks}-new-salt"
+            w.add_point(
+                restore_point(pid, {**_params(n, sw.window_chunks, l1), "salt": new_salt}, m, stack)
+            )
+        return summarize(w.points, spec, stack)
+
+    return execute(writer, body, target.cleanup, say)
+
+
+def _params(tokens: int, window_chunks: int, l1: int) -> dict[str, Any]:
+    return {"tokens": tokens, "window_chunks": window_chunks, "l1_capacity_bytes": l1}
+
+
+def summarize(
+    points: list[dict[str, Any]], spec: ExperimentSpec, stack: str
+) -> tuple[dict[str, Any], list[Check]]:
+    """Peaks by size, whether the W > 0 peak is identical to the byte across sizes, whether
+    the W = 0 peak grows with the prefix."""
+    sw = spec.sweep
+    assert sw is not None
+    reg = spec.registration_for(stack)
+    w = sw.window_chunks
+    main = [p for p in points if p["params"]["window_chunks"] == w and "salt" not in p["params"]]
+    peaks = {p["params"]["tokens"]: p["measures"].get("restore_pool_peak_bytes") for p in main}
+    summary: dict[str, Any] = {
+        "window_chunks": w,
+        "bytes_per_chunk": reg.bytes_per_chunk,
+        "window_bytes": reg.window_bytes(w),
+        "rws_bound_bytes": reg.rws_bound_bytes(w) if w else None,
+        "restore_pool_peak_bytes_by_tokens": peaks,
+        "restore_s_by_tokens": {
+            p["params"]["tokens"]: p["measures"].get("restore_s") for p in main
+        },
+    }
+    checks: list[Check] = []
+    if w:
+        # A prefix shorter than W chunks stages fewer bytes: compare sizes with N >= W only.
+        full = {n: v for n, v in peaks.items() if n // reg.chunk_tokens >= w}
+        distinct = set(full.values())
+        same = len(distinct) == 1 and None not in distinct
+        summary["peak_identical_across_sizes"] = same
+        summary["peak_equals_window_bytes"] = same and distinct == {reg.window_bytes(w)}
+        checks.append(
+            check(
+                "peak_independent_of_n",
+                same if full and None not in distinct else None,
+                f"W = {w}: restore-pool peak {sorted(distinct, key=str)} B over sizes "
+                f"{sorted(full)} (W*c = {reg.window_bytes(w)} B)",
+            )
+        )
+    whole = [p for p in points if p["params"]["window_chunks"] == 0 and "salt" not in p["params"]]
+    if whole:
+        wp = {p["params"]["tokens"]: p["measures"].get("restore_pool_peak_bytes") for p in whole}
+        vals = [wp[n] for n in sorted(wp)]
+        grows = (
+            None
+            if None in vals or len(vals) < 2
+            else all(b > a for a, b in zip(vals, vals[1:], strict=False))
+        )
+        summary["whole_plan_peak_bytes_by_tokens"] = wp
+        summary["whole_plan_peak_grows"] = grows
+        if w:
+            checks.append(check("whole_plan_grows_with_n", grows, f"W = 0 peaks by size: {wp}"))
+    repeat = [p for p in points if "salt" in p["params"]]
+    if repeat:
+        r = repeat[-1]
+        summary["repeat_new_salt"] = {
+            "salt": r["params"]["salt"],
+            "verdict": r["verdict"],
+            "restore_pool_peak_bytes": r["measures"].get("restore_pool_peak_bytes"),
+        }
+    return summary, checks

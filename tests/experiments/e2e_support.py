@@ -1,0 +1,44 @@
+"""Shared by the serving-stack e2e modules: skip without the BSR server module, run one
+command per module, and check that every process it started is gone."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bsrctl.evidence import load_evidence
+from bsrctl.stack.process import pids_alive
+
+LADDERS = Path(__file__).parents[2] / "ladders"
+SMOKE = LADDERS / "cpu-smoke.yaml"
+C = 262_144
+
+
+def require_server_module() -> None:
+    try:
+        import bsrctl.lmcache_ext.server_module  # noqa: F401
+    except Exception as exc:  # the module is what puts BSR into the LMCache server
+        pytest.skip(f"bsrctl.lmcache_ext.server_module does not import ({exc!r})")
+
+
+def only_run(out: Path) -> dict[str, Any]:
+    (run,) = [p for p in out.iterdir() if p.is_dir()]
+    return load_evidence(run / "evidence.json")
+
+
+def launched_pids(run_dir: Path) -> list[int]:
+    pids: list[int] = []
+    for state in run_dir.rglob("stack/state.json"):
+        doc = json.loads(state.read_text())
+        pids += [p for part in doc["launched"] for p in [part["pid"], *part["children"]] if p]
+    return pids
+
+
+def assert_nothing_left(out: Path) -> None:
+    (run,) = [p for p in out.iterdir() if p.is_dir()]
+    pids = launched_pids(run)
+    assert pids, "no launched processes recorded"
+    assert pids_alive(pids) == [], f"still alive: {pids_alive(pids)}"

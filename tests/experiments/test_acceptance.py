@@ -1,0 +1,130 @@
+"""The acceptance checks of one point, as pure functions: PASS only on complete evidence."""
+
+from __future__ import annotations
+
+import pytest
+
+from bsrctl.evidence import Verdict
+from bsrctl.experiments import acceptance as acc
+
+SHA_A = "a" * 64
+SHA_B = "b" * 64
+C = 262_144
+
+
+def serving_measures(**over: object) -> dict[str, object]:
+    m: dict[str, object] = {
+        "tokens": 4096,
+        "window_chunks": 4,
+        "cached_tokens": 4095,
+        "external_hit_tokens": 4095,
+        "expected_cached_tokens": 4095,
+        "tier": "fs",
+        "l1_bytes_before_restore": 0,
+        "tier_bytes_read": 16 * C,
+        "bytes_per_chunk_expected": C,
+        "bytes_per_chunk_measured": C,
+        "output_sha256": SHA_A,
+        "canonical_sha256": SHA_A,
+        "healthy": True,
+        "health_detail": "follow-up returned 4/4 tokens",
+        "restore_pool_peak_bytes": 4 * C,
+        "rws_bound_bytes": 4 * C,
+        "bytes_restored": 16 * C,
+    }
+    m.update(over)
+    return m
+
+
+def verdicts(m: dict[str, object], stack: str = "serving") -> dict[str, Verdict]:
+    return {c.name: c.verdict for c in acc.judge(m, stack)}
+
+
+def test_a_clean_serving_point_passes_every_check_in_order() -> None:
+    checks = acc.judge(serving_measures(), "serving")
+    assert [c.name for c in checks] == [
+        "cached_token_accounting",
+        "tier_isolation",
+        "registration_identity",
+        "canonical_output",
+        "post_request_health",
+        "bounded_restore",
+    ]
+    assert {c.verdict for c in checks} == {Verdict.PASS}
+
+
+def test_w0_has_no_bounded_restore_check() -> None:
+    names = [c.name for c in acc.judge(serving_measures(window_chunks=0), "serving")]
+    assert "bounded_restore" not in names
+
+
+def test_missing_evidence_is_unknown_never_pass() -> None:
+    checks = acc.judge({"window_chunks": 4}, "serving")
+    assert {c.verdict for c in checks} == {Verdict.UNKNOWN}
+    assert all("not measured" in c.detail or "health" in c.detail for c in checks)
+    assert {c.verdict for c in acc.judge({}, "storage")} == {Verdict.UNKNOWN}
+
+
+@pytest.mark.parametrize(
+    ("over", "name", "verdict", "needle"),
+    [
+        # accounting: short by a chunk, or part of it from the local cache
+        ({"cached_tokens": 3840, "external_hit_tokens": 3840}, "cached_token_accounting",
+         Verdict.FAIL, "cached 3840, external hits 3840, expected 4095"),
+        ({"expected_cached_tokens": 0}, "cached_token_accounting", Verdict.UNKNOWN,
+         "nothing to restore"),
+        # tier isolation: L1 not emptied, local prefix cache served, no bytes from the tier
+        ({"l1_bytes_before_restore": C}, "tier_isolation", Verdict.FAIL, "not emptied"),
+        ({"external_hit_tokens": 3840}, "tier_isolation", Verdict.FAIL,
+         "255 of 4095 cached tokens came from vLLM's local prefix cache"),
+        ({"tier_bytes_read": 0}, "tier_isolation", Verdict.FAIL, "0 B read from fs"),
+        ({"tier_bytes_read": 0, "cached_tokens": 0, "external_hit_tokens": 0},
+         "tier_isolation", Verdict.UNKNOWN, "no evidence"),
+        # registration: another geometry restored
+        ({"bytes_per_chunk_measured": C // 2}, "registration_identity", Verdict.FAIL,
+         "bytes per chunk 131072 != 262144"),
+        ({"bytes_per_chunk_measured": None}, "registration_identity", Verdict.UNKNOWN,
+         "not measured"),
+        # altered output / wrong salt's canonical
+        ({"output_sha256": SHA_B}, "canonical_output", Verdict.FAIL, "bbbbbbbb"),
+        ({"canonical_sha256": None}, "canonical_output", Verdict.UNKNOWN, "canonical sha256"),
+        # unhealthy engine after the request
+        ({"healthy": False, "health_detail": "follow-up returned 0/4 tokens"},
+         "post_request_health", Verdict.FAIL, "0/4"),
+        ({"healthy": None, "health_detail": "stack failed: vLLM gone"},
+         "post_request_health", Verdict.UNKNOWN, "vLLM gone"),
+        # bounded restore: peak over W*c + aux, or a gauge that saw nothing
+        ({"restore_pool_peak_bytes": 4 * C + 1}, "bounded_restore", Verdict.FAIL,
+         f"peak {4 * C + 1} B > W*c + aux = {4 * C} B (W = 4)"),
+        ({"restore_pool_peak_bytes": 0}, "bounded_restore", Verdict.UNKNOWN, "gauge saw nothing"),
+    ],
+)  # fmt: skip
+def test_each_check_fails_or_is_unknown_with_its_reason(
+    over: dict[str, object], name: str, verdict: Verdict, needle: str
+) -> None:
+    (c,) = [c for c in acc.judge(serving_measures(**over), "serving") if c.name == name]
+    assert c.verdict == verdict, c
+    assert needle in c.detail, c.detail
+
+
+def test_storage_replaces_canonical_output_with_byte_verification() -> None:
+    m = serving_measures(output_sha256=None, canonical_sha256=None, external_hit_tokens=None)
+    m.update(verify_ok=True, verify_mismatches=0, registration_digest="d" * 64)
+    m["registration_digest_expected"] = "d" * 64
+    v = verdicts(m, "storage")
+    assert "canonical_output" not in v and v["canonical_bytes"] == Verdict.PASS
+    (c,) = [c for c in acc.judge(m, "storage") if c.name == "canonical_bytes"]
+    assert "canonical_output replaced by byte verification" in c.detail
+    m.update(verify_ok=False, verify_mismatches=3)
+    assert verdicts(m, "storage")["canonical_bytes"] == Verdict.FAIL
+    m.update(verify_ok=None, verify_mismatches=None)
+    assert verdicts(m, "storage")["canonical_bytes"] == Verdict.UNKNOWN
+    m.update(verify_ok=True, verify_mismatches=0, registration_digest="e" * 64)
+    assert verdicts(m, "storage")["registration_identity"] == Verdict.FAIL
+
+
+def test_bounded_restore_pure_function_edges() -> None:
+    assert acc.bounded_restore(4, 4 * C, 4 * C).verdict == Verdict.PASS
+    assert acc.bounded_restore(0, 16 * C, 0).verdict == Verdict.UNKNOWN
+    assert acc.bounded_restore(None, 4 * C, 4 * C).verdict == Verdict.UNKNOWN
+    assert acc.bounded_restore(4, 4 * C + 100, 4 * C + 100).verdict == Verdict.PASS  # aux

@@ -1,0 +1,61 @@
+"""`sweep` on the real CPU stack (vLLM + LMCache MP server with the BSR module), cpu-smoke:
+one deployment, W = 2 then W = 0 per size, the largest size again with a new salt."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bsrctl.evidence import Verdict
+
+from .e2e_support import SMOKE, C, assert_nothing_left, only_run, require_server_module
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory: pytest.TempPathFactory):
+    require_server_module()
+    from bsrctl.experiments.sweep import run_sweep
+
+    out = tmp_path_factory.mktemp("sweep")
+    verdict = run_sweep(SMOKE, out, "serving", quiet=True, repeat_new_salt=True)
+    return verdict, out, only_run(out)
+
+
+def test_every_point_passes_with_exact_counts(sweep) -> None:
+    verdict, _, doc = sweep
+    assert (verdict, doc["complete"]) == (Verdict.PASS, True), doc["summary"]
+    ids = [p["id"] for p in doc["points"]]
+    assert ids == ["n1024-w2", "n1024-w0", "n2048-w2", "n2048-w0", "n2048-w2-new-salt"]
+    for p in doc["points"]:
+        m = p["measures"]
+        n = m["tokens"]
+        assert p["verdict"] == "PASS", p["checks"]
+        assert m["cached_tokens"] == m["external_hit_tokens"] == n - 1  # vLLM computes the last
+        assert m["output_sha256"] == m["canonical_sha256"]
+        assert m["l1_bytes_before_restore"] == 0
+
+
+def test_restore_pool_flat_for_w2_and_growing_for_w0(sweep) -> None:
+    _, _, doc = sweep
+    peaks = {p["id"]: p["measures"]["restore_pool_peak_bytes"] for p in doc["points"]}
+    assert peaks == {
+        "n1024-w2": 2 * C,
+        "n1024-w0": 4 * C,
+        "n2048-w2": 2 * C,
+        "n2048-w0": 8 * C,
+        "n2048-w2-new-salt": 2 * C,
+    }
+    s = doc["summary"]
+    assert s["peak_identical_across_sizes"] and s["whole_plan_peak_grows"]
+
+
+def test_one_deployment_and_nothing_left_behind(sweep) -> None:
+    _, out, doc = sweep
+    assert doc["run_id"].startswith("br-e1-")
+    (run,) = [p for p in Path(out).iterdir() if p.is_dir()]
+    assert list(run.glob("deploy-*")) == []  # one deployment: no engine relaunch
+    assert (run / "stack" / "state.json").is_file()
+    assert_nothing_left(out)

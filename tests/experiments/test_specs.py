@@ -1,0 +1,116 @@
+"""Spec errors: one line naming the field and the fix (BadInput, exit code 2)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bsrctl.errors import BadInput
+from bsrctl.experiments.specs import load_experiment, parse_bytes
+
+LADDERS = Path(__file__).parents[2] / "ladders"
+
+
+def bad(tmp_path: Path, text: str, command: str = "sweep", stack: str = "storage") -> str:
+    p = tmp_path / "spec.yaml"
+    p.write_text(text)
+    with pytest.raises(BadInput) as e:
+        load_experiment(p, command, stack)
+    msg = str(e.value)
+    assert "\n" not in msg
+    return msg
+
+
+def test_shipped_specs_load_for_their_stacks() -> None:
+    for name, stacks in {
+        "cpu-smoke": ("serving", "storage"),
+        "cpu-e1": ("serving", "storage"),
+        "storage-paper": ("storage",),
+        "dsv4-flash-tp2": ("serving",),
+    }.items():
+        for command in ("ladder", "sweep", "law"):
+            for stack in stacks:
+                spec, raw = load_experiment(LADDERS / f"{name}.yaml", command, stack)
+                assert getattr(spec, command) is not None and raw
+
+
+def test_paper_geometry_is_the_papers() -> None:
+    spec, _ = load_experiment(LADDERS / "storage-paper.yaml", "sweep", "storage")
+    reg = spec.registration_for("storage")
+    assert (reg.bytes_per_chunk, reg.num_tensors, reg.window_bytes(32)) == (
+        16_408_576,
+        167,
+        525_074_432,
+    )
+    assert spec.sweep.sizes_tokens == [32768, 65536, 131072, 262144, 393216, 524032]
+    assert spec.ladder.rungs_bytes == [2 << 30, 8 << 30, 16 << 30, 32 << 30]
+    tp2, _ = load_experiment(LADDERS / "dsv4-flash-tp2.yaml", "ladder", "serving")
+    assert tp2.registration_for("serving").tp_size == 2
+    assert tp2.stack.lmcache.chunk_size == 256 and tp2.stack.mooncake.enabled
+
+
+def test_missing_section_names_it_and_the_sections_present(tmp_path: Path) -> None:
+    msg = bad(tmp_path, "law: {tokens: 4096}\n", "sweep")
+    assert "sweep: section missing; add a `sweep:` section (sections here: law" in msg
+
+
+def test_unknown_field_lists_valid_ones(tmp_path: Path) -> None:
+    msg = bad(tmp_path, "sweep: {sizes_tokens: [1024], windw_chunks: 4}\n")
+    want = "sweep.windw_chunks: unknown field; valid fields here: sizes_tokens, window_chunks"
+    assert want in msg
+
+
+@pytest.mark.parametrize(
+    ("text", "command", "stack", "needles"),
+    [
+        ("sweep: {sizes_tokens: [2048, 1024]}\n", "sweep", "storage",
+         ["sweep.sizes_tokens", "strictly increasing", "sort them"]),
+        ("sweep: {sizes_tokens: [100]}\n", "sweep", "storage",
+         ["sweep.sizes_tokens[0]: 100 tokens is less than one 256-token chunk"]),
+        ("ladder: {sizes_tokens: [1024], rungs_bytes: [2 GiB, 1 GiB]}\n", "ladder", "storage",
+         ["ladder.rungs_bytes", "strictly increasing"]),
+        ("ladder: {sizes_tokens: [1024], rungs_bytes: [2 gigs]}\n", "ladder", "storage",
+         ["ladder.rungs_bytes.0", "not a byte size", "'2 GiB'"]),
+        ("law: {tokens: 4096, windows_chunks: [8, 16]}\n", "law", "storage",
+         ["law.windows_chunks", "at least 3 distinct windows"]),
+        ("law: {tokens: 2048, windows_chunks: [2, 4, 16]}\n", "law", "storage",
+         ["law.windows_chunks: W [16] exceed the prefix's 8 chunks", "law.tokens to >= 4096"]),
+        ("stack: {lmcache: {window_chunks: 4}}\nsweep: {sizes_tokens: [1024]}\n", "sweep",
+         "storage", ["stack.lmcache.window_chunks", "leave it 0"]),
+        ("sweep: {sizes_tokens: [32768]}\n", "sweep", "serving",
+         ["stack.vllm.max_model_len: 20480 < 32784", "raise it or shorten"]),
+        ("sweep: {sizes_tokens: [1024], window_chunks: 4, admission_budget_chunks: 2}\n",
+         "sweep", "storage", ["sweep.admission_budget_chunks: B = 2 < W = 4"]),
+        ("stack: {lmcache: {l1_size_bytes: 1048576}}\n"
+         "sweep: {sizes_tokens: [8192], whole_plan_contrast: true}\n", "sweep", "storage",
+         ["sweep.whole_plan_contrast", "needs 8388608 B", "l1_size_bytes = 1048576"]),
+        ("storage: {tp_ranks: 4}\nsweep: {sizes_tokens: [1024]}\n", "sweep", "storage",
+         ["storage.tp_ranks: tiny-llama has 2 KV heads, TP 4"]),
+        ("registration: llama\nsweep: {sizes_tokens: [1024]}\n", "sweep", "storage",
+         ["registration", "tiny-llama", "dsv4-flash"]),
+    ],
+)  # fmt: skip
+def test_errors_name_the_field_and_the_fix(
+    tmp_path: Path, text: str, command: str, stack: str, needles: list[str]
+) -> None:
+    msg = bad(tmp_path, text, command, stack)
+    for needle in needles:
+        assert needle in msg, msg
+
+
+def test_bad_stack_and_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(BadInput, match="--stack: 'sim' is not one of serving, storage"):
+        load_experiment(LADDERS / "cpu-e1.yaml", "sweep", "sim")
+    with pytest.raises(BadInput, match="does not exist"):
+        load_experiment(tmp_path / "nope.yaml", "sweep", "storage")
+
+
+def test_byte_sizes() -> None:
+    assert parse_bytes("2 GiB") == 2 << 30
+    assert parse_bytes("512MiB") == 512 << 20
+    assert parse_bytes("1.5 KiB") == 1536
+    assert parse_bytes("3 GB") == 3_000_000_000
+    assert parse_bytes(7) == 7
+    with pytest.raises(ValueError, match="whole number"):
+        parse_bytes("1.3 B")

@@ -1,0 +1,102 @@
+"""The failure-matrix spec: the shipped matrices load, and every wrong input is one clear line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bsrctl.errors import BadInput
+from bsrctl.experiments.failmatrix_spec import FAULTS, load_matrix
+
+MATRICES = Path(__file__).parents[2] / "matrices"
+
+BASE = """\
+stack:
+  lmcache: {{window_chunks: 4, window_timeout_s: 8}}
+  mooncake: {{enabled: true}}
+workload: {{prompt_tokens: 4000}}
+cells:
+{cells}
+"""
+
+
+def write(tmp_path: Path, cells: str, base: str = BASE) -> Path:
+    p = tmp_path / "m.yaml"
+    p.write_text(base.format(cells=cells))
+    return p
+
+
+def test_shipped_matrices_load_with_every_issue_cell() -> None:
+    cpu, _ = load_matrix(MATRICES / "cpu.yaml")
+    assert {c.fault for c in cpu.cells} == set(FAULTS) - {"storage_window_timeout"}
+    assert [c.id for c in cpu.cells][-1] == "lmcache-killed-mid-restore"  # destructive last
+    paper, _ = load_matrix(MATRICES / "paper.yaml")
+    assert [c.fault for c in paper.cells] == [
+        "mooncake_master_down",
+        "mooncake_and_fs_absent",
+        "rank_keys_dropped",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("cells", "needle"),
+    [
+        ("  - {id: a, fault: nope, expect: recompute}", "cells.0.fault"),
+        ("  - {id: a, fault: window_timeout, expect: recompute, colour: red}", "unknown field"),
+        (
+            "  - {id: a, fault: window_timeout, at: before_request, expect: recompute}",
+            "injected at",
+        ),
+        ("  - {id: a, fault: window_timeout, window: 4, expect: recompute}", "out of range"),
+        (
+            "  - {id: a, fault: l1_exhausted, at: between_windows, window: 3, expect: closed}",
+            "out of range",
+        ),
+        (
+            "  - {id: a, fault: l1_exhausted, at: between_windows, hold_s: 9, expect: closed}",
+            "hold_s 9.0 must be below",
+        ),
+        ("  - {id: a, fault: window_timeout, expect: lower_tier}", "lower_tier needs"),
+        (
+            "  - {id: a, fault: window_timeout, expect: recompute}\n"
+            "  - {id: a, fault: window_timeout, expect: recompute}",
+            "unique",
+        ),
+        ("  - {id: a, fault: rank_keys_dropped, rank: 2, expect: recompute}", "tp_ranks"),
+        ("  - {id: A B, fault: window_timeout, expect: recompute}", "cells.0.id"),
+    ],
+)
+def test_bad_cells_are_bad_input(tmp_path: Path, cells: str, needle: str) -> None:
+    with pytest.raises(BadInput, match=needle):
+        load_matrix(write(tmp_path, cells))
+
+
+def test_mooncake_cells_need_mooncake(tmp_path: Path) -> None:
+    base = BASE.replace("  mooncake: {{enabled: true}}\n", "")
+    cells = "  - {id: a, fault: mooncake_master_down, at: before_request, expect: recompute}"
+    with pytest.raises(BadInput, match="mooncake.enabled"):
+        load_matrix(write(tmp_path, cells, base))
+
+
+def test_serving_cells_need_bsr_on(tmp_path: Path) -> None:
+    base = BASE.replace("window_chunks: 4", "window_chunks: 0")
+    with pytest.raises(BadInput, match="window_chunks > 0"):
+        load_matrix(write(tmp_path, "  - {id: a, fault: window_timeout, expect: recompute}", base))
+
+
+def test_empty_matrix_is_bad_input(tmp_path: Path) -> None:
+    p = tmp_path / "m.yaml"
+    p.write_text("cells: []\n")
+    with pytest.raises(BadInput, match="cells"):
+        load_matrix(p)
+
+
+def test_run_refuses_unknown_stack_and_cell(tmp_path: Path) -> None:
+    from bsrctl.experiments.failmatrix import run_matrix
+
+    with pytest.raises(BadInput, match="--stack"):
+        run_matrix(MATRICES / "cpu.yaml", tmp_path, "sim", lambda _: None)
+    with pytest.raises(BadInput, match="valid: window-timeout"):
+        run_matrix(MATRICES / "cpu.yaml", tmp_path, "storage", lambda _: None, only=["nope"])
+    assert list(tmp_path.iterdir()) == []  # nothing started, no run folder
