@@ -25,8 +25,12 @@ $(STAMP): pyproject.toml Makefile
 
 venv: $(STAMP)
 
+# The round trip through every tier, then the BSR window sweep (W = 4 against the whole plan)
+# and a short whole-plan ladder, all on the embedded CPU stack. Runs land in reports/<run_id>/.
 demo: venv
 	$(VENV)/bin/bsrctl roundtrip ladders/demo-roundtrip.yaml --out reports
+	$(VENV)/bin/bsrctl sweep ladders/cpu-e1.yaml --out reports
+	$(VENV)/bin/bsrctl ladder ladders/cpu-e1.yaml --out reports
 
 test: venv
 	$(PYTEST) -q

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -47,6 +48,12 @@ def guarded(fn: Callable[[], T]) -> T:
         raise typer.Exit(3) from None
 
 
+def quiet_libraries(quiet: bool) -> None:
+    """--quiet: keep LMCache's INFO lines (it logs to stdout) out of CI logs."""
+    if quiet:
+        os.environ.setdefault("LMCACHE_LOG_LEVEL", "WARNING")
+
+
 def progress_printer(quiet: bool) -> Callable[[str], None]:
     def say(msg: str) -> None:
         if not quiet:
@@ -69,6 +76,7 @@ def check_stack(stack: str, allowed: tuple[str, ...]) -> None:
 @app.command()
 def roundtrip(spec: SpecArg, out_dir: OutOpt = Path("reports"), quiet: QuietOpt = False) -> None:
     """Store a prompt's KV, make vLLM forget it, reload it from each tier; check the output."""
+    quiet_libraries(quiet)
     from bsrctl.experiments.roundtrip import run_roundtrip
 
     verdict = guarded(lambda: run_roundtrip(spec, out_dir, progress_printer(quiet)))
@@ -83,6 +91,7 @@ def ladder(
     quiet: QuietOpt = False,
 ) -> None:
     """Whole-plan capacity ladder (W = 0): the first L1 rung that passes per prefix size."""
+    quiet_libraries(quiet)
     from bsrctl.experiments.ladder import run_ladder
 
     finish(guarded(lambda: run_ladder(spec, out_dir, stack, quiet)), out_dir)
@@ -99,6 +108,7 @@ def sweep(
     ] = False,
 ) -> None:
     """Window sweep: one deployment, W fixed, prefix sizes in a list (run id br-e1-...)."""
+    quiet_libraries(quiet)
     from bsrctl.experiments.sweep import run_sweep
 
     finish(guarded(lambda: run_sweep(spec, out_dir, stack, quiet, repeat_new_salt)), out_dir)
@@ -112,6 +122,7 @@ def law(
     quiet: QuietOpt = False,
 ) -> None:
     """Capacity law: restore-pool peak against W, least-squares fit; slope must be c."""
+    quiet_libraries(quiet)
     from bsrctl.experiments.law import run_law
 
     finish(guarded(lambda: run_law(spec, out_dir, stack, quiet)), out_dir)
@@ -125,6 +136,7 @@ def failmatrix(
     quiet: QuietOpt = False,
 ) -> None:
     """Workload x fault matrix: every failed restore ends closed, correct and explained."""
+    quiet_libraries(quiet)
     from bsrctl.experiments.failmatrix import run_failmatrix
 
     finish(guarded(lambda: run_failmatrix(spec, out_dir, stack, quiet)), out_dir)
@@ -138,6 +150,7 @@ def tempokv(
     quiet: QuietOpt = False,
 ) -> None:
     """Run TempoKV and the baseline staging policies on identical seeded traces."""
+    quiet_libraries(quiet)
     from bsrctl.experiments.tempokv import run_tempokv
 
     verdict = guarded(lambda: run_tempokv(spec, out_dir, stack, quiet))

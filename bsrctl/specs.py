@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar, get_args
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -110,8 +110,14 @@ def _submodel(model: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel] |
         field = cur.model_fields.get(str(part))
         if field is None:
             return None
-        cur = field.annotation
+        cur = _model_in(field.annotation)
     return cur if isinstance(cur, type) and issubclass(cur, BaseModel) else None
+
+
+def _model_in(annotation: Any) -> Any:
+    """The model inside `X | None` (an optional section), else the annotation itself."""
+    models = [a for a in get_args(annotation) if isinstance(a, type) and issubclass(a, BaseModel)]
+    return models[0] if len(models) == 1 else annotation
 
 
 def load_spec(path: Path, model: type[M]) -> tuple[M, dict[str, Any]]:
