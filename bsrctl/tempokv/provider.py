@@ -55,6 +55,8 @@ class _Op:
     size_bytes: int
     running: bool = False
     bypass: bool = False  # ordinary read streamed through without room to cache it
+    start_s: float = 0.0  # issued to the device
+    share_at_start_s: float = 0.0  # the provider's ∫ 1/n dt when it was issued
 
 
 @dataclass(slots=True)
@@ -104,8 +106,11 @@ class StagingProvider:
         self._commitments: dict[str, _Commitment] = {}
         self._reads: dict[str, _Read] = {}
         self._next_op = 0
-        self._busy_since_s: float | None = None
-        self._busy_bytes = 0
+        # Device load as the provider sees it (ops it has issued and not seen complete):
+        # ∫ 1/n(t) dt over busy time, from which each op's share of the device follows.
+        self._running = 0
+        self._share_s = 0.0
+        self._share_at_s = clock.now()
         self.version = 0  # bumps on every change TTR could see
         self._classified: dict[int, tuple[Manifest, int, tuple[frozenset[int], int, int]]] = {}
         self.on_ready: Callable[[str], None] = lambda claim_id: None
@@ -284,8 +289,9 @@ class StagingProvider:
                 self.tier.inflight_bytes += op.size_bytes
             op.running = True
             self._changed()  # room was made: residency may have changed
-            if self._busy_since_s is None:
-                self._busy_since_s = self.clock.now()
+            self._advance_share()
+            self._running += 1
+            op.start_s, op.share_at_start_s = self.clock.now(), self._share_s
             self.read_bytes_total += op.size_bytes
             self.device.start(op.op_id, op.size_bytes, self._op_done)
 
@@ -301,12 +307,10 @@ class StagingProvider:
             if op.bypass and not tier.make_room(obj.size_bytes):  # pragma: no cover
                 raise RuntimeError(f"no room for protected {obj.object_id}: budget invariant")
             tier.insert(obj)
-        self._busy_bytes += op.size_bytes
-        if self._busy_since_s is not None:
-            still_busy = any(o.running for o in self._ops.values())
-            self.rate.observe(self._busy_bytes, self.clock.now() - self._busy_since_s, still_busy)
-            if not still_busy:
-                self._busy_since_s, self._busy_bytes = None, 0
+        self._advance_share()
+        self._running -= 1
+        now_s = self.clock.now()
+        self.rate.observe_op(op.size_bytes, self._share_s - op.share_at_start_s, now_s - op.start_s)
         self._changed()
         ready = [cid for cid, c in self._commitments.items() if op_id in c.pending_ops]
         done_reads = self._settle_reads(op)
@@ -344,6 +348,12 @@ class StagingProvider:
     def _changed(self) -> None:
         self.version += 1
 
+    def _advance_share(self) -> None:
+        now_s = self.clock.now()
+        if self._running:
+            self._share_s += (now_s - self._share_at_s) / self._running
+        self._share_at_s = now_s
+
     # ---- what the runtime adapter may ask ----------------------------------------------
     def pending_eta_s(self, claim_id: str) -> float:
         """Projected time until this claim's committed staging (or its ordinary read)
@@ -356,7 +366,7 @@ class StagingProvider:
         key = (self.version, self.clock.now())
         if self._eta_cache is None or self._eta_cache[0] != key:
             query = self.ttr_query(Manifest(()))
-            finish_s = project_finish_s(query.ops, self.concurrency, self.rate.rate_bytes_s)
+            finish_s = project_finish_s(query.ops, self.concurrency, self.rate.aggregate_bytes_s)
             self._eta_cache = (key, dict(zip(self._ops, finish_s, strict=True)))
         by_op = self._eta_cache[1]
         return max((by_op[op_id] for op_id in pending if op_id in by_op), default=0.0)

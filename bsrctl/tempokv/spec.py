@@ -49,7 +49,10 @@ class ModelSpec(Strict):
 class DeviceSpec(Strict):
     staging_gib_s: float = Field(11.0, gt=0, description="SSD→fast tier, one op (paper)")
     contention: float = Field(
-        0.19, ge=0, description="aggregate falls as 1/(1+c·(n−1)) with n reads on the device"
+        0.173,
+        ge=0,
+        description="aggregate falls as 1/(1+c·(n−1)) with n reads on the device; 0.173 from "
+        "Fig. 2's −6.02 s cell (44 GiB over five ops stage-ready at 6.52 s), see sim/device.py",
     )
     concurrency: int = Field(
         8,

@@ -39,10 +39,11 @@ def test_ttr_is_the_last_required_object_not_a_sum():
     assert StaticTtr(8.0).ttr_s(with_new) == 1.5  # isolated, fixed rate
 
 
-def test_rate_meter_pools_busy_periods_with_the_prior():
+def test_rate_meter_pools_completed_ops_per_load_level_with_the_prior():
     meter = RateMeter(10.0, prior_s=1.0)
-    meter.observe(20.0, 4.0)  # 5 B/s over 4 s
-    assert meter.rate_bytes_s == (10.0 + 20.0) / 5.0
+    assert meter.aggregate_bytes_s(3) == 10.0  # nothing observed: the prior, flat
+    meter.observe_op(20.0, 4.0, 4.0)  # alone for 4 s: 5 B/s at load 1
+    assert meter.aggregate_bytes_s(1) == (10.0 + 20.0) / 5.0
 
 
 def test_output_predictor_conditions_on_progress():
@@ -77,12 +78,22 @@ def test_ordinary_reads_share_the_device_but_not_the_staging_slots():
     assert project_finish_s(ops, 1, 8.0) == [2.0, 2.0]  # both run, 4 B/s each
 
 
-def test_rate_meter_is_revised_at_each_completion_of_a_busy_period():
+def test_rate_meter_is_load_aware():
+    # §3.1 / [20]: the effective aggregate rate is learnt per load level, not averaged.
     meter = RateMeter(10.0, prior_s=1.0)
-    meter.observe(8.0, 2.0, period_open=True)  # one op done, others still running
-    assert meter.rate_bytes_s == (10.0 + 8.0) / 3.0
-    meter.observe(16.0, 3.0)  # the period closes: replaces its open estimate
-    assert meter.rate_bytes_s == (10.0 + 16.0) / 4.0
+    meter.observe_op(12.0, 2.0, 8.0)  # 8 s sharing with 4 ops in all: 6 B/s aggregate at 4
+    assert meter.aggregate_bytes_s(4) == (10.0 + 12.0) / 3.0
+    assert meter.aggregate_bytes_s(1) == 10.0  # one op alone: still the prior
+    assert meter.aggregate_bytes_s(8) == meter.aggregate_bytes_s(4)  # flat beyond
+    mid = meter.aggregate_bytes_s(2)  # interpolated between levels 1 and 4
+    assert abs(mid - (10.0 + (22.0 / 3.0 - 10.0) / 3.0)) < 1e-12
+
+
+def test_queue_projection_uses_the_load_aware_rate():
+    queue = (OpView(8, True), OpView(8, True))
+    flat = project_finish_s(queue, 2, 8.0)
+    slower = project_finish_s(queue, 2, lambda n: 8.0 if n == 1 else 4.0)
+    assert flat == [2.0, 2.0] and slower == [4.0, 4.0]
 
 
 def test_ttu_accounts_for_predecessors_known_retrieval_dependencies():

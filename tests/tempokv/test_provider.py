@@ -2,7 +2,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bsrctl.tempokv.kv import GIB, Manifest
-from bsrctl.tempokv.provider import CommitRefusal
+from bsrctl.tempokv.provider import CommitRefusal, StagingProvider
+from bsrctl.tempokv.sim.device import DeviceConfig, SimStagingDevice
+from bsrctl.tempokv.ttr import RateMeter
 
 from .conftest import RATE, make_provider, objs
 
@@ -141,3 +143,20 @@ def test_pending_eta_projects_the_claims_outstanding_staging(clock):
     assert p.pending_eta_s("c2") == 1.0
     clock.run()
     assert p.pending_eta_s("c2") == 0.0 and p.pending_eta_s("nobody") == 0.0
+
+
+def test_rate_is_calibrated_per_load_from_completed_ops(clock):
+    # §3.1 / [20]: each op's share of the device (∫ 1/n dt, from issue and completion times
+    # only) turns its bytes into a sample of the aggregate at its load; under processor
+    # sharing with contention the two-op level learns the slower aggregate.
+    cfg = DeviceConfig(staging_bytes_s=RATE, contention=0.5, concurrency=2)
+    p = StagingProvider(
+        clock, SimStagingDevice(clock, cfg), 100 * GIB, 50 * GIB, 2, RateMeter(RATE, prior_s=1e-9)
+    )
+    p.store(objs("a", 4).objects + objs("b", 4).objects)
+    p.commit("c1", objs("a", 4))
+    p.commit("c2", objs("b", 4))  # both run together: 8 GiB/s / 1.5 shared, done at 1.5 s
+    clock.run()
+    assert clock.now() == 1.5
+    assert abs(p.rate.aggregate_bytes_s(2) - RATE / 1.5) < 1e-3 * RATE
+    assert abs(p.rate.aggregate_bytes_s(1) - RATE) < 1e-9  # never alone: the prior stands
