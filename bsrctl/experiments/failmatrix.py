@@ -21,7 +21,7 @@ from typing import Any
 from bsrctl.errors import BadInput, StackFailed
 from bsrctl.evidence import EvidenceWriter, Point, Verdict
 from bsrctl.evidence.record import load_evidence
-from bsrctl.evidence.verdict import Check
+from bsrctl.evidence.verdict import Check, check
 from bsrctl.experiments.canonical import canonical_outputs
 from bsrctl.experiments.failmatrix_checks import Observation, render_table, serving_checks, table
 from bsrctl.experiments.failmatrix_spec import CellSpec, FailMatrixSpec, load_matrix
@@ -33,11 +33,13 @@ from bsrctl.experiments.faults import (
     chunk_hashes_hex,
     fault_stats,
     fs_objects,
+    mooncake_holds,
     run_bounded,
 )
 from bsrctl.experiments.prompts import expected_external_tokens, prompt_ids, tokens_sha256
 from bsrctl.experiments.run import execute, progress
 from bsrctl.experiments.serving_probe import BsrModuleClient
+from bsrctl.lmcache_ext.fault_adapter import write_control_file
 from bsrctl.stack import tinymodel
 from bsrctl.stack.process import pids_alive
 from bsrctl.stack.serving import ServingStack, check_ports
@@ -46,6 +48,16 @@ Say = Callable[[str], None]
 MUTANT_MODULE = "bsrctl.lmcache_ext.failmatrix_mutants"
 RECOVERED = "Recovered from KV load failure"
 HEALTH_TOKENS = 320
+SEED_ATTEMPTS = 2  # a cold request, then one retry for the chunks a tier still misses
+SEED_WAIT_S = 20.0  # per attempt: how long a tier's write-through may take
+L1_FULL_FRACTION = 0.9  # l1_exhausted: L1 counts as exhausted at this usage while held
+
+
+def relied_tiers(cell: CellSpec) -> tuple[str, ...]:
+    """The tiers whose holding the whole seeded prefix the cell's outcome depends on."""
+    fs = cell.source in ("fs", "all") or cell.fault == "mooncake_and_fs_absent"
+    moon = cell.source in ("mooncake", "all")
+    return tuple(t for t, on in (("fs", fs), ("mooncake", moon)) if on)
 
 
 class FailmatrixStack(ServingStack):
@@ -189,19 +201,32 @@ class ServingRig:
 
     # -- one cell --
 
-    def run_cell(self, cell: CellSpec) -> Point:
+    def run_cell(self, cell: CellSpec, mutations: list[str] | None = None) -> Point:
+        """`mutations` (TEST ONLY): switched on after the setup, which always seeds with the
+        real restore (a broken one, e.g. ghost hits, would keep the tiers from being seeded)."""
         t_cell = time.monotonic()
         st, wl = self.stack, self.spec.workload
         ids = self.prompt(cell.id)
         launched_before = {p.pid for p in st.launched}
         self.ensure_up()
-        seed = self.seed(cell, ids)
         inj = INJECTORS[cell.fault](st, cell, ids, self.say)
+        flood: list[dict[str, Any]] = []
         if isinstance(inj, L1Exhausted):
-            inj.flood = lambda: self.flood(cell)
+            inj.flood_prompts = [
+                self.prompt(f"{cell.id}/flood{i}", wl.flood_prompt_tokens)
+                for i in range(wl.flood_requests)
+            ]
+            flood = [self.seed(p, ("fs",)) for p in inj.flood_prompts]
+        seed = self.seed(ids, relied_tiers(cell))
+        short = [s["reason"] for s in [*flood, seed] if not s["complete"]]
+        if short:  # never inject a fault over a prefix the tiers do not hold
+            return self._unseeded(cell, t_cell, seed, flood, "; ".join(short))
+        if mutations is not None:
+            self.set_mutations(mutations)
         inj.isolate()
         inj.arm()
-        lower_prefix = self.fs_prefix_tokens(ids)
+        lower_prefix = self.fs_prefix_tokens(ids)  # at request time, for the evidence
+        full = expected_external_tokens(wl.prompt_tokens, self.spec.stack.lmcache.chunk_size)
         before = self.snapshot()
         wall0, t0 = time.time(), time.monotonic()
         pending = _Request(lambda: st.complete(ids, wl.max_tokens))
@@ -227,9 +252,7 @@ class ServingRig:
         out_sha = tokens_sha256(comp.output_token_ids) if comp is not None else ""
         obs = Observation(
             expect=cell.expect,
-            full_prefix_tokens=expected_external_tokens(
-                wl.prompt_tokens, self.spec.stack.lmcache.chunk_size
-            ),
+            full_prefix_tokens=full,
             cached_tokens=comp.cached_tokens if comp is not None else None,
             request_error="" if err is None else f"{type(err).__name__}: {err}"[:400],
             request_finished=finished,
@@ -243,7 +266,7 @@ class ServingRig:
             marker_events=[e for e in after["markers"] if e.get("t", 0) >= wall0 - 1.0],
             markers_active_after=markers_left,
             lookups_delta=_delta(before["counters"], after["counters"], "lookup"),
-            requests_sent=1 + (wl.flood_requests if isinstance(inj, L1Exhausted) else 0),
+            requests_sent=1,  # the L1 flood is warm prefetches: no engine lookup
             server_restarted=server_killed,
             health_ok=health_ok,
             health_detail=health_detail,
@@ -256,9 +279,20 @@ class ServingRig:
         )
         checks = serving_checks(obs)
         if strike_error:
-            from bsrctl.evidence.verdict import check
-
             checks.append(check("fault_injected", None, f"strike failed: {strike_error}"))
+        l1 = inj.notes.get("flood", {})
+        if isinstance(inj, L1Exhausted) and not strike_error:
+            used, cap = l1.get("l1_used_max_bytes_while_held", 0), l1.get("l1_capacity_bytes", 0)
+            full_l1 = cap > 0 and used >= L1_FULL_FRACTION * cap
+            checks.append(
+                check(
+                    "fault_injected",
+                    True if full_l1 else None,
+                    f"L1 used at most {used} of {cap} bytes while window {cell.window} was "
+                    f"held ({'exhausted' if full_l1 else 'NOT exhausted: fault not placed'}; "
+                    f"threshold {L1_FULL_FRACTION:.0%})",
+                )
+            )
         return Point(
             id=cell.id,
             params=cell.model_dump(),
@@ -266,8 +300,10 @@ class ServingRig:
                 "tokens": wl.prompt_tokens,
                 "window_chunks": self.spec.stack.lmcache.window_chunks,
                 "cached_tokens": obs.cached_tokens,
-                "expected_cached_tokens": lower_prefix if cell.expect == "lower_tier" else 0,
-                "lower_tier_prefix_tokens": lower_prefix,
+                "expected_cached_tokens": full if cell.expect == "lower_tier" else 0,
+                "lower_tier_prefix_tokens_at_request": lower_prefix,
+                "l1_used_max_bytes_at_fault": l1.get("l1_used_max_bytes_while_held"),
+                "l1_capacity_bytes": l1.get("l1_capacity_bytes"),
                 "time_to_fallback_s": None if request_s is None else round(request_s, 3),
                 "cell_s": round(obs.cell_s, 3),
                 "output_sha256": out_sha,
@@ -277,6 +313,7 @@ class ServingRig:
                 "lookups_delta": obs.lookups_delta,
                 "request_error": obs.request_error,
                 "seed": seed,
+                **({"flood_seeds": flood} if flood else {}),
             },
             checks=tuple(checks),
             extra={"fault_notes": inj.notes, "marker_events": obs.marker_events},
@@ -299,29 +336,93 @@ class ServingRig:
                     self.reconnect()
         st._save_state()  # noqa: SLF001
 
-    def seed(self, cell: CellSpec, ids: list[int]) -> dict[str, Any]:
-        """Cold request (stores the prefix), wait for the FS objects, forget L1 and vLLM."""
+    def seed(self, ids: list[int], tiers: tuple[str, ...]) -> dict[str, Any]:
+        """Store the prompt's prefix and VERIFY that every tier in `tiers` holds all of it,
+        then make L1 and vLLM forget it. `complete` False (with the reason) if a tier still
+        misses chunks after SEED_ATTEMPTS cold requests.
+
+        L1 is emptied first: LMCache allocates L1 without evicting (its eviction loop runs
+        once a second above an 80% watermark), so a store into an L1 a previous cell left
+        full loses whole batches, which then never reach L2."""
         st, lm = self.stack, self.spec.stack.lmcache
-        t0 = time.monotonic()
-        comp = st.complete(ids, self.spec.workload.max_tokens)
-        n = len(ids) // lm.chunk_size
-        hashes = chunk_hashes_hex(ids, lm.chunk_size, n) if lm.fs_l2 else []
-        deadline = time.monotonic() + 30.0
-        while hashes and time.monotonic() < deadline:
-            if all(fs_objects(st, h) for h in hashes):
-                break
-            time.sleep(0.1)
-        on_fs = sum(1 for h in hashes if fs_objects(st, h))
         assert self.client is not None
-        forgot = self.client.forget(wait_s=30.0)
+        t0 = time.monotonic()
+        n = len(ids) // lm.chunk_size
+        hashes = chunk_hashes_hex(ids, lm.chunk_size, n)
+        held: dict[str, int] = {}
+        attempts: list[dict[str, Any]] = []
+        for _ in range(SEED_ATTEMPTS):
+            for tier in ("fs", "mooncake"):  # no rule left armed by an earlier cell
+                write_control_file(st.fault_control(tier), [])
+            before = self.client.forget(wait_s=3.0).get("l1_used_bytes_after")
+            st.forget_local()
+            comp = st.complete(ids, self.spec.workload.max_tokens)
+            held = self._wait_tiers(ids, hashes, tiers, n)
+            attempts.append({"l1_used_before": before, "cached_tokens": comp.cached_tokens, **held})
+            if all(held[t] == n for t in tiers):
+                break
+        forgot = self.client.forget(wait_s=3.0)
         st.forget_local()
+        short = {t: held[t] for t in tiers if held[t] != n}
         return {
-            "seed_s": round(time.monotonic() - t0, 3),
-            "seed_cached_tokens": comp.cached_tokens,
-            "fs_objects": on_fs,
+            "complete": not short,
+            "reason": ""
+            if not short
+            else f"setup: after {len(attempts)} seeding attempt(s) tier(s) hold "
+            + ", ".join(f"{t} {c}/{n} chunks" for t, c in short.items())
+            + " of the seeded prefix: the fault was not injected",
+            "tiers": list(tiers),
             "chunks": n,
+            "held_chunks": held,
+            "attempts": attempts,
+            "seed_s": round(time.monotonic() - t0, 3),
             "l1_used_after_forget": forgot.get("l1_used_bytes_after"),
         }
+
+    def _wait_tiers(
+        self, ids: list[int], hashes: list[str], tiers: tuple[str, ...], n: int
+    ) -> dict[str, int]:
+        """Chunks each tier holds, waiting up to SEED_WAIT_S for the write-through."""
+        st = self.stack
+        held = {"fs": 0, "mooncake": 0}
+        deadline = time.monotonic() + SEED_WAIT_S
+        while True:
+            if "fs" in tiers:
+                held["fs"] = sum(1 for h in hashes if fs_objects(st, h))
+            if "mooncake" in tiers and held["mooncake"] < n:
+                try:
+                    held["mooncake"] = mooncake_holds(st, ids, timeout_s=10.0)
+                except (StackFailed, OSError):
+                    held["mooncake"] = 0
+            if all(held[t] == n for t in tiers) or time.monotonic() >= deadline:
+                return held
+            time.sleep(0.5)
+
+    def _unseeded(
+        self,
+        cell: CellSpec,
+        t_cell: float,
+        seed: dict[str, Any],
+        flood: list[dict[str, Any]],
+        reason: str,
+    ) -> Point:
+        """A cell whose setup could not reach the seeded state: UNKNOWN, never PASS."""
+        wl = self.spec.workload
+        return Point(
+            id=cell.id,
+            params=cell.model_dump(),
+            measures={
+                "tokens": wl.prompt_tokens,
+                "window_chunks": self.spec.stack.lmcache.window_chunks,
+                "cached_tokens": None,
+                "expected_cached_tokens": None,
+                "time_to_fallback_s": None,
+                "cell_s": round(time.monotonic() - t_cell, 3),
+                "seed": seed,
+                **({"flood_seeds": flood} if flood else {}),
+            },
+            checks=(check("setup_seeded", None, reason),),
+        )
 
     def fs_prefix_tokens(self, ids: list[int]) -> int:
         """Tokens of the contiguous prefix the FS L2 holds now (capped like vLLM's hit)."""
@@ -415,35 +516,6 @@ class ServingRig:
             }
         return pids_alive(gone_expected), alive
 
-    def flood(self, cell: CellSpec) -> dict[str, Any]:
-        """Other prompts sent at once while window k is held: their KV fills L1."""
-        st, wl = self.stack, self.spec.workload
-        reqs = [
-            _Request(lambda i=i: st.complete(self.prompt(f"{cell.id}/flood{i}"), 2))
-            for i in range(wl.flood_requests)
-        ]
-        used_max, capacity = 0, 0
-        deadline = time.monotonic() + cell.bound_s / 2
-        while any(r.running() for r in reqs) and time.monotonic() < deadline:
-            used_max, capacity = self._l1_sample(used_max)
-            time.sleep(0.05)
-        done = [r.wait(max(0.0, deadline - time.monotonic())) for r in reqs]
-        used_max, capacity = self._l1_sample(used_max)
-        return {
-            "requests": len(reqs),
-            "answered": sum(1 for _c, e, f in done if f and e is None),
-            "l1_used_max_bytes_sampled": used_max,  # LMCache L1 usage polled every 50 ms
-            "l1_capacity_bytes": capacity,
-        }
-
-    def _l1_sample(self, used_max: int) -> tuple[int, int]:
-        try:
-            usage = self.stack.lmcache_status()["storage_manager"]
-            used, cap = _l1_usage(usage)
-        except (OSError, KeyError, TypeError, ValueError):
-            return used_max, 0
-        return max(used_max, used), cap
-
 
 class _Request:
     """A request running in a thread, started at construction."""
@@ -467,12 +539,6 @@ class _Request:
     def wait(self, timeout_s: float) -> tuple[Any, BaseException | None, bool]:
         self._thread.join(timeout_s)
         return self._box.get("result"), self._box.get("error"), not self._thread.is_alive()
-
-
-def _l1_usage(status: dict[str, Any]) -> tuple[int, int]:
-    """(used, capacity) bytes of L1 from LMCache's storage-manager status (`l1_usage`)."""
-    used, cap = status["l1_usage"][:2]
-    return int(used), int(cap)
 
 
 def _delta(before: dict[str, int], after: dict[str, int], needle: str) -> dict[str, int]:

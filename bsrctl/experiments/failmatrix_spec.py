@@ -58,7 +58,15 @@ class WorkloadSpec(Strict):
     prompt_tokens: int = Field(4000, gt=0, description="prefix tokens per cell's prompt")
     max_tokens: int = Field(8, gt=0)
     salt: str = Field("bsrctl-failmatrix", min_length=1)
-    flood_requests: int = Field(3, ge=1, description="l1_exhausted: other prompts sent")
+    flood_requests: int = Field(
+        8, ge=1, description="l1_exhausted: other prompts warm-prefetched into L1"
+    )
+    flood_prompt_tokens: int = Field(
+        1024,
+        gt=0,
+        description="l1_exhausted: tokens of each other prompt (small batches, so L1 fills "
+        "to the last block: LMCache allocates a prefetch's chunks all or nothing)",
+    )
 
 
 class StorageCellsSpec(Strict):

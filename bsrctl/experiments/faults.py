@@ -51,6 +51,40 @@ def fault_stats(stack: ServingStack, tier: str) -> dict[str, Any]:
     return {}
 
 
+def prefetch(stack: ServingStack, token_ids: list[int]) -> str:
+    """Submit LMCache's warm prefetch (L2 -> L1) of a prompt's chunks; returns its id."""
+    body = {"model_name": str(stack.model_dir), "world_size": 1, "token_ids": token_ids}
+    out = stack._http("POST", f"{stack.lmcache_http}/cache/prefetches", body)  # noqa: SLF001
+    if not isinstance(out, dict) or "request_id" not in out:
+        raise StackFailed(f"warm prefetch refused: {out!r}"[:300])
+    return str(out["request_id"])
+
+
+def prefetch_found(stack: ServingStack, request_id: str, timeout_s: float) -> int | None:
+    """found_keys of a completed warm prefetch, or None if not completed within timeout_s."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        out = stack._http("GET", f"{stack.lmcache_http}/cache/prefetches/{request_id}")  # noqa: SLF001
+        if isinstance(out, dict) and out.get("status") == "completed":
+            return int(out.get("found_keys", 0))
+        time.sleep(0.05)
+    return None
+
+
+def mooncake_holds(stack: ServingStack, token_ids: list[int], timeout_s: float = 15.0) -> int:
+    """Chunks of the prompt Mooncake answers for, by a real lookup through LMCache: a warm
+    prefetch with the FS tier's lookups dropped (so only Mooncake can answer), counted by
+    Mooncake's fault-wrapper lookup counter. Leaves no rule armed (L1 is forgotten after)."""
+    before = int(fault_stats(stack, "mooncake").get("lookup_hit_keys", 0))
+    write_control_file(stack.fault_control("fs"), [{"action": "drop", "phase": "lookup"}])
+    try:
+        found = prefetch_found(stack, prefetch(stack, token_ids), timeout_s)
+    finally:
+        write_control_file(stack.fault_control("fs"), [])
+    hits = int(fault_stats(stack, "mooncake").get("lookup_hit_keys", 0)) - before
+    return 0 if found is None else min(found, hits)
+
+
 def wait_held(stack: ServingStack, tier: str, before: int, timeout_s: float) -> float:
     """Seconds until tier's wrapper has delayed one more task (window k is being held)."""
     t0 = time.monotonic()
@@ -200,18 +234,41 @@ class ObjectDamaged(Injector):
         self.notes["object"] = {"file": path.name, "how": how}
 
 
+@dataclass
 class L1Exhausted(Injector):
-    """While window k is held, other prompts' traffic fills LMCache's L1."""
+    """While window k is held, other traffic fills LMCache's L1: warm prefetches (L2 -> L1,
+    LMCache's own API) of other prompts seeded beforehand. Requests through the same vLLM
+    cannot do it: vLLM's worker waits on the held retrieve, so they are only scheduled after
+    it. The L1 usage is sampled while window k is held and recorded as the fault's measure."""
 
-    flood: Callable[[], dict[str, Any]] | None = None
+    flood_prompts: list[list[int]] = field(default_factory=list)  # seeded by the rig
 
     def arm(self) -> None:
         self.hold_rule(self.cell.hold_s)
 
     def strike(self) -> None:
         self.wait_hold()
-        assert self.flood is not None
-        self.notes["flood"] = self.flood()
+        st = self.stack
+        t_hold = time.monotonic()
+        ids = [prefetch(st, p) for p in self.flood_prompts]
+        used_max, cap, samples = 0, 0, 0
+        # sample until just before window k is released (hold_s after it was seen held)
+        until = t_hold + max(0.5, self.cell.hold_s - 0.5)
+        while time.monotonic() < until:
+            try:
+                used, cap = st.lmcache_status()["storage_manager"]["l1_usage"][:2]
+                used_max, samples = max(used_max, int(used)), samples + 1
+            except (OSError, KeyError, TypeError, ValueError):
+                pass
+            time.sleep(0.05)
+        found = [prefetch_found(st, i, 5.0) for i in ids]
+        self.notes["flood"] = {
+            "prefetched_prompts": len(ids),
+            "prefetch_found_keys": found,
+            "l1_used_max_bytes_while_held": used_max,
+            "l1_capacity_bytes": int(cap),
+            "l1_samples": samples,
+        }
 
 
 class LmcacheKilled(Injector):

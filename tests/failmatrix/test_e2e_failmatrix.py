@@ -67,9 +67,9 @@ def test_rig_is_fair_unmutated_cell_passes(rig: ServingRig) -> None:
 @pytest.mark.parametrize("cid", list(BREAKS))
 def test_cell_fails_against_a_broken_restore(rig: ServingRig, cid: str) -> None:
     mutations, must_fail = BREAKS[cid]
-    rig.set_mutations(mutations)
+    rig.set_mutations([])  # setup seeds with the real restore; the break comes after it
     try:
-        point = rig.run_cell(cell(rig, cid))
+        point = rig.run_cell(cell(rig, cid), mutations=mutations)
     finally:
         rig.set_mutations([])
     failed = {c.name: c.detail for c in point.checks if c.verdict == Verdict.FAIL}
