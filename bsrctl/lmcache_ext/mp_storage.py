@@ -88,22 +88,18 @@ class ServerRestoreStorage:
     def _inner(self, request: RestoreRequest[ObjectKey]) -> LMCacheRestoreStorage:
         key = request.rows[0].keys[0]
         reg = (key.model_name, ObjectKey.WorldSizeFromKVRank(key.kv_rank))
+        layouts = self.layouts_of(*reg)  # re-read: an engine may re-register its cache
         with self._lock:
             inner = self._by_registration.get(reg)
-            if inner is None:
+            if inner is None or inner.layouts != layouts:
                 inner = LMCacheRestoreStorage(
                     self.sm,
-                    self.layouts_of(*reg),
+                    layouts,
                     probe_timeout_s=self.probe_timeout_s,
                     drain_timeout_s=self.drain_timeout_s,
                 )
                 self._by_registration[reg] = inner
             return inner
-
-    def forget_registration(self, model_name: str, world_size: int) -> None:
-        """Drop the cached layouts of a registration (e.g. after it changed)."""
-        with self._lock:
-            self._by_registration.pop((model_name, world_size), None)
 
     def probe(self, request: RestoreRequest[ObjectKey]) -> Any:
         if request.num_chunks == 0 or not request.rows:
@@ -150,6 +146,10 @@ class InstallFault(RuntimeError):
     """Raised by the destination's test-only install fault."""
 
 
+class InstallRefused(RuntimeError):
+    """Raised when the destination's guard refuses a window (e.g. after a stall)."""
+
+
 @dataclass
 class MPBlockDestination:
     """RestoreDestination over one worker's registered KV cache and the retrieve's blocks.
@@ -165,6 +165,7 @@ class MPBlockDestination:
     skip_first_n_tokens: int  # tokens of the range not to write (APC-shared blocks)
     transfer_key: str
     fail_install_window: int = -1  # TEST ONLY: raise in install of this window index
+    guard: Callable[[], str] | None = None  # non-empty answer: refuse to install (why)
     invalid: bool = False  # set by mark_invalid: every block of the request is invalid
     bytes_installed: int = 0
 
@@ -185,6 +186,9 @@ class MPBlockDestination:
             transfer_kv_per_object_group,
         )
 
+        why_not = self.guard() if self.guard is not None else ""
+        if why_not:
+            raise InstallRefused(f"window {window.index}: {why_not}")
         if window.index == self.fail_install_window:
             raise InstallFault(f"test-only install fault in window {window.index}")
         ctx = self.cache_context

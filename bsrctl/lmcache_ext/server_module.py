@@ -15,7 +15,7 @@ through to the built-in handlers (the stock whole-plan path) and only measure.
 
 With W > 0:
 
-- lookup is probe-only (``MPRestoreStorage.probe``): the complete hit count, nothing
+- lookup is probe-only (the core's ``LMCacheRestoreStorage.probe``): the complete hit count, nothing
   staged, nothing locked; free_lookup_locks has nothing to free.
 - retrieve runs ``bsrctl.restore.BoundedRestorer.restore`` for the worker's rows: windows
   of at most W chunks, each prefetched with read locks into L1, required complete within
@@ -68,10 +68,16 @@ out; an empty payload means ``{}``):
 
 from __future__ import annotations
 
+import faulthandler
 import json
+import os
+import signal
 import threading
 import time
 from collections import Counter, deque
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_futures
 from dataclasses import asdict, dataclass, fields
 from enum import IntEnum
 from typing import Any
@@ -113,6 +119,9 @@ log = init_logger(__name__)
 SCHEMA = "bsrctl.lmcache_ext/1"
 RECENT_OUTCOMES = 64  # retrieve outcomes kept for bsr.status
 MARKER_HISTORY = 256  # force-local marker events kept for bsr.markers
+# bsr.forget runs on the pool that also answers PING: never hold it near the 10 s timeout.
+FORGET_MAX_WAIT_S = 3.0
+STALL_LOOKBACK_S = 15.0  # stalls this long before a retrieve began still trip its guard
 
 
 @dataclass(frozen=True)
@@ -127,6 +136,11 @@ class BsrServerConfig:
     # After a window timed out, how long its release waits for the late prefetch to land
     # (so the budget and gauge stay exact) before leaving it to a background drain.
     drain_timeout_s: float = 5.0
+    # Refuse to install a window after a process stall this long (0 = off). vLLM's
+    # connector declares the server unhealthy when one PING (10 s) goes unanswered and then
+    # recomputes the request in the same blocks: a window installed after that would
+    # overwrite the recomputation. Keep it below the connector's heartbeat interval.
+    stall_guard_s: float = 5.0
     # TEST ONLY: raise inside the install of this window index (-1 = never). Issue 5's
     # matrices inject faults by real means (L2 adapters); this knob exists for the
     # "raised error in install" case alone.
@@ -160,8 +174,9 @@ class BsrServerConfig:
         for name in ("window_timeout_s", "probe_timeout_s", "admission_timeout_s"):
             if getattr(cfg, name) <= 0:
                 raise BadInput(f"{name} must be > 0, got {getattr(cfg, name)}")
-        if cfg.drain_timeout_s < 0:
-            raise BadInput(f"drain_timeout_s must be >= 0, got {cfg.drain_timeout_s}")
+        for name in ("drain_timeout_s", "stall_guard_s"):
+            if getattr(cfg, name) < 0:
+                raise BadInput(f"{name} must be >= 0, got {getattr(cfg, name)}")
         return cfg
 
 
@@ -200,6 +215,45 @@ def _supported(attn_desc: Any) -> str:
     if any(k != "attention" for k in kinds):
         return f"non-attention object groups {kinds}"
     return ""
+
+
+class _StallWatch:
+    """A ticker thread that remembers how long this process went without running it.
+
+    A gap far above the tick is a process stall (CPU starvation, memory pressure, a
+    GIL-holding call): while it lasts the server answers no PING either.
+    """
+
+    TICK_S = 0.1
+    KEEP_ABOVE_S = 0.5  # gaps shorter than this are not remembered
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._last = time.monotonic()
+        self._gaps: deque[tuple[float, float]] = deque(maxlen=256)  # (end, length)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="bsr-stall-watch", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.TICK_S):
+            now = time.monotonic()
+            with self._lock:
+                gap = now - self._last
+                self._last = now
+                if gap > self.KEEP_ABOVE_S:
+                    self._gaps.append((now, gap))
+
+    def max_gap_since(self, t0: float) -> float:
+        """Longest stall that ended after ``t0``, or is still going on."""
+        now = time.monotonic()
+        with self._lock:
+            ongoing = now - self._last
+            ended = max((g for end, g in self._gaps if end > t0), default=0.0)
+        return max(ended, ongoing)
+
+    def stop(self) -> None:
+        self._stop.set()
 
 
 class _RecordingMarkers(ForceLocalMarkers):
@@ -266,6 +320,11 @@ class BsrServerModule:
         self._apply_config(self.config)
         self._modes: dict[str, Mode] = {}
         self._results: dict[str, _LookupResult] = {}
+        self._pending: dict[str, Future[int]] = {}  # probes still running
+        # Probes run off the request threads: the built-in normal pool (one thread by
+        # default) also answers PING, which must never wait behind a slow L2 lookup.
+        self._probe_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bsr-probe")
+        self._stall = _StallWatch()
         self._stock_keys: dict[str, IPCCacheServerKey] = {}  # W=0: lookup key per request
         self._stock_staged: dict[str, dict[int, int]] = {}  # W=0: whole-plan bytes per rank
         self._counters: Counter[str] = Counter()
@@ -319,7 +378,8 @@ class BsrServerModule:
             return {"bsr": {"error": repr(e)}}
 
     def close(self) -> None:
-        return None
+        self._stall.stop()
+        self._probe_pool.shutdown(wait=False, cancel_futures=True)
 
     # ---- bookkeeping --------------------------------------------------------------------
 
@@ -407,6 +467,39 @@ class BsrServerModule:
         self._count("probe_hit_chunks", plan.prefix_chunks)
         return plan.prefix_chunks
 
+    def _probe_job(self, key: IPCCacheServerKey) -> int:
+        """Probe-only lookup on the probe thread; never raises (a failure answers 0)."""
+        try:
+            chunks = self._probe_lookup(key)
+        except Exception:
+            log.exception("bsr probe of %s failed: answering 0 chunks", key.request_id)
+            self._count("lookup_errors")
+            return 0
+        self._count("lookups_probe_only")
+        self._l1_after_lookup = self._l1_used()
+        self._last_lookup = {
+            "request_id": key.request_id,
+            "model_name": key.model_name,
+            "world_size": key.world_size,
+            "end_token": key.end,
+            "chunks": chunks,
+        }
+        return chunks
+
+    def _probe_result(self, request_id: str, timeout_s: float) -> tuple[bool, int | None]:
+        """(known, chunks): chunks is None while the request's probe is still running."""
+        with self._lock:
+            fut = self._pending.get(request_id)
+        if fut is None:
+            return False, None
+        if timeout_s > 0:
+            wait_futures([fut], timeout=timeout_s)
+        if not fut.done():
+            return True, None
+        with self._lock:
+            self._pending.pop(request_id, None)
+        return True, int(fut.result())
+
     def _stock_lookup_done(self, request_id: str, chunks: int) -> None:
         """W=0: the built-in lookup pinned `chunks` chunks of every row in L1."""
         self._sample_l1()
@@ -455,23 +548,16 @@ class BsrServerModule:
                         key.model_name, key.world_size
                     )
                     why_not = _supported(attn_desc)
-                except ValueError:
-                    why_not = ""  # no registration yet: the probe answers 0
+                except ValueError:  # no engine registered this model yet: nothing to hit
+                    with self._lock:
+                        self._modes[rid] = Mode.BSR
+                        self._results[rid] = _LookupResult(chunks=0, forced_local=False)
+                    self._count("lookups_unregistered")
+                    return
                 if not why_not:
                     with self._lock:
                         self._modes[rid] = Mode.BSR
-                    chunks = self._probe_lookup(key)
-                    with self._lock:
-                        self._results[rid] = _LookupResult(chunks=chunks, forced_local=False)
-                    self._count("lookups_probe_only")
-                    self._l1_after_lookup = self._l1_used()
-                    self._last_lookup = {
-                        "request_id": rid,
-                        "model_name": key.model_name,
-                        "world_size": key.world_size,
-                        "end_token": key.end,
-                        "chunks": chunks,
-                    }
+                        self._pending[rid] = self._probe_pool.submit(self._probe_job, key)
                     return
                 log.warning("bsr: request %s served by the stock path: %s", rid, why_not)
             with self._lock:
@@ -492,6 +578,9 @@ class BsrServerModule:
             res = self._take_result(request_id)
             if res is not None:
                 return res.chunks
+            known, chunks = self._probe_result(request_id, 0.0)
+            if known:
+                return chunks
             if self._mode(request_id) == Mode.STOCK:
                 got = self._lookup_mod.query_prefetch_status(request_id)
                 if got is not None:
@@ -508,6 +597,9 @@ class BsrServerModule:
             res = self._take_result(request_id)
             if res is not None:
                 return res.chunks
+            known, chunks = self._probe_result(request_id, max(0.0, timeout))
+            if known:
+                return chunks
             if self._mode(request_id) == Mode.STOCK:
                 got = self._lookup_mod.wait_prefetch_status(request_id, timeout)
                 if got is not None:
@@ -536,6 +628,7 @@ class BsrServerModule:
             with self._lock:
                 self._modes.pop(request_id, None)
                 self._results.pop(request_id, None)
+                self._pending.pop(request_id, None)
                 self._stock_keys.pop(request_id, None)
             self._lookup_mod.end_session(request_id)
         except Exception:
@@ -689,11 +782,31 @@ class BsrServerModule:
                 skip_first_n_tokens=skip,
                 transfer_key=f"bsr-{rid}-{rank}",
                 fail_install_window=self.config.test_only_fail_install_window,
+                guard=self._stall_guard(t0),
             )
             outcome = self.restorer.restore(plan, dest)
             eb.record_event(event, cc.stream)
         self._after_restore(key, outcome, time.monotonic() - t0)
         return eb.export_event(event, cc.device), outcome.ok
+
+    def _stall_guard(self, t0: float) -> Callable[[], str]:
+        limit = self.config.stall_guard_s
+
+        def guard() -> str:
+            if limit <= 0:
+                return ""
+            # A stall just before this retrieve counts too: the request may have waited
+            # in the queue through it while the engine's PING was timing out.
+            gap = self._stall.max_gap_since(t0 - STALL_LOOKBACK_S)
+            if gap < limit:
+                return ""
+            self._count("stall_guard_trips")
+            return (
+                f"the server stalled {gap:.1f}s during this retrieve (>= stall_guard_s="
+                f"{limit}): the engine may have declared it unhealthy and be recomputing"
+            )
+
+        return guard
 
     def _after_restore(self, key: IPCCacheServerKey, outcome: RestoreOutcome, dt: float) -> None:
         rid = key.request_id
@@ -796,13 +909,14 @@ class BsrServerModule:
         """Drop every unlocked L1 object so the next load comes from L2.
 
         Payload ``{"force": false, "wait_s": 0}``: objects still locked (an L2 write-through
-        in flight, a pinned read) are skipped; with ``wait_s`` > 0 the clear is retried until
-        L1 is empty or the time is up. ``force`` also drops locked objects (unsafe while
-        stores or restores are in flight).
+        in flight, a pinned read) are skipped; with ``wait_s`` > 0 (at most
+        ``FORGET_MAX_WAIT_S``: call again for longer) the clear is retried until L1 is empty
+        or the time is up. ``force`` also drops locked objects (unsafe while stores or
+        restores are in flight).
         """
         req = _payload(payload)
         force = bool(req.get("force", False))
-        wait_s = float(req.get("wait_s", 0.0))
+        wait_s = min(float(req.get("wait_s", 0.0)), FORGET_MAX_WAIT_S)
         before = self._l1_used()
         deadline = time.monotonic() + wait_s
         while True:
@@ -861,5 +975,11 @@ class BsrServerModule:
 
 
 def build_server_modules(ctx: ExtServerModuleBuildContext) -> BsrServerModule:
-    """Factory named by ``--server-module`` (``factory_name`` defaults to this)."""
+    """Factory named by ``--server-module`` (``factory_name`` defaults to this).
+
+    With ``BSRCTL_DUMP_STACKS=1`` in the server's environment, SIGUSR1 dumps every
+    thread's stack to stderr (diagnosing a stalled server without a debugger).
+    """
+    if os.environ.get("BSRCTL_DUMP_STACKS") == "1":
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
     return BsrServerModule(ctx)

@@ -9,8 +9,12 @@ tiny Llama (``-m e2e``).
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
+import os
+import random
 import re
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -332,7 +336,7 @@ def test_dropped_key_in_window_k_fails_closed_and_forces_local(bsr_sm_server) ->
 
 
 def test_install_error_and_timeout_fail_closed(bsr_sm_server) -> None:
-    server = bsr_sm_server(8 * C_BYTES, window_chunks=2, window_timeout_s=0.5)
+    server = bsr_sm_server(8 * C_BYTES, window_chunks=2, window_timeout_s=0.5, drain_timeout_s=0.1)
     tokens = _tokens(6, salt=5)
     payloads = server.seed(tokens)
     out = _restore(server, tokens, "r-install", _VerifyingDestination(payloads, fail_window=1))
@@ -341,8 +345,10 @@ def test_install_error_and_timeout_fail_closed(bsr_sm_server) -> None:
     fault_adapter.set_fault_rules(
         [{"action": "delay", "tasks": [1], "delay_s": 2.0}], server.fault_name
     )
+    t0 = time.monotonic()
     out = _restore(server, tokens, "r-timeout", _VerifyingDestination(payloads))
     assert not out.ok and out.failure == FailureKind.TIMEOUT and out.windows_done == 1
+    assert time.monotonic() - t0 < 1.5  # answered before the late window landed (2 s)
     deadline = time.monotonic() + 10  # the late window is drained in the background
     while server.l1_used() and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -355,7 +361,7 @@ def test_handlers_fail_closed_and_never_raise(bsr_sm_server, monkeypatch) -> Non
     m = server.module
     key = IPCCacheServerKey("not-registered", 1, None, tuple(range(40)), 0, 32, "r-x")
     m.lookup(key, 1)
-    assert m.query_prefetch_status("r-x") == 0
+    assert m.query_prefetch_status("r-x") == 0  # unregistered model: answered at once
     assert m.wait_prefetch_status("never-looked-up", 0.1) == 0
     wkey = IPCCacheServerKey("not-registered", 1, 0, tuple(range(40)), 0, 32, "r-x")
     assert m.retrieve(wkey, 12345, [[1, 2]], b"", 0) == (b"", False)
@@ -374,6 +380,30 @@ def test_handlers_fail_closed_and_never_raise(bsr_sm_server, monkeypatch) -> Non
     monkeypatch.setattr(m, "_windowed_retrieve", boom)
     assert m.retrieve(wkey, 12345, [[1, 2]], b"", 0) == (b"", False)
     assert m.markers.record("r-x") is not None  # every failed retrieve forces local
+
+
+def test_stall_guard_refuses_installs_after_a_process_stall() -> None:
+    from bsrctl.lmcache_ext.mp_storage import InstallRefused, MPBlockDestination
+    from bsrctl.lmcache_ext.server_module import _StallWatch
+
+    dest = MPBlockDestination(
+        cache_context=None,
+        event_backend=None,
+        block_ids=[[1, 2]],
+        chunk_tokens=CHUNK,
+        skip_first_n_tokens=0,
+        transfer_key="k",
+        guard=lambda: "stalled 12.0s",
+    )
+    with pytest.raises(InstallRefused, match="stalled"):  # refused before any copy
+        dest.install("r", Window(0, 0, 1), {}, 1)
+    watch = _StallWatch()
+    try:
+        t0 = time.monotonic()
+        time.sleep(0.3)
+        assert watch.max_gap_since(t0) < 0.3  # the ticker kept running
+    finally:
+        watch.stop()
 
 
 def test_configure_switches_window_at_run_time(bsr_sm_server) -> None:
@@ -451,7 +481,7 @@ class _Stack:
         self.vllm_port = free_port()
         env = _e2e_env(root / "vllm-cache")
         module = {"module_path": "bsrctl.lmcache_ext.server_module", "config": cfg}
-        venv_bin = Path(__import__("sys").executable).parent
+        venv_bin = Path(sys.executable).parent
         self.server_argv = [
             str(venv_bin / "lmcache"),
             "server",
@@ -569,7 +599,7 @@ class _Stack:
         details = (out.get("usage") or {}).get("prompt_tokens_details") or {}
         return {
             "token_ids": ids,
-            "sha256": __import__("hashlib").sha256(json.dumps(ids).encode()).hexdigest(),
+            "sha256": hashlib.sha256(json.dumps(ids).encode()).hexdigest(),
             "cached_tokens": int(details.get("cached_tokens") or 0),
             "elapsed_s": time.monotonic() - t0,
         }
@@ -610,7 +640,7 @@ class _E2E:
         self.model = tinymodel.build()
         self.chunk_bytes = tinymodel.TinyModelRecipe().kv_bytes_per_token() * E2E_CHUNK
         vocab = tinymodel.vocab_size(self.model)
-        rng = __import__("random").Random(20261129)
+        rng = random.Random(20261129)
         n = E2E_PREFIX_CHUNKS * E2E_CHUNK + E2E_TAIL_TOKENS
         self.prompt = [rng.randrange(2, vocab) for _ in range(n)]
         self.prefix_tokens = E2E_PREFIX_CHUNKS * E2E_CHUNK
@@ -644,8 +674,7 @@ def bsr_e2e(request):
         env.stack.start()
         cold = env.stack.complete(env.prompt)  # computes and stores the prefix
         env.canonical = cold["sha256"]
-        out = env.stack.call("bsr.forget", {"wait_s": 60})
-        assert out["l1_used_bytes_after"] == 0, out
+        _forget(env.stack)
         assert len(list(env.l2_dir.glob("*.data"))) == E2E_PREFIX_CHUNKS
         env.record(case="cold", sha256=cold["sha256"], cached_tokens=cold["cached_tokens"])
         yield env
@@ -657,8 +686,43 @@ def bsr_e2e(request):
             shutil.rmtree(env.root / "l2-tp2", ignore_errors=True)
 
 
-def _last_outcome(stack: _Stack) -> dict:
-    return stack.call("bsr.status")["recent_outcomes"][-1]
+def _outcomes_of_last_request(stack: _Stack) -> list[dict]:
+    """The restore outcomes (one per rank) of the request probed last."""
+    status = stack.call("bsr.status")
+    rid = status["last_probe"]["request_id"]
+    return [o for o in status["recent_outcomes"] if o["request_id"] == rid]
+
+
+def _forget(stack: _Stack, within_s: float = 60.0) -> None:
+    """Empty L1 (bsr.forget waits at most 3 s per call: the PING pool must stay free)."""
+    deadline = time.monotonic() + within_s
+    while True:
+        out = stack.call("bsr.forget", {"wait_s": 3})
+        if out["l1_used_bytes_after"] == 0:
+            return
+        assert time.monotonic() < deadline, f"L1 not empty after {within_s}s: {out}"
+
+
+def _measure(env: _E2E, stack: _Stack, case: str) -> tuple[dict, float, dict, dict]:
+    """Empty L1, reset the peak, send the prompt: (output, external hits, peak, status).
+
+    Retried once when the server's stall guard failed the restore closed (this machine is
+    shared: a stall of seconds is possible); the output is checked canonical either way.
+    """
+    for attempt in range(2):
+        _forget(stack)
+        stack.call("bsr.reset_peak")
+        hits0 = stack.external_hits()
+        out = stack.complete(env.prompt)
+        hits = stack.external_hits() - hits0
+        peak = stack.call("bsr.peak")
+        status = stack.call("bsr.status")
+        stalled = [o for o in status["recent_outcomes"][-2:] if "stalled" in o.get("detail", "")]
+        if not stalled or attempt:
+            return out, hits, peak, status
+        assert out["sha256"] == env.canonical
+        env.record(case=case, retried_after=stalled[-1]["detail"])
+    raise AssertionError("unreachable")
 
 
 @pytest.mark.e2e
@@ -667,13 +731,7 @@ def test_e2e_window_peaks_canonical_output_and_full_hits(bsr_e2e) -> None:
     c = env.chunk_bytes
     for w in (0, 1, 2, 4):
         assert s.call("bsr.configure", {"window_chunks": w})["ok"]
-        assert s.call("bsr.forget", {"wait_s": 30})["l1_used_bytes_after"] == 0
-        s.call("bsr.reset_peak")
-        hits0 = s.external_hits()
-        out = s.complete(env.prompt)
-        hits = s.external_hits() - hits0
-        peak = s.call("bsr.peak")
-        status = s.call("bsr.status")
+        out, hits, peak, status = _measure(env, s, f"W={w}")
         last = status["recent_outcomes"][-1]
         env.record(
             case=f"W={w}",
@@ -715,7 +773,7 @@ def test_e2e_rpc_probe_only_lookup_and_force_local(bsr_e2e) -> None:
 
     env, s = bsr_e2e, bsr_e2e.stack
     assert s.call("bsr.configure", {"window_chunks": 2})["ok"]
-    assert s.call("bsr.forget", {"wait_s": 30})["l1_used_bytes_after"] == 0
+    _forget(s)
     probe = s.call("bsr.status")["last_probe"]
     client = RequestClientFactory.create(f"tcp://127.0.0.1:{s.mq_port}")
     try:
@@ -732,7 +790,9 @@ def test_e2e_rpc_probe_only_lookup_and_force_local(bsr_e2e) -> None:
 
         def lookup() -> int:
             client.lookup(key, 1).result(timeout=60)
-            return int(client.query_prefetch_status("bsr-rpc-1").result(timeout=60))
+            got = client.wait_prefetch_status("bsr-rpc-1", 30.0).result(timeout=60)
+            assert got is not None, "probe still running after 30 s"
+            return int(got)
 
         assert lookup() == E2E_PREFIX_CHUNKS
         assert s.call("bsr.peak")["l1_used_bytes"] == 0  # (a) probe-only: nothing staged
@@ -773,19 +833,25 @@ def test_e2e_fault_in_window_k_recomputes_canonically(
     bsr_e2e, case: str, rules: list, cfg: dict, failure: str, window: int
 ) -> None:
     env, s = bsr_e2e, bsr_e2e.stack
-    assert s.call("bsr.configure", {"window_chunks": 2, **cfg})["ok"]
-    assert s.call("bsr.forget", {"wait_s": 30})["l1_used_bytes_after"] == 0
-    recovered0 = s.log_text().count("Recovered from KV load failure")
-    assert s.call("bsr.fault", {"op": "set", "name": "fs", "rules": rules})["ok"]
-    try:
-        out = s.complete(env.prompt)
-    finally:
-        s.call("bsr.fault", {"op": "clear", "name": "fs"})
-        s.call(
-            "bsr.configure",
-            {"window_chunks": 2, "window_timeout_s": 30, "test_only_fail_install_window": -1},
-        )
-    failed = [o for o in s.call("bsr.status")["recent_outcomes"] if not o["ok"]][-1]
+    for attempt in range(2):
+        assert s.call("bsr.configure", {"window_chunks": 2, **cfg})["ok"]
+        _forget(s)
+        recovered0 = s.log_text().count("Recovered from KV load failure")
+        assert s.call("bsr.fault", {"op": "set", "name": "fs", "rules": rules})["ok"]
+        try:
+            out = s.complete(env.prompt)
+        finally:
+            s.call("bsr.fault", {"op": "clear", "name": "fs"})
+            s.call(
+                "bsr.configure",
+                {"window_chunks": 2, "window_timeout_s": 30, "test_only_fail_install_window": -1},
+            )
+        failed = [o for o in _outcomes_of_last_request(s) if not o["ok"]]
+        if attempt or not any("stalled" in o["detail"] for o in failed):
+            break
+        env.record(case=f"fault-{case}", retried_after=failed[0]["detail"])
+    assert failed, "the fault did not fail the restore"
+    failed = failed[0]
     rid = failed["request_id"]
     deadline = time.monotonic() + 30  # the marker clears when the request is admitted/ends
     while time.monotonic() < deadline:
@@ -828,12 +894,7 @@ def test_e2e_l1_smaller_than_prefix(bsr_e2e) -> None:
         stack.start()
         for w in (0, 2):
             assert stack.call("bsr.configure", {"window_chunks": w})["ok"]
-            stack.call("bsr.forget", {"wait_s": 30})
-            stack.call("bsr.reset_peak")
-            hits0 = stack.external_hits()
-            out = stack.complete(env.prompt)
-            hits = stack.external_hits() - hits0
-            peak = stack.call("bsr.peak")
+            out, hits, peak, _status = _measure(env, stack, f"small-L1 W={w}")
             env.record(
                 case=f"small-L1 W={w}",
                 l1_capacity_bytes=peak["l1_capacity_bytes"],
@@ -859,6 +920,11 @@ def test_e2e_l1_smaller_than_prefix(bsr_e2e) -> None:
 
 
 @pytest.mark.e2e
+@pytest.mark.skipif(
+    (os.cpu_count() or 1) < 4 and not os.environ.get("BSRCTL_E2E_TP2"),
+    reason="TP = 2 pins a spinning vLLM worker on each core: on < 4 cores the LMCache server "
+    "starves for > 10 s (vLLM then declares it unhealthy); set BSRCTL_E2E_TP2=1 to run anyway",
+)
 def test_e2e_tp2_per_rank_peaks_and_one_rank_fault(bsr_e2e) -> None:
     """TP = 2: the gauge is per rank; one rank's dropped key collapses the whole prefix."""
     from lmcache.v1.multiprocess.token_hasher import TokenHasher
@@ -871,12 +937,10 @@ def test_e2e_tp2_per_rank_peaks_and_one_rank_fault(bsr_e2e) -> None:
     try:
         stack.start()
         cold = stack.complete(env.prompt)
-        assert stack.call("bsr.forget", {"wait_s": 60})["l1_used_bytes_after"] == 0
+        _forget(stack)
         assert len(list(l2.glob("*.data"))) == 2 * E2E_PREFIX_CHUNKS
         assert stack.call("bsr.configure", {"window_chunks": 2})["ok"]
-        stack.call("bsr.reset_peak")
-        out = stack.complete(env.prompt)
-        peak = stack.call("bsr.peak")
+        out, _hits, peak, _status = _measure(env, stack, "TP=2 W=2")
         env.record(
             case="TP=2 W=2",
             cold_sha256=cold["sha256"],
@@ -895,13 +959,17 @@ def test_e2e_tp2_per_rank_peaks_and_one_rank_fault(bsr_e2e) -> None:
         victim = bytes(hashes[5]).hex()
         assert any(victim in p.name for p in l2.glob("*.data")), "hash scheme differs"
         rule = {"action": "drop", "ranks": [1], "chunk_hashes": [victim]}
-        assert stack.call("bsr.forget", {"wait_s": 30})["l1_used_bytes_after"] == 0
-        assert stack.call("bsr.fault", {"op": "set", "name": "fs", "rules": [rule]})["ok"]
-        try:
-            bad = stack.complete(env.prompt)
-        finally:
-            stack.call("bsr.fault", {"op": "clear", "name": "fs"})
-        outcomes = stack.call("bsr.status")["recent_outcomes"][-2:]
+        for attempt in range(2):
+            _forget(stack)
+            assert stack.call("bsr.fault", {"op": "set", "name": "fs", "rules": [rule]})["ok"]
+            try:
+                bad = stack.complete(env.prompt)
+            finally:
+                stack.call("bsr.fault", {"op": "clear", "name": "fs"})
+            outcomes = _outcomes_of_last_request(stack)
+            if attempt or not any("stalled" in o.get("detail", "") for o in outcomes):
+                break
+            env.record(case="TP=2 rank-1 fault", retried_after=outcomes)
         by_rank = {o["rank"]: o for o in outcomes}
         env.record(
             case="TP=2 rank-1 fault",
