@@ -79,4 +79,3 @@ def canonical_outputs(
         found[i] if i in found else tuple(json.loads(paths[i].read_text()))
         for i in range(len(prompts))
     ]
-

@@ -298,4 +298,3 @@ def start(spec: object, run_dir: Path, ns: object) -> MooncakeStack:
         segment_size=str(segment_bytes),
         health_timeout_s=timeout_s,
     )
-
