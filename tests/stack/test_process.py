@@ -20,12 +20,14 @@ time.sleep(600)
 def test_stop_kills_parent_and_a_child_that_ignores_sigterm(tmp_path: Path) -> None:
     part = Supervised("stubborn", [sys.executable, "-c", STUBBORN], tmp_path / "s.log")
     part.start()
-    deadline = time.monotonic() + 20
-    while "child" not in (tmp_path / "s.log").read_text() and time.monotonic() < deadline:
-        time.sleep(0.1)
-    kids = part.descendants()
-    assert len(kids) == 1
-    part.stop(timeout_s=1)
+    try:
+        deadline = time.monotonic() + 20
+        while "child" not in (tmp_path / "s.log").read_text() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        kids = part.descendants()
+        assert len(kids) == 1
+    finally:
+        part.stop(timeout_s=1)
     assert pids_alive([part.pid, *kids]) == []
 
 
