@@ -285,11 +285,9 @@ class LmcacheKilled(Injector):
         self.notes["killed"] = {"lmcache": self.stopped_pids, "at_s": round(time.monotonic(), 3)}
 
     def recover(self) -> None:
-        st = self.stack
-        st.parts.pop("lmcache", None)
-        st.start_lmcache()
-        self.notes["restarted_lmcache"] = st.parts["lmcache"].pid
-        st._save_state()  # noqa: SLF001 - records the new PIDs for the audit
+        # restart() also removes the dead server's /dev/shm segments and records the new PIDs
+        self.stack.restart("lmcache")
+        self.notes["restarted_lmcache"] = self.stack.parts["lmcache"].pid
 
 
 INJECTORS: dict[str, type[Injector]] = {

@@ -289,7 +289,7 @@ def start_mooncake(
 def start(spec: object, run_dir: Path, ns: object) -> MooncakeStack:
     """Serving-stack entry: ``spec`` is ``specs.MooncakeSpec`` (segment_size_bytes,
     startup_timeout_s), ``ns`` the stack's namespace (``NetNamespace`` or anything with the
-    holder's ``pid``, e.g. ``bsrctl.stack.netns.NetNs``). Logs go to ``run_dir``."""
+    holder's ``pid``). Logs go to ``run_dir``."""
     segment_bytes = int(getattr(spec, "segment_size_bytes", 1 << 30))
     timeout_s = float(getattr(spec, "startup_timeout_s", 60.0))
     return start_mooncake(

@@ -91,8 +91,8 @@ class NetNamespace:
     """A private network namespace held by one process; the stack's processes join it.
 
     Either it owns its holder (``start_netns``) or it attaches to an existing holder's PID
-    (``NetNamespace(pid=...)``, e.g. ``bsrctl.stack.netns.NetNs``'s): then ``stop`` leaves
-    the holder alone.
+    (``NetNamespace(pid=...)``, e.g. one another bsrctl process started): then ``stop``
+    leaves the holder alone.
     """
 
     def __init__(self, holder: Supervised | None = None, pid: int | None = None) -> None:
@@ -265,11 +265,6 @@ def wait_until(probe: Callable[[], bool], timeout_s: float, interval_s: float = 
             return True
         time.sleep(interval_s)
     return probe()
-
-
-def in_ns(ns: NetNamespace | None, fn: Callable[[], T], timeout_s: float = 600.0) -> T:
-    """fn() inside ns when there is one, else here."""
-    return fn() if ns is None else ns.call(fn, timeout_s)
 
 
 @contextmanager

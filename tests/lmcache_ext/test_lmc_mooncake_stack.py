@@ -66,7 +66,7 @@ def test_start_from_a_spec_and_an_attached_namespace(netns, tmp_path):
         segment_size_bytes = 64 << 20
         startup_timeout_s = 20.0
 
-    class Holder:  # e.g. bsrctl.stack.netns.NetNs: only .pid is used
+    class Holder:  # any handle with a holder .pid, e.g. from a saved stack state
         pid = netns.pid
 
     stack = start(Spec(), tmp_path, Holder())
