@@ -46,6 +46,10 @@ def guarded(fn: Callable[[], T]) -> T:
             err.print("--- log tail ---", highlight=False)
             err.print(exc.log_tail, highlight=False, markup=False, soft_wrap=True)
         raise typer.Exit(3) from None
+    except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM (experiments turn it into this)
+        err.print(f"interrupted ({exc or 'SIGINT'}): the stack was stopped; evidence kept, "
+                  f"marked complete=false", highlight=False, soft_wrap=True)  # fmt: skip
+        raise typer.Exit(3) from None
 
 
 def quiet_libraries(quiet: bool) -> None:

@@ -16,6 +16,7 @@ from bsrctl.evidence import EvidenceWriter, Point, Verdict
 from bsrctl.evidence.verdict import Check, check
 from bsrctl.experiments.canonical import canonical_outputs
 from bsrctl.experiments.prompts import expected_external_tokens, prompt_ids, tokens_sha256
+from bsrctl.experiments.run import sigterm_interrupts
 from bsrctl.report.markdown import write_summary
 from bsrctl.specs import RoundTripSpec, load_spec
 from bsrctl.stack import tinymodel
@@ -105,36 +106,40 @@ def run_roundtrip(spec_path: Path, out_dir: Path, progress: Progress = lambda _:
     ids = prompt_ids(spec.salt, spec.prompt_tokens, tinymodel.vocab_size(model_dir))
     writer = EvidenceWriter(out_dir, "roundtrip", raw, spec.salt, {"kind": "serving"})
     stack = ServingStack(spec.stack, writer.run_dir)
-    try:
-        progress("canonical output on a vLLM with no KV connector")
-        (canonical,) = canonical_outputs(spec.stack, writer.run_dir, [ids], spec.max_tokens)
-        progress("starting the serving stack")
-        stack.up()
-        writer.set_stack({"kind": "serving", "versions": stack.versions(), **stack.state()})
-        expected = expected_external_tokens(spec.prompt_tokens, spec.stack.lmcache.chunk_size)
-        progress("cold request (stores KV into LMCache)")
-        for tier in ["cold", *spec.tiers]:
-            if tier != "cold":
-                progress(f"reload from {tier}")
-            before = stack.tier_reads()
-            with only_tier(stack, tier):
-                stack.forget_local()
-                comp = stack.complete(ids, spec.max_tokens)
-            after = stack.tier_reads()
-            reads = {name: after[name] - before.get(name, 0) for name in after}
-            writer.add_point(tier_point(tier, comp, canonical, expected, spec.prompt_tokens, reads))
-        health = stack.complete(ids[:64], 4)
-        verdict = writer.finish(
-            {"post_request_health": len(health.output_token_ids) == 4, "tiers": spec.tiers},
-            None if len(health.output_token_ids) == 4 else Verdict.FAIL,
-        )
-    except StackFailed as exc:
-        writer.abort(f"stack failed: {exc}")
-        raise
-    except BaseException as exc:
-        writer.abort(f"interrupted: {type(exc).__name__}: {exc}")
-        raise
-    finally:
-        stack.down()
-        write_summary(writer.run_dir)
+    with sigterm_interrupts() as guard:  # SIGTERM tears the stack down too
+        try:
+            progress("canonical output on a vLLM with no KV connector")
+            (canonical,) = canonical_outputs(spec.stack, writer.run_dir, [ids], spec.max_tokens)
+            progress("starting the serving stack")
+            stack.up()
+            writer.set_stack({"kind": "serving", "versions": stack.versions(), **stack.state()})
+            expected = expected_external_tokens(spec.prompt_tokens, spec.stack.lmcache.chunk_size)
+            progress("cold request (stores KV into LMCache)")
+            for tier in ["cold", *spec.tiers]:
+                if tier != "cold":
+                    progress(f"reload from {tier}")
+                before = stack.tier_reads()
+                with only_tier(stack, tier):
+                    stack.forget_local()
+                    comp = stack.complete(ids, spec.max_tokens)
+                after = stack.tier_reads()
+                reads = {name: after[name] - before.get(name, 0) for name in after}
+                writer.add_point(
+                    tier_point(tier, comp, canonical, expected, spec.prompt_tokens, reads)
+                )
+            health = stack.complete(ids[:64], 4)
+            verdict = writer.finish(
+                {"post_request_health": len(health.output_token_ids) == 4, "tiers": spec.tiers},
+                None if len(health.output_token_ids) == 4 else Verdict.FAIL,
+            )
+        except StackFailed as exc:
+            writer.abort(f"stack failed: {exc}")
+            raise
+        except BaseException as exc:
+            writer.abort(f"interrupted: {type(exc).__name__}: {exc}")
+            raise
+        finally:
+            guard.disarm()  # a second signal must not cut the teardown short
+            stack.down()
+            write_summary(writer.run_dir)
     return verdict

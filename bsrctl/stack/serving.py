@@ -102,6 +102,7 @@ class ServingStack:
         self.launched.append(part)
         part.shm_before = shm_segments()
         part.start()
+        self._save_state()  # a bsrctl killed mid-start still leaves every PID on record
 
     # ---- lifecycle -------------------------------------------------------------------------
 

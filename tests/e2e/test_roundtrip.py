@@ -8,7 +8,9 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -28,15 +30,12 @@ def stack_pids(run_dir: Path) -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def demo_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, Path, list[int], list[str]]:
+def demo_run(
+    tmp_path_factory: pytest.TempPathFactory, bsrctl: Callable[..., Any]
+) -> tuple[int, Path, list[int], list[str]]:
     out = tmp_path_factory.mktemp("demo")
     before = shm_segments()
-    res = subprocess.run(
-        [*BSRCTL, "roundtrip", str(DEMO), "--out", str(out), "--quiet"],
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
+    res = bsrctl("roundtrip", str(DEMO), "--out", str(out), "--quiet", timeout=900)
     (run_dir,) = out.iterdir()
     print(res.stdout, res.stderr[-3000:])
     leaked = sorted(s for s in shm_segments() - before if not shm_mapped(s))
@@ -104,8 +103,8 @@ def test_killing_vllm_mid_request_exits_3_and_leaves_no_orphans(tmp_path: Path) 
         os.kill(state["parts"]["vllm"]["pid"], signal.SIGKILL)
         _, err = proc.communicate(timeout=300)
     finally:
-        if proc.poll() is None:
-            stop_pids([proc.pid], 5)
+        if proc.poll() is None:  # SIGTERM first: bsrctl tears its stack down on it
+            stop_pids([proc.pid], 120)
     assert proc.returncode == 3, err
     assert "stack failed: vLLM request failed" in err
     assert "vLLM process gone" in err
@@ -113,3 +112,35 @@ def test_killing_vllm_mid_request_exits_3_and_leaves_no_orphans(tmp_path: Path) 
     assert doc["complete"] is False and doc["verdict"] == "UNKNOWN"
     assert doc["summary"]["aborted"].startswith("stack failed")
     assert pids_alive(stack_pids(run_dir)) == []
+
+
+def test_sigterm_mid_run_tears_the_stack_down(tmp_path: Path) -> None:
+    """SIGTERM (what `timeout` and CI runners send) ends the run closed: evidence kept and
+    marked incomplete, every process of the stack stopped by PID."""
+    spec = tmp_path / "term.yaml"
+    spec.write_text(DEMO.read_text().replace("tiers: [l1, fs, mooncake]", "tiers: [l1]"))
+    out = tmp_path / "out"
+    proc = subprocess.Popen(
+        [*BSRCTL, "roundtrip", str(spec), "--out", str(out)],
+        stderr=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            if "cold request" in line:
+                break
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            stop_pids([proc.pid], 120)
+    (run_dir,) = out.iterdir()
+    doc = load_evidence(run_dir / "evidence.json")
+    assert proc.returncode == 3, err
+    assert "interrupted (signal SIGTERM): the stack was stopped" in err
+    assert doc["complete"] is False and doc["verdict"] == "UNKNOWN"
+    assert doc["summary"]["aborted"].startswith("interrupted: Interrupted"), doc["summary"]
+    pids = stack_pids(run_dir)
+    assert len(pids) >= 6 and pids_alive(pids) == []

@@ -3,24 +3,19 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from bsrctl.stack.process import pids_alive
 
 pytestmark = pytest.mark.e2e
-BSRCTL = [sys.executable, "-m", "bsrctl.cli"]
 DEMO = Path(__file__).parents[2] / "ladders" / "demo-roundtrip.yaml"
 
 
-def bsrctl(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*BSRCTL, *args], capture_output=True, text=True, timeout=timeout)
-
-
-def test_up_status_down(tmp_path: Path) -> None:
+def test_up_status_down(tmp_path: Path, bsrctl: Callable[..., Any]) -> None:
     run_dir = tmp_path / "stack"
     up = bsrctl("stack", "up", str(DEMO), "--run-dir", str(run_dir))
     state_path = run_dir / "stack" / "state.json"
