@@ -106,6 +106,15 @@ class Supervised:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
+    def wait_exit(self, timeout_s: float) -> int | None:
+        """The exit code if the process ends within timeout_s, else None (still running)."""
+        if self.proc is None:
+            return None
+        try:
+            return self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            return None
+
     def descendants(self) -> list[int]:
         """Current descendants, remembered so that ones re-parented later are still killed."""
         if self.pid is None:

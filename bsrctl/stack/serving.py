@@ -186,6 +186,7 @@ class ServingStack:
         from bsrctl.stack import mooncake  # written by the L2-adapter work; imports the wheel
 
         self.mooncake = mooncake.start(self.spec.mooncake, self.dir, self.ns)
+        self._note_mooncake()  # the audit lists parts in launch order
 
     def start_lmcache(self, l1_size_bytes: int | None = None) -> None:
         lm = self.spec.lmcache
@@ -374,7 +375,9 @@ class ServingStack:
             )
         except OSError as exc:
             part = self.parts.get("vllm")
-            alive = part.alive() if part else False
+            # A killed server drops the connection a moment before it can be reaped: give it
+            # a bounded moment so "gone" is not misreported as "alive".
+            alive = part is not None and part.wait_exit(timeout_s=5.0) is None
             raise StackFailed(
                 f"vLLM request failed ({exc}); vLLM process {'alive' if alive else 'gone'}",
                 part.tail() if part else "",

@@ -24,7 +24,7 @@ def test_up_status_down(tmp_path: Path, bsrctl: Callable[..., Any]) -> None:
         state = json.loads(state_path.read_text())
         pids = [p for part in state["launched"] for p in [part["pid"], *part["children"]]]
         assert [p["name"] for p in state["launched"]] == [
-            "netns", "lmcache", "vllm", "mooncake-master", "mooncake-node",
+            "netns", "mooncake-master", "mooncake-node", "lmcache", "vllm",
         ]  # fmt: skip
         mains = [part["pid"] for part in state["launched"]]
         assert pids_alive(mains) == mains  # up leaves the stack running
