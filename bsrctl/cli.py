@@ -72,9 +72,11 @@ def finish(verdict: Verdict, out_dir: Path) -> None:
     raise typer.Exit(exit_code(verdict))
 
 
-def check_stack(stack: str, allowed: tuple[str, ...]) -> None:
-    if stack not in allowed:
-        raise BadInput(f"--stack: {stack!r} is not one of {', '.join(allowed)}")
+def run_experiment(quiet: bool, out_dir: Path, run: Callable[[], Verdict]) -> None:
+    """The body every experiment command shares: quiet libraries, run guarded, exit by verdict.
+    `run` does its own import so that vLLM/LMCache load only for the command that needs them."""
+    quiet_libraries(quiet)
+    finish(guarded(run), out_dir)
 
 
 @app.command()
@@ -95,10 +97,13 @@ def ladder(
     quiet: QuietOpt = False,
 ) -> None:
     """Whole-plan capacity ladder (W = 0): the first L1 rung that passes per prefix size."""
-    quiet_libraries(quiet)
-    from bsrctl.experiments.ladder import run_ladder
 
-    finish(guarded(lambda: run_ladder(spec, out_dir, stack, quiet)), out_dir)
+    def run() -> Verdict:
+        from bsrctl.experiments.ladder import run_ladder
+
+        return run_ladder(spec, out_dir, stack, quiet)
+
+    run_experiment(quiet, out_dir, run)
 
 
 @app.command()
@@ -112,10 +117,13 @@ def sweep(
     ] = False,
 ) -> None:
     """Window sweep: one deployment, W fixed, prefix sizes in a list (run id br-e1-...)."""
-    quiet_libraries(quiet)
-    from bsrctl.experiments.sweep import run_sweep
 
-    finish(guarded(lambda: run_sweep(spec, out_dir, stack, quiet, repeat_new_salt)), out_dir)
+    def run() -> Verdict:
+        from bsrctl.experiments.sweep import run_sweep
+
+        return run_sweep(spec, out_dir, stack, quiet, repeat_new_salt)
+
+    run_experiment(quiet, out_dir, run)
 
 
 @app.command()
@@ -126,10 +134,13 @@ def law(
     quiet: QuietOpt = False,
 ) -> None:
     """Capacity law: restore-pool peak against W, least-squares fit; slope must be c."""
-    quiet_libraries(quiet)
-    from bsrctl.experiments.law import run_law
 
-    finish(guarded(lambda: run_law(spec, out_dir, stack, quiet)), out_dir)
+    def run() -> Verdict:
+        from bsrctl.experiments.law import run_law
+
+        return run_law(spec, out_dir, stack, quiet)
+
+    run_experiment(quiet, out_dir, run)
 
 
 @app.command()
@@ -140,10 +151,13 @@ def failmatrix(
     quiet: QuietOpt = False,
 ) -> None:
     """Workload x fault matrix: every failed restore ends closed, correct and explained."""
-    quiet_libraries(quiet)
-    from bsrctl.experiments.failmatrix import run_failmatrix
 
-    finish(guarded(lambda: run_failmatrix(spec, out_dir, stack, quiet)), out_dir)
+    def run() -> Verdict:
+        from bsrctl.experiments.failmatrix import run_failmatrix
+
+        return run_failmatrix(spec, out_dir, stack, quiet)
+
+    run_experiment(quiet, out_dir, run)
 
 
 @app.command()
@@ -154,11 +168,13 @@ def tempokv(
     quiet: QuietOpt = False,
 ) -> None:
     """Run TempoKV and the baseline staging policies on identical seeded traces."""
-    quiet_libraries(quiet)
-    from bsrctl.experiments.tempokv import run_tempokv
 
-    verdict = guarded(lambda: run_tempokv(spec, out_dir, stack, quiet))
-    finish(verdict, out_dir)
+    def run() -> Verdict:
+        from bsrctl.experiments.tempokv import run_tempokv
+
+        return run_tempokv(spec, out_dir, stack, quiet)
+
+    run_experiment(quiet, out_dir, run)
 
 
 @app.command()

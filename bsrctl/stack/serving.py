@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import sys
 import time
 import urllib.request
@@ -559,7 +558,3 @@ def start_times(pids: list[int]) -> dict[int, float]:
         except psutil.Error:
             continue
     return out
-
-
-def remove_run_l2(run_dir: Path) -> None:
-    shutil.rmtree(Path(run_dir) / "stack" / "l2-fs", ignore_errors=True)
