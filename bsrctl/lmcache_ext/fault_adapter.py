@@ -11,7 +11,8 @@ Config (JSON; type ``"bsr_fault"`` in-process, or through the stock ``plugin`` t
     {"inner": {...adapter spec with "type"...},   # required: bsr_fs, bsr_mooncake, fs, plugin..
      "name": "default",          # handle for run-time control (set_fault_rules(..., name))
      "control_path": "/run/faults.json",   # optional JSON file {"rules": [...]}, re-read
-                                 # whenever its mtime or size changes; absent file = no rules
+                                 # whenever its mtime or size changes; absent file = no rules;
+                                 # a change seen before a task's submission applies to it
      "rules": [...],             # initial rules
      "verify": false,            # sha256 at store, checked at load (any inner adapter)
      "checksum_dir": null}       # where verify keeps digests (else in memory, lost at exit)
@@ -58,10 +59,11 @@ import select
 import threading
 import time
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from lmcache.lmcache_native import Bitmap
 from lmcache.logging import init_logger
 from lmcache.v1.distributed.api import ObjectKey
 from lmcache.v1.distributed.l2_adapters.base import L2AdapterInterface, L2TaskId
@@ -111,13 +113,13 @@ _MAX_RECORDED_EVENTS = 4096
 # ---------------------------------------------------------------------------
 
 
-@dataclass
+@dataclass(frozen=True, slots=True)
 class FaultRule:
     action: str  # "drop" | "delay"
     phase: str  # "load" | "lookup"
     delay_s: float  # delay: seconds after submission before the result is reported
     selectors: dict[str, frozenset]  # selector name -> accepted values; absent = any
-    limit: int | None  # keys (drop) or tasks (delay) this rule may still affect
+    limit: int | None  # keys (drop) or tasks (delay) still affected; spent by replace()
 
     @classmethod
     def parse(cls, raw: Any, where: str = "rule") -> FaultRule:
@@ -186,7 +188,7 @@ def _rules_of(doc: Any) -> list[FaultRule]:
 
 
 def write_control_file(path: str | Path, rules: list[dict]) -> None:
-    """Atomically (re)write a control file; the adapter re-arms at its next task."""
+    """Atomically (re)write a control file; the adapter re-arms for the next task submitted."""
     parse_rules(rules)  # refuse to write what the adapter would reject
     write_atomic(Path(path), json.dumps({"rules": rules}).encode())
 
@@ -253,6 +255,17 @@ class BsrFaultL2AdapterConfig(L2AdapterConfigBase):
 # ---------------------------------------------------------------------------
 
 
+@dataclass(frozen=True, slots=True)
+class _Submitted:
+    """A task whose faults are not decided yet (the pump decides, in submission order)."""
+
+    phase: str
+    task_id: L2TaskId
+    keys: list[ObjectKey]
+    objects: list[Any] | None
+    at: float  # monotonic submission time; a delay counts from here
+
+
 @dataclass
 class _Pending:
     keys: list[ObjectKey]
@@ -296,6 +309,7 @@ class BsrFaultL2Adapter(L2AdapterInterface):
         self._lock = threading.Lock()
         self._rules: list[FaultRule] = parse_rules(config.rules)
         self._phases = {p: _PhaseState() for p in PHASES}
+        self._submitted: list[_Submitted] = []  # FIFO, drained by the pump under self._lock
         self._heap: list[tuple[float, int, str, L2TaskId]] = []  # (release_at, seq, phase, id)
         self._seq = itertools.count()
         self._stats = {
@@ -308,13 +322,15 @@ class BsrFaultL2Adapter(L2AdapterInterface):
             "lookup_hit_keys": 0,
             "load_keys": 0,
             "load_hit_keys": 0,
+            "inner_errors": 0,
         }
         self._events: list[dict] = []  # recent faults, for tests and reports
         self._lookup_efd = create_event_notifier()
         self._load_efd = create_event_notifier()
         self._wake_efd = create_event_notifier()
         self._stop = threading.Event()
-        self._refresh_control()
+        with self._lock:
+            self._refresh_control()
         self._pump_thread = threading.Thread(
             target=self._pump, name=f"bsr-fault-{self._name}", daemon=True
         )
@@ -346,6 +362,7 @@ class BsrFaultL2Adapter(L2AdapterInterface):
     def set_rules(self, rules: list[dict]) -> None:
         parsed = parse_rules(rules)
         with self._lock:
+            self._decide_submitted()  # tasks submitted before this call keep the old rules
             self._arm(parsed)
 
     def _arm(self, rules: list[FaultRule]) -> None:  # holds self._lock
@@ -356,7 +373,9 @@ class BsrFaultL2Adapter(L2AdapterInterface):
         self._stats["rules_armed"] += 1
         logger.warning("BsrFaultL2Adapter %r armed %d rules", self._name, len(rules))
 
-    def _refresh_control(self) -> None:
+    def _refresh_control(self) -> None:  # holds self._lock
+        """Re-arm if the control file changed. Check and reload under one lock hold, so two
+        callers cannot both see the change and arm twice (resetting the ordinals twice)."""
         if self._control_path is None:
             return
         try:
@@ -364,17 +383,20 @@ class BsrFaultL2Adapter(L2AdapterInterface):
             sig: tuple[int, int] | None = (st.st_mtime_ns, st.st_size)
         except FileNotFoundError:
             sig = None
+        except OSError as exc:
+            logger.error(
+                "fault control file %s unreadable, rules kept: %s", self._control_path, exc
+            )
+            return
         if sig == self._control_sig:
             return
+        self._control_sig = sig
         try:
             rules = [] if sig is None else _rules_of(json.loads(self._control_path.read_text()))
         except (OSError, ValueError) as exc:
             logger.error("fault control file %s rejected, rules kept: %s", self._control_path, exc)
-            self._control_sig = sig
             return
-        with self._lock:
-            self._control_sig = sig
-            self._arm(rules)
+        self._arm(rules)
 
     def stats(self) -> dict:
         with self._lock:
@@ -455,57 +477,70 @@ class BsrFaultL2Adapter(L2AdapterInterface):
     def _track(
         self, phase: str, task_id: L2TaskId, keys: list[ObjectKey], objects: list[Any] | None
     ) -> None:
-        """Decide this task's faults now, in submission order; the pump applies them."""
-        self._refresh_control()
-        now = time.monotonic()
+        """Queue the task; the pump decides its faults (no file I/O on the caller's thread)."""
         with self._lock:
-            state = self._phases[phase]
-            task_ordinal = state.task_ordinal
-            state.task_ordinal += 1
-            first_key_ordinal = state.key_ordinal
-            state.key_ordinal += len(keys)
-            drops: set[int] = set()
-            delay_s = 0.0
-            for rule in self._rules:
-                if rule.phase != phase:
-                    continue
-                hit = [
-                    i
-                    for i, key in enumerate(keys)
-                    if rule.matches(key, i, task_ordinal, first_key_ordinal + i)
-                ]
-                if not hit or rule.limit is not None and rule.limit <= 0:
-                    continue
-                if rule.action == "drop":
-                    if rule.limit is not None:
-                        hit = hit[: rule.limit]
-                        rule.limit -= len(hit)
-                    drops.update(hit)
-                else:
-                    if rule.limit is not None:
-                        rule.limit -= 1
-                    delay_s = max(delay_s, rule.delay_s)
-            for i in sorted(drops):
-                self._stats["dropped_keys"] += 1
-                self._record(
-                    {
-                        "fault": "drop",
-                        "phase": phase,
-                        "task": task_ordinal,
-                        "position": i,
-                        "chunk_hash": keys[i].chunk_hash.hex(),
-                        "kv_rank": keys[i].kv_rank,
-                    }
-                )
-            if delay_s > 0:
-                self._stats["delayed_tasks"] += 1
-                self._record(
-                    {"fault": "delay", "phase": phase, "task": task_ordinal, "delay_s": delay_s}
-                )
-            release_at = now + delay_s
-            state.pending[task_id] = _Pending(keys, objects, drops, release_at)
-            heapq.heappush(self._heap, (release_at, next(self._seq), phase, task_id))
+            self._submitted.append(_Submitted(phase, task_id, keys, objects, time.monotonic()))
         self._wake_efd.notify()
+
+    def _decide_submitted(self) -> None:  # holds self._lock
+        """Decide the queued tasks' faults in submission order. One control-file check
+        covers the whole batch (not one stat per task), and it runs after every queued
+        task was submitted, so a file written before a submission still applies to it."""
+        if not self._submitted:
+            return
+        self._refresh_control()
+        batch, self._submitted = self._submitted, []
+        for sub in batch:
+            self._decide(sub)
+
+    def _decide(self, sub: _Submitted) -> None:  # holds self._lock
+        phase, keys = sub.phase, sub.keys
+        state = self._phases[phase]
+        task_ordinal = state.task_ordinal
+        state.task_ordinal += 1
+        first_key_ordinal = state.key_ordinal
+        state.key_ordinal += len(keys)
+        drops: set[int] = set()
+        delay_s = 0.0
+        for r, rule in enumerate(self._rules):
+            if rule.phase != phase:
+                continue
+            hit = [
+                i
+                for i, key in enumerate(keys)
+                if rule.matches(key, i, task_ordinal, first_key_ordinal + i)
+            ]
+            if not hit or rule.limit is not None and rule.limit <= 0:
+                continue
+            if rule.action == "drop":
+                if rule.limit is not None:
+                    hit = hit[: rule.limit]
+                    self._rules[r] = replace(rule, limit=rule.limit - len(hit))
+                drops.update(hit)
+            else:
+                if rule.limit is not None:
+                    self._rules[r] = replace(rule, limit=rule.limit - 1)
+                delay_s = max(delay_s, rule.delay_s)
+        for i in sorted(drops):
+            self._stats["dropped_keys"] += 1
+            self._record(
+                {
+                    "fault": "drop",
+                    "phase": phase,
+                    "task": task_ordinal,
+                    "position": i,
+                    "chunk_hash": keys[i].chunk_hash.hex(),
+                    "kv_rank": keys[i].kv_rank,
+                }
+            )
+        if delay_s > 0:
+            self._stats["delayed_tasks"] += 1
+            self._record(
+                {"fault": "delay", "phase": phase, "task": task_ordinal, "delay_s": delay_s}
+            )
+        release_at = sub.at + delay_s
+        state.pending[sub.task_id] = _Pending(keys, sub.objects, drops, release_at)
+        heapq.heappush(self._heap, (release_at, next(self._seq), phase, sub.task_id))
 
     # ---- pump ----------------------------------------------------------
 
@@ -529,6 +564,8 @@ class BsrFaultL2Adapter(L2AdapterInterface):
                 except OSError:
                     pass
             try:
+                with self._lock:
+                    self._decide_submitted()
                 self._collect()
                 self._release_due()
             except Exception:
@@ -536,6 +573,8 @@ class BsrFaultL2Adapter(L2AdapterInterface):
 
     def _next_timeout_ms(self) -> int:
         with self._lock:
+            if self._submitted:
+                return 0
             waiting = any(
                 p.bitmap is None for s in self._phases.values() for p in s.pending.values()
             )
@@ -551,18 +590,38 @@ class BsrFaultL2Adapter(L2AdapterInterface):
             with self._lock:
                 todo = [(t, p) for t, p in self._phases[phase].pending.items() if p.bitmap is None]
             for task_id, pending in todo:
-                if phase == "load":
-                    bitmap = self._inner.query_load_result(task_id)
-                else:
-                    bitmap = self._inner.query_lookup_and_lock_result(task_id)
-                if bitmap is None:
-                    continue
-                self._apply(phase, pending, bitmap)
+                try:
+                    if phase == "load":
+                        bitmap = self._inner.query_load_result(task_id)
+                    else:
+                        bitmap = self._inner.query_lookup_and_lock_result(task_id)
+                    if bitmap is None:
+                        continue
+                    self._apply_faults(phase, pending, bitmap)
+                except Exception as exc:
+                    bitmap = self._inner_failed(phase, pending, exc)
+                self._count(phase, pending, bitmap)
                 with self._lock:
                     pending.bitmap = bitmap
 
-    def _apply(self, phase: str, pending: _Pending, bitmap: Any) -> None:
-        self._apply_faults(phase, pending, bitmap)
+    def _inner_failed(self, phase: str, pending: _Pending, exc: Exception) -> Bitmap:
+        """The contract has no error result: an all-zero bitmap is a task whose every key
+        failed. Completing it here records the error once; re-querying every pump pass
+        would leave the task (and the caller's window) pending forever."""
+        logger.error(
+            "BsrFaultL2Adapter %r: inner %s failed, reported as all misses",
+            self._name,
+            phase,
+            exc_info=exc,
+        )
+        with self._lock:
+            self._stats["inner_errors"] += 1
+            self._record(
+                {"fault": "inner_error", "phase": phase, "error": f"{type(exc).__name__}: {exc}"}
+            )
+        return Bitmap(len(pending.keys))
+
+    def _count(self, phase: str, pending: _Pending, bitmap: Any) -> None:
         # The tier's own read counters: what it was asked for and what it served (after
         # faults), so an experiment can tell which tier a restore really came from.
         served = len(bitmap.get_indices_list())
