@@ -1,5 +1,6 @@
 """How fast the virtual-time simulation runs: the paper's 12-request workload (goal < 1 s)
-and a 10,000-request Poisson trace over a shared document pool (goal < 10 s), TempoKV."""
+and a 10,000-request Poisson trace over a shared document pool (goal < 10 s), TempoKV,
+with the shipped defaults (synchronous loads, release after the first step, FIFO staging)."""
 
 from __future__ import annotations
 

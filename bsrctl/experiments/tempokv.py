@@ -178,8 +178,26 @@ def _requests(spec: TempoKVSpec, model: ModelProfile, ratio: float) -> list[Requ
     return replay(a.path, ratio, _outputs(spec), spec.seed, chunk, kv)
 
 
+def simulate_policy(
+    spec: TempoKVSpec,
+    model: ModelProfile,
+    ratio: float,
+    fast_tier_gib: float,
+    policy: str,
+    keep_trace: bool = True,
+) -> SimResult:
+    """One (model, cache ratio, fast tier, policy) cell of a spec, as `bsrctl tempokv` runs
+    it (also the benches' entry point)."""
+    requests = _requests(spec, model, ratio)
+    device = _device(spec, fast_tier_gib)
+    return simulate(requests, model, device, _limits(spec), _control(spec), policy, keep_trace)
+
+
 def _limits(spec: TempoKVSpec) -> EngineLimits:
-    return EngineLimits(spec.engine.max_seqs, spec.engine.max_batched_tokens)
+    e = spec.engine
+    return EngineLimits(
+        e.max_seqs, e.max_batched_tokens, e.loads == "sync", e.release == "first_step"
+    )
 
 
 def _invariants(res: SimResult) -> tuple[Check, ...]:
@@ -217,10 +235,9 @@ def _policy_grid(
         for size in sizes:
             device = _device(spec, size)
             for ratio in exp.cache_ratios:
-                requests = _requests(spec, model, ratio)
                 cell = cells.setdefault((model.name, size, ratio), {})
                 for policy in exp.policies:
-                    res = simulate(requests, model, device, _limits(spec), _control(spec), policy)
+                    res = simulate_policy(spec, model, ratio, size, policy)
                     measures = res.measures()
                     cell[policy] = measures
                     writer.add_point(
@@ -232,7 +249,7 @@ def _policy_grid(
                                 "fast_tier_gib": size,
                                 "budget_gib": device.budget_bytes / GIB,
                                 "policy": policy,
-                                "requests": len(requests),
+                                "requests": len(res.logs),
                             },
                             measures=measures,
                             checks=_invariants(res),

@@ -55,10 +55,11 @@ class DeviceSpec(Strict):
         "Fig. 2's −6.02 s cell (44 GiB over five ops stage-ready at 6.52 s), see sim/device.py",
     )
     concurrency: int = Field(
-        8,
+        1,
         ge=1,
-        description="staging ops in flight, in issue order, sharing the aggregate rate (§3.1); "
-        "Fig. 2's −6.02 s margin needs the target staged alongside a four-op backlog (≥ 5)",
+        description="staging ops the provider keeps in flight, in issue order, sharing the "
+        "aggregate rate (§3.1); 1 (FIFO) maximises the aggregate under contention; Fig. 2's "
+        "−6.02 s margin needs its four-op backlog and the target in flight together (≥ 5)",
     )
     retrieval_gib_s: float = Field(17.0, gt=0, description="fast tier→GPU; calibrated, Fig. 1")
     fast_tier_gib: float = Field(100.0, gt=0)
@@ -68,6 +69,16 @@ class DeviceSpec(Strict):
 class EngineSpec(Strict):
     max_seqs: int = Field(4, ge=1)
     max_batched_tokens: int = Field(8192, ge=1)
+    loads: Literal["sync", "async"] = Field(
+        "sync",
+        description="sync: a step waits for the KV loads it carries (the batch stalls); "
+        "async: loading requests hold a slot while the batch keeps stepping",
+    )
+    release: Literal["first_step", "transfer_end"] = Field(
+        "first_step",
+        description="when protection ends: after the first step computing over the restored "
+        "KV, or as soon as its fast tier→GPU transfer ends",
+    )
     chunk_tokens: int = Field(256, ge=1)
 
 

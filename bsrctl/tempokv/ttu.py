@@ -1,8 +1,10 @@
 """Time-to-use: a read-only projection of the engine until the target's retrieval begins.
 
 Running and queued requests advance on one shared timeline under the engine's slot limit,
-FCFS order and chunked-prefill token budget, with calibrated step costs; remaining output
-comes from recent completions. The target's own KV is assumed stage-ready."""
+FCFS order and chunked-prefill token budget (a pass grants slots only while budget
+remains), with calibrated step costs; remaining output comes from recent completions.
+With synchronous loads a step waits for the loads it carries. The target's own KV is
+assumed stage-ready."""
 
 from __future__ import annotations
 
@@ -34,11 +36,25 @@ class CostModel:
 class EngineLimits:
     max_seqs: int = 4  # active sequences (vLLM max_num_seqs)
     max_batched_tokens: int = 8192  # chunked-prefill token budget per step
+    sync_loads: bool = True  # a step waits for the KV loads it carries (else they overlap)
+    release_at_first_step: bool = True  # protection ends with the first step computing
+    # over the restored KV (else when its transfer ends); no effect on TTU
 
 
 def prefill_pairs(chunk_tokens: int, ctx_before: int) -> int:
     """Causal attention pairs of a prefill chunk appended after ctx_before tokens."""
     return chunk_tokens * ctx_before + chunk_tokens * (chunk_tokens + 1) // 2
+
+
+def budget_left(prefill_left: list[int], limits: EngineLimits) -> int:
+    """Token budget a scheduling pass has left for new requests once the running ones took
+    theirs (one token per decode, prefill chunks in order): vLLM admits waiting requests
+    only while budget remains."""
+    budget = limits.max_batched_tokens - sum(1 for n in prefill_left if n == 0)
+    for n in prefill_left:
+        if n and budget > 0:
+            budget -= min(n, budget)
+    return budget
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,39 +124,54 @@ class _Proj:
 def project_ttus(
     snap: EngineSnapshot, cost: CostModel, limits: EngineLimits, predictor: OutputPredictor
 ) -> dict[str, float]:
-    """TTU (seconds after snap.at_s) of every waiting request: when it gets a slot and its
-    retrieval starts. Predecessors hold their slot through their own retrieval, which waits
+    """TTU (seconds after snap.at_s) of every waiting request: the scheduling pass that grants
+    it a slot, which starts its retrieval. Passes run at step boundaries, the first after any
+    step in progress. Predecessors hold their slot through their own retrieval, which waits
     for their known staging dependencies; the target's own KV is assumed stage-ready."""
     seqs = [
         _Proj(
             r.prefill_left_tokens,
             r.ctx_tokens,
             predictor.remaining_tokens(r.generated_tokens),
-            r.ready_in_s,
+            r.ready_in_s if r.ready_in_s > 0 else -math.inf,  # in the batch, even mid-step
         )
         for r in snap.running
     ]
     full_output = predictor.remaining_tokens(0)
     ttus: dict[str, float] = {}
     t_s = snap.busy_s
+    loads_pending = any(s.ready_s > 0 for s in seqs)  # loads hold their slot until done
+    if t_s < 0 or (limits.sync_loads and loads_pending):
+        # mid prefill step, or a step waiting for its loads: the next pass follows that step
+        t_s = _advance(seqs, t_s, cost, limits, until_exit=False)
     waiting = snap.waiting
     i = 0
     while i < len(waiting):
-        while len(seqs) < limits.max_seqs and i < len(waiting):
+        budget = budget_left([s.prefill_left for s in seqs if s.ready_s <= t_s], limits)
+        while len(seqs) < limits.max_seqs and i < len(waiting) and budget > 0:
             q = waiting[i]
             i += 1
             ttus[q.req_id] = t_s
             prefill = max(1, q.prompt_tokens - q.cached_tokens)
+            budget -= min(budget, prefill)
             ready_s = max(t_s, q.stage_ready_in_s) + q.load_s
             seqs.append(_Proj(prefill, q.cached_tokens, full_output, ready_s))
         if i < len(waiting):
-            t_s = _until_an_exit(seqs, t_s, cost, limits)
+            # a free slot blocked only by the spent budget reopens at the next step boundary
+            blocked = len(seqs) < limits.max_seqs and budget <= 0
+            t_s = _advance(seqs, t_s, cost, limits, until_exit=not blocked)
     return ttus
 
 
-def _until_an_exit(seqs: list[_Proj], t_s: float, cost: CostModel, limits: EngineLimits) -> float:
-    """Step the batch from t_s until at least one sequence finishes; returns that time."""
+def _advance(
+    seqs: list[_Proj], t_s: float, cost: CostModel, limits: EngineLimits, until_exit: bool
+) -> float:
+    """Step the batch from t_s until at least one sequence finishes (or, with until_exit
+    false, for one step or decode stretch); returns that time."""
     while True:
+        pending = [s.ready_s for s in seqs if s.ready_s > t_s]
+        if pending and limits.sync_loads:
+            t_s = max(pending)  # the step waits for every load it carries
         active = [s for s in seqs if s.ready_s <= t_s]
         if not active:
             t_s = min(s.ready_s for s in seqs)
@@ -176,7 +207,7 @@ def _until_an_exit(seqs: list[_Proj], t_s: float, cost: CostModel, limits: Engin
                 s.left -= k
                 s.ctx += int(k)
         done = [s for s in active if s.left <= 1e-9]
-        if done:
-            for s in done:
-                seqs.remove(s)
+        for s in done:
+            seqs.remove(s)
+        if done or not until_exit:
             return t_s

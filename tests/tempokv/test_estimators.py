@@ -1,3 +1,5 @@
+import pytest
+
 from bsrctl.tempokv.ttr import (
     OpView,
     QueueProjectionTtr,
@@ -117,3 +119,39 @@ def test_ttu_accounts_for_predecessors_known_retrieval_dependencies():
         )
         < 1e-9
     )
+
+
+def test_sync_projection_stalls_the_batch_for_a_pending_load():
+    # One decoding sequence (60 tokens left) and one holding the second slot, loading for
+    # 0.5 s; "b" needs a slot. Async: the decoder steps on, the loader joins at 0.5 (one
+    # prefill step), the decoder exits at 0.6. Sync: the step waits for the load first.
+    pred = OutputPredictor(100, (100,))
+    snap = EngineSnapshot(
+        0.0,
+        0.0,
+        (RunningSeq(0, 10, 40), RunningSeq(1, 10, 0, 0.5)),
+        (QueuedSeq("b", 11, 10, 0.5),),
+    )
+    async_ = project_ttus(snap, COST, EngineLimits(max_seqs=2, sync_loads=False), pred)
+    sync = project_ttus(snap, COST, EngineLimits(max_seqs=2, sync_loads=True), pred)
+    assert async_["b"] == pytest.approx(0.6)
+    assert sync["b"] == pytest.approx(0.5 + 0.01 + 59 * 0.01)
+
+
+def test_projection_grants_no_slot_while_the_budget_is_spent():
+    # 40 prefill tokens under a 16-token budget: chunks 16, 16, 8; the free slot is granted at
+    # the pass after the second chunk (budget left over), not at the sequence's exit.
+    pred = OutputPredictor(100, (100,))
+    snap = EngineSnapshot(0.0, 0.0, (RunningSeq(40, 0, 0),), (QueuedSeq("b", 11, 10, 0.5),))
+    limits = EngineLimits(max_seqs=2, max_batched_tokens=16)
+    assert project_ttus(snap, COST, limits, pred)["b"] == pytest.approx(0.02)
+    wide = EngineLimits(max_seqs=2, max_batched_tokens=8192)
+    assert project_ttus(snap, COST, wide, pred)["b"] == 0.0
+
+
+def test_projection_starts_after_the_step_in_progress():
+    # 4 ms into a 10 ms prefill step (busy_s = −0.004): the next pass is at its end, 6 ms on,
+    # never in the past.
+    pred = OutputPredictor(100, (100,))
+    snap = EngineSnapshot(0.0, -0.004, (RunningSeq(8, 0, 0),), (QueuedSeq("b", 11, 10, 0.5),))
+    assert project_ttus(snap, COST, EngineLimits(max_seqs=2), pred)["b"] == pytest.approx(0.006)

@@ -1,10 +1,16 @@
 """A simulated serving engine: FCFS, at most `max_seqs` active sequences, chunked prefill.
 
-A request granted a slot loads its KV while holding that slot; the other sequences keep
-stepping (an asynchronous connector load, as LMCache's MP connector does in vLLM) and it
-joins the batch at the next step boundary.
+A scheduling pass runs at each step boundary: a waiting request is granted a free slot while
+the step's token budget is not spent (vLLM walks its waiting queue only while budget
+remains), and its retrieval is requested then. It loads its KV while holding that slot:
+- asynchronous loads (`EngineLimits.sync_loads` false): the other sequences keep stepping
+  and it joins the batch at the first step boundary after its load;
+- synchronous loads: the step that carries it waits for its load before computing (a KV
+  connector that loads in start_load_kv), so every running sequence stalls meanwhile.
+Protection ends when the transfer ends, or (`release_at_first_step`) when the first step
+that computes over the restored KV ends, the point at which the runtime sees the load done.
 Decode-only stretches run as one event (k steps at one step time); an arrival that finds a
-free slot, or a finished load, cuts the stretch at the next step boundary."""
+free slot, or a finished asynchronous load, cuts the stretch at the next step boundary."""
 
 from __future__ import annotations
 
@@ -23,6 +29,7 @@ from bsrctl.tempokv.ttu import (
     EngineSnapshot,
     QueuedSeq,
     RunningSeq,
+    budget_left,
     prefill_pairs,
 )
 
@@ -31,6 +38,7 @@ class EngineMode(IntEnum):
     IDLE = 0  # nothing to step (loads may be in flight)
     PREFILL_STEP = 1  # one step that includes prefill chunks
     DECODE_RUN = 2  # k decode-only steps
+    LOAD_WAIT = 3  # synchronous loads: the next step waits for the loads it carries
 
 
 @dataclass(slots=True)
@@ -52,6 +60,7 @@ class _Seq:
     prefill_left: int
     ctx: int
     generated: int = 0
+    computed: bool = False  # a step has computed over its restored KV
 
 
 class SimEngine:
@@ -64,6 +73,7 @@ class SimEngine:
         controller: Controller | None,
         on_iteration: Callable[[], None] = lambda: None,
         on_complete: Callable[[RequestLog], None] = lambda log: None,
+        release_at_first_step: bool = False,
     ) -> None:
         self.clock = clock
         self.cost = cost
@@ -72,6 +82,8 @@ class SimEngine:
         self.controller = controller
         self.on_iteration = on_iteration  # the runtime adapter's hook after each iteration
         self.on_complete = on_complete
+        self.release_at_first_step = release_at_first_step
+        self._unreleased: set[str] = set()  # committed claims kept until their first step
         self.waiting: deque[RequestLog] = deque()
         self.loading: list[RequestLog] = []  # hold a slot, KV on its way
         self.loaded: list[RequestLog] = []  # KV on the GPU, join at the next boundary
@@ -95,18 +107,26 @@ class SimEngine:
 
     # ---- the loop: one scheduling pass per step boundary ----------------------------------
     def _schedule(self) -> None:
+        self._join_loaded()
+        budget = budget_left([s.prefill_left for s in self.running], self.limits)
+        while self._slots_free() > 0 and self.waiting and budget > 0:
+            log = self.waiting.popleft()
+            budget -= min(budget, max(1, log.req.prompt_tokens - log.req.cached_tokens))
+            self._start_load(log)
+        if self.limits.sync_loads and self.loading:
+            self.mode = EngineMode.LOAD_WAIT  # the step starts when its loads are done
+        elif self.running:
+            self._step()
+        else:
+            self.mode = EngineMode.IDLE
+        self.on_iteration()
+
+    def _join_loaded(self) -> None:
         for log in self.loaded:
             req = log.req
             prefill = max(1, req.prompt_tokens - req.cached_tokens)  # ≥ 1: the last token
             self.running.append(_Seq(log, prefill, req.cached_tokens))
         self.loaded.clear()
-        while self._slots_free() > 0 and self.waiting:
-            self._start_load(self.waiting.popleft())
-        if self.running:
-            self._step()
-        else:
-            self.mode = EngineMode.IDLE
-        self.on_iteration()
 
     def _start_load(self, log: RequestLog) -> None:
         log.retrieval_s = self.clock.now()
@@ -134,10 +154,12 @@ class SimEngine:
             ctl.begin_transfer(req_id)
 
         def done() -> None:
-            if committed:
-                ctl.end_transfer(req_id)
-            else:
+            if not committed:
                 ctl.end_ordinary(req_id)
+            elif self.release_at_first_step:
+                self._unreleased.add(req_id)
+            else:
+                ctl.end_transfer(req_id)
             self._loaded(log)
 
         transfer_s = log.req.manifest.size_bytes / self.retrieval_bytes_s
@@ -148,7 +170,11 @@ class SimEngine:
         self.loading.remove(log)
         log.admitted_s = self.clock.now()
         self.loaded.append(log)
-        if self.mode is EngineMode.IDLE:
+        if self.mode is EngineMode.LOAD_WAIT:
+            if not self.loading:  # the waiting step carries its loaded requests, no new pass
+                self._join_loaded()
+                self._step()
+        elif self.mode is EngineMode.IDLE:
             self._schedule()
         elif self.mode is EngineMode.DECODE_RUN:
             self._cut_run()
@@ -191,10 +217,24 @@ class SimEngine:
                 budget -= n
                 s.prefill_left -= n
                 s.ctx += n
+                s.computed = True
                 if s.prefill_left == 0:
                     s.generated = 1  # the prefill's last step yields the first token
                     s.log.first_token_s = now_s
+        self._release_computed()
         self._finish_done()
+
+    def _release_computed(self) -> None:
+        """Committed claims whose KV a finished step computed over: protection ends."""
+        if not self._unreleased:
+            return
+        ctl = self.controller
+        assert ctl is not None
+        for s in self.running:
+            req_id = s.log.req.req_id
+            if s.computed and req_id in self._unreleased:
+                self._unreleased.discard(req_id)
+                ctl.end_transfer(req_id)
 
     def _end_run(self, k: int) -> None:
         for s in self.running:

@@ -1,0 +1,89 @@
+"""The simulated engine's scheduling rules, with exact virtual-time traces: synchronous loads
+stall the batch, protection released after the first step that computes over the KV, and
+no slot granted while the step's token budget is spent. Round numbers: every step takes
+10 ms, a 1 GiB chunk object stages in 1/8 s and transfers in 1/16 s."""
+
+from __future__ import annotations
+
+import pytest
+
+from bsrctl.tempokv.kv import GIB, prefix_manifest
+from bsrctl.tempokv.sim.device import DeviceConfig
+from bsrctl.tempokv.sim.models import ModelProfile
+from bsrctl.tempokv.sim.run import ControlConfig, SimResult, simulate
+from bsrctl.tempokv.sim.workload import Request
+from bsrctl.tempokv.ttu import CostModel, EngineLimits
+
+STEP = CostModel(step_base_s=0.01, token_s=0.0, attn_pair_s=0.0, decode_ctx_token_s=0.0)
+MODEL = ModelProfile("flat", GIB // 256, STEP)  # one 256-token chunk = one 1 GiB object
+DEVICE = DeviceConfig(8 * GIB, contention=0.0, concurrency=1, retrieval_bytes_s=16 * GIB)
+CONTROL = ControlConfig(tick_s=0.0, output_limit_tokens=10, output_prior_tokens=(10,))
+STAGE_S, MOVE_S = 0.125, 0.0625  # one object: staging, fast tier → GPU
+
+
+def req(name: str, arrival_s: float, uncached: int, output: int) -> Request:
+    return Request(
+        name, arrival_s, arrival_s, name, 256 + uncached, 256, output,
+        prefix_manifest(name, 256, 256, GIB // 256),
+    )  # fmt: skip
+
+
+def run(reqs: list[Request], limits: EngineLimits, policy: str = "demand") -> SimResult:
+    return simulate(reqs, MODEL, DEVICE, limits, CONTROL, policy)
+
+
+def trace(res: SimResult, cid: str) -> list[tuple[float, str]]:
+    return [(round(float(t), 6), str(s)) for t, s in res.claim_traces[cid]]
+
+
+def test_a_synchronous_load_stalls_the_whole_batch():
+    # "b" arrives at 0.05 while "a" (alone) loads. Async: a free slot is a pass away, so b's
+    # staging queues behind a's (FIFO) and a decodes on while b loads. Sync: the engine is
+    # inside a's loading step, b is granted at the pass after a's first step (0.1975), and
+    # the step carrying b waits for b's load, a with it.
+    reqs = [req("a", 0.0, 8, 10), req("b", 0.05, 8, 3)]
+    a_first = STAGE_S + MOVE_S + 0.01
+    a, b = run(reqs, EngineLimits(max_seqs=2, sync_loads=False)).logs
+    assert (a.retrieval_s, b.retrieval_s) == (0.0, 0.05)
+    assert a.first_token_s == pytest.approx(a_first)
+    assert a.done_s == pytest.approx(a_first + 9 * 0.01)  # never waited for b
+    b_loaded = 2 * STAGE_S + MOVE_S
+    assert b.first_token_s == pytest.approx(b_loaded + 0.01)  # engine idle by then
+    a, b = run(reqs, EngineLimits(max_seqs=2, sync_loads=True)).logs
+    assert (a.retrieval_s, b.retrieval_s) == (0.0, pytest.approx(a_first))
+    assert a.first_token_s == pytest.approx(a_first)
+    b_loaded = a_first + STAGE_S + MOVE_S
+    assert b.first_token_s == pytest.approx(b_loaded + 0.01)
+    # a's tokens 2..10: one in b's prefill step (after b's load), eight decode steps after
+    assert a.done_s == pytest.approx(b_loaded + 0.01 + 8 * 0.01)
+    assert b.done_s == pytest.approx(b_loaded + 0.01 + 2 * 0.01)
+
+
+@pytest.mark.parametrize("sync", [False, True])
+def test_protection_ends_after_the_first_step_that_computes_over_the_kv(sync):
+    reqs = [req("a", 0.0, 8, 2)]
+    ready = STAGE_S
+    moved = STAGE_S + MOVE_S
+    at_transfer = run(reqs, EngineLimits(1, sync_loads=sync, release_at_first_step=False))
+    at_step = run(reqs, EngineLimits(1, sync_loads=sync, release_at_first_step=True))
+    lifecycle = ["PLANNED", "STAGING", "STAGEREADY", "TRANSFERRING", "RELEASED"]
+    times = [0.0, 0.0, ready, ready]
+    assert trace(at_transfer, "a") == list(zip([*times, moved], lifecycle, strict=True))
+    assert trace(at_step, "a") == list(zip([*times, moved + 0.01], lifecycle, strict=True))
+    # C counts the extra step: 1 GiB × 10 ms more per request
+    extra = at_step.byte_time_byte_s - at_transfer.byte_time_byte_s
+    assert extra == pytest.approx(GIB * 0.01)
+
+
+def test_no_slot_is_granted_while_the_step_budget_is_spent():
+    # Sync loads. a prefills 40 uncached tokens in chunks of 16, 16, 8 under a 16-token
+    # budget; b (arrived with a) waits until a's last chunk leaves budget over, although the
+    # second slot is free all along. With the default budget b goes at the first pass.
+    reqs = [req("a", 0.0, 40, 2), req("b", 0.0, 8, 2)]
+    a_joined = STAGE_S + MOVE_S
+    bounded = EngineLimits(max_seqs=2, max_batched_tokens=16, sync_loads=True)
+    a, b = run(reqs, bounded).logs
+    assert a.retrieval_s == 0.0
+    assert b.retrieval_s == pytest.approx(a_joined + 2 * 0.01)
+    a, b = run(reqs, EngineLimits(max_seqs=2, sync_loads=True)).logs
+    assert b.retrieval_s == pytest.approx(a_joined + 0.01)
