@@ -61,7 +61,7 @@ class DeviceSpec(Strict):
         "aggregate rate (§3.1); 1 (FIFO) maximises the aggregate under contention; Fig. 2's "
         "−6.02 s margin needs its four-op backlog and the target in flight together (≥ 5)",
     )
-    retrieval_gib_s: float = Field(17.0, gt=0, description="fast tier→GPU; calibrated, Fig. 1")
+    retrieval_gib_s: float = Field(16.1, gt=0, description="fast tier→GPU; calibrated, Fig. 1")
     fast_tier_gib: float = Field(100.0, gt=0)
     budget_fraction: float = Field(0.5, gt=0, le=1, description="protected budget / capacity")
 

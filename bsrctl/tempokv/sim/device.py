@@ -30,7 +30,7 @@ class DeviceConfig:
     contention: float = 0.173  # aggregate = rate/(1 + contention·(n − 1)), n reads running;
     # from Figure 2's −6.02 s cell (module docstring)
     concurrency: int = 1  # staging ops the provider keeps in flight (issue order)
-    retrieval_bytes_s: float = 17.0 * GIB  # fast tier → GPU (calibrated on Figure 1)
+    retrieval_bytes_s: float = 16.1 * GIB  # fast tier → GPU (calibrated on Figure 1)
     capacity_bytes: int = 100 * GIB
     budget_bytes: int = 50 * GIB  # protected-capacity budget
 
