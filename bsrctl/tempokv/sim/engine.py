@@ -7,8 +7,13 @@ remains), and its retrieval is requested then. It loads its KV while holding tha
   and it joins the batch at the first step boundary after its load;
 - synchronous loads: the step that carries it waits for its load before computing (a KV
   connector that loads in start_load_kv), so every running sequence stalls meanwhile.
-Protection ends when the transfer ends, or (`release_at_first_step`) when the first step
-that computes over the restored KV ends, the point at which the runtime sees the load done.
+Protection ends when the transfer ends, or (`EngineLimits.release_at_first_step`) when the
+first step that computes over the restored KV ends, where the runtime sees the load done.
+Both rules are inferred from the paper's Figure 4: its C values imply holds beyond staging
+plus transfer that grow as the cached ratio falls, by about one prefill step (Llama 50%:
+≈ 1.3 s per request for ≈ 0.36 s of staging and transfer; 100%: ≈ 1.0 s for ≈ 0.74 s), and
+TempoKV's throughput is 20.4% above Demand's (Qwen 100%), which needs the batch to wait
+for a late load.
 Decode-only stretches run as one event (k steps at one step time); an arrival that finds a
 free slot, or a finished asynchronous load, cuts the stretch at the next step boundary."""
 
@@ -73,7 +78,6 @@ class SimEngine:
         controller: Controller | None,
         on_iteration: Callable[[], None] = lambda: None,
         on_complete: Callable[[RequestLog], None] = lambda log: None,
-        release_at_first_step: bool = False,
     ) -> None:
         self.clock = clock
         self.cost = cost
@@ -82,7 +86,6 @@ class SimEngine:
         self.controller = controller
         self.on_iteration = on_iteration  # the runtime adapter's hook after each iteration
         self.on_complete = on_complete
-        self.release_at_first_step = release_at_first_step
         self._unreleased: set[str] = set()  # committed claims kept until their first step
         self.waiting: deque[RequestLog] = deque()
         self.loading: list[RequestLog] = []  # hold a slot, KV on its way
@@ -156,7 +159,7 @@ class SimEngine:
         def done() -> None:
             if not committed:
                 ctl.end_ordinary(req_id)
-            elif self.release_at_first_step:
+            elif self.limits.release_at_first_step:
                 self._unreleased.add(req_id)
             else:
                 ctl.end_transfer(req_id)

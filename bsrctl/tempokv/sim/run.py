@@ -156,7 +156,6 @@ def simulate(
         device_cfg.retrieval_bytes_s,
         controller,
         on_complete=lambda log: predictor.observe(log.req.output_tokens),
-        release_at_first_step=limits.release_at_first_step,
     )
     adapter = SimAdapter(engine, controller, predictor, limits)
     engine.on_iteration = adapter.on_iteration
