@@ -21,7 +21,9 @@ With W > 0:
   of at most W chunks, each prefetched with read locks into L1, required complete within
   ``window_timeout_s``, copied by LMCache's own per-object-group transfer into the
   window's slice of the block ids, synchronised and released before the next window is
-  admitted under the process-wide budget B. Any missing key, timeout or install error
+  admitted under the process-wide budget B. The whole retrieve must end within
+  ``retrieve_deadline_s`` (45 s, below vLLM's 60 s mq_timeout); every wait is capped by
+  what is left of it. Any missing key, timeout, passed deadline or install error
   answers ok=False: the connector then reports every block of the request as a load
   error and vLLM (``kv_load_failure_policy: recompute``) recomputes.
 - force-local: a failed restore marks the request; its next lookup reports 0 chunks until
@@ -133,6 +135,9 @@ class BsrServerConfig:
     window_timeout_s: float = 30.0  # max wait for one window to be complete in L1
     probe_timeout_s: float = 10.0  # max wait for one probe (L1 or one L2 adapter)
     admission_timeout_s: float = 120.0  # max wait for the budget to admit a window
+    # Whole retrieve, admission to last install (0 = none): below vLLM's mq_timeout, after
+    # which the connector recomputes into the same blocks (bsrctl sets 0.75 × 60 s).
+    retrieve_deadline_s: float = 45.0
     # After a window timed out, how long its release waits for the late prefetch to land
     # (so the budget and gauge stay exact) before leaving it to a background drain.
     drain_timeout_s: float = 5.0
@@ -174,7 +179,7 @@ class BsrServerConfig:
         for name in ("window_timeout_s", "probe_timeout_s", "admission_timeout_s"):
             if getattr(cfg, name) <= 0:
                 raise BadInput(f"{name} must be > 0, got {getattr(cfg, name)}")
-        for name in ("drain_timeout_s", "stall_guard_s"):
+        for name in ("drain_timeout_s", "stall_guard_s", "retrieve_deadline_s"):
             if getattr(cfg, name) < 0:
                 raise BadInput(f"{name} must be >= 0, got {getattr(cfg, name)}")
         return cfg
@@ -357,6 +362,7 @@ class BsrServerModule:
                 admission_budget_chunks=cfg.admission_budget_chunks if w else 0,
                 window_timeout_s=cfg.window_timeout_s,
                 admission_timeout_s=cfg.admission_timeout_s,
+                retrieve_deadline_s=cfg.retrieve_deadline_s,
             ),
             gauge=self.gauge,
             markers=self.markers,

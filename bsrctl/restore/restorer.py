@@ -17,8 +17,9 @@ it exposes the hit prefix it got (0 when the plan does not fit the staging pool)
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,6 +52,9 @@ class RestoreConfig:
     admission_budget_chunks: int = 0  # B: chunks in flight process-wide; 0 means B = W
     window_timeout_s: float = 30.0  # max wait for one window to be complete
     admission_timeout_s: float = 600.0  # max wait for the budget to grant a window
+    # Whole retrieve, admission to last install; 0 = none. Keep it below the engine's own
+    # timeout on the retrieve: a window installed after that overwrites its recomputation.
+    retrieve_deadline_s: float = 0.0
     pipeline: bool = True  # stage window j+1 while installing j when B >= 2W
 
     def __post_init__(self) -> None:
@@ -63,6 +67,10 @@ class RestoreConfig:
             )
         if self.window_timeout_s <= 0:
             raise BadInput(f"window_timeout_s must be > 0, got {self.window_timeout_s}")
+        if self.retrieve_deadline_s < 0:
+            raise BadInput(
+                f"retrieve_deadline_s must be >= 0 (0 = none), got {self.retrieve_deadline_s}"
+            )
 
     @property
     def budget_chunks(self) -> int:
@@ -95,8 +103,9 @@ class _InFlight:
 class _Run:
     """State of one restore call (one thread)."""
 
-    def __init__(self, plan: RestorePlan[Any]) -> None:
+    def __init__(self, plan: RestorePlan[Any], deadline: float | None) -> None:
         self.plan = plan
+        self.deadline = deadline  # clock value the whole retrieve must finish by, or None
         self.events: list[RestoreEvent] = []
         self.installed_bytes = 0
         self.windows_done = 0
@@ -126,9 +135,11 @@ class BoundedRestorer:
         config: RestoreConfig,
         gauge: RestorePoolGauge | None = None,
         markers: ForceLocalMarkers | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.storage = storage
         self.config = config
+        self.clock = clock
         self.gauge = gauge if gauge is not None else RestorePoolGauge()
         self.markers = markers if markers is not None else ForceLocalMarkers()
         self.budget = AdmissionBudget(config.budget_chunks) if config.window_chunks else None
@@ -156,7 +167,7 @@ class BoundedRestorer:
         """Restore the plan's prefix into the destination; never raises (fail-closed)."""
         if self.config.window_chunks == 0:
             return self._restore_whole_plan(plan, destination)
-        run = _Run(plan)
+        run = self._new_run(plan)
         inflight: deque[_InFlight] = deque()
         try:
             for window in split_windows(plan.prefix_chunks, self.config.window_chunks):
@@ -175,6 +186,24 @@ class BoundedRestorer:
         run.event(EventKind.COMMIT, None)
         return self._outcome(run, RestoreState.COMMITTED, FailureKind.NONE, "", plan.prefix_chunks)
 
+    def _new_run(self, plan: RestorePlan[Any]) -> _Run:
+        limit = self.config.retrieve_deadline_s
+        return _Run(plan, self.clock() + limit if limit else None)
+
+    def _within_deadline(self, run: _Run, cap_s: float, what: str) -> float:
+        """``cap_s`` shortened to the time left before the retrieve's deadline; raises
+        DEADLINE once it has passed."""
+        if run.deadline is None:
+            return cap_s
+        left = run.deadline - self.clock()
+        if left <= 0:
+            raise RestoreFailed(
+                FailureKind.DEADLINE,
+                f"retrieve deadline {self.config.retrieve_deadline_s}s passed before {what} "
+                f"({run.windows_done} window(s) done)",
+            )
+        return min(cap_s, left)
+
     def _admit(
         self, run: _Run, window: Window, inflight: deque[_InFlight], destination: RestoreDestination
     ) -> None:
@@ -188,7 +217,11 @@ class BoundedRestorer:
                 self._finish_window(run, inflight[0], destination, window_whole=True)
                 self._release(run, inflight.popleft())
                 continue
-            if not self.budget.acquire(n, self.config.admission_timeout_s):
+            wait_s = self._within_deadline(
+                run, self.config.admission_timeout_s, f"window {window.index} was admitted"
+            )
+            if not self.budget.acquire(n, wait_s):
+                self._within_deadline(run, wait_s, f"window {window.index} was admitted")
                 raise RestoreFailed(
                     FailureKind.ADMISSION_TIMEOUT,
                     f"window {window.index} ({n} chunks) not admitted within "
@@ -221,8 +254,12 @@ class BoundedRestorer:
         """Wait, check, read, install, sync. Returns chunks installed."""
         w = item.window
         rid = run.plan.request.request_id
-        result = self.storage.wait(item.ticket, self.config.window_timeout_s)
+        wait_s = self._within_deadline(
+            run, self.config.window_timeout_s, f"window {w.index} was complete"
+        )
+        result = self.storage.wait(item.ticket, wait_s)
         if result is None:
+            self._within_deadline(run, wait_s, f"window {w.index} was complete")
             raise RestoreFailed(
                 FailureKind.TIMEOUT,
                 f"window {w.index} (chunks {w.chunk_start}..{w.chunk_stop}) not complete "
@@ -234,6 +271,7 @@ class BoundedRestorer:
         run.event(EventKind.READY, w)
         if n == 0:
             return 0
+        self._within_deadline(run, 0.0, f"window {w.index} was installed")
         try:
             ctx = self.storage.read(item.ticket, n)
             objects = ctx.__enter__()
@@ -326,7 +364,7 @@ class BoundedRestorer:
         self, plan: RestorePlan[Any], destination: RestoreDestination
     ) -> RestoreOutcome:
         """Stock path: one locked prefetch of the whole plan; expose the hit prefix it got."""
-        run = _Run(plan)
+        run = self._new_run(plan)
         inflight: deque[_InFlight] = deque()
         windows = split_windows(plan.prefix_chunks, 0)
         got = 0

@@ -37,6 +37,8 @@ class FailureKind(IntEnum):
     READ_ERROR = 6  # staged objects could not be read back
     INSTALL_ERROR = 7  # the destination raised while installing or syncing a window
     RELEASE_ERROR = 8  # the storage raised while releasing a window's staging
+    DEADLINE = 9  # the whole retrieve outran retrieve_deadline_s (kept below the caller's
+    # own timeout, so nothing is installed after the engine gave up and recomputed)
 
 
 class EventKind(IntEnum):

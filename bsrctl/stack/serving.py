@@ -35,6 +35,10 @@ from bsrctl.stack.process import (
 
 VENV_BIN = Path(sys.executable).parent
 SERVER_MODULE = "bsrctl.lmcache_ext.server_module"
+# vLLM's connector gives up on a server request after this; BSR's whole retrieve must end
+# (installed or failed closed) well before it, or a late window overwrites the recompute.
+MQ_TIMEOUT_S = 60.0
+RETRIEVE_DEADLINE_S = 0.75 * MQ_TIMEOUT_S
 
 
 SHM_PREFIXES = ("psm_", "lmcache_kv_")
@@ -258,6 +262,7 @@ class ServingStack:
                 "window_chunks": lm.window_chunks,
                 "admission_budget_chunks": lm.admission_budget_chunks or lm.window_chunks,
                 "window_timeout_s": lm.window_timeout_s,
+                "retrieve_deadline_s": RETRIEVE_DEADLINE_S,
             },
         }
 
@@ -272,7 +277,7 @@ class ServingStack:
                 "lmcache.mp.host": "tcp://127.0.0.1",
                 "lmcache.mp.port": self.ports["lmcache.port"],
                 "lmcache.mp.mp_transfer_mode": "lmcache_driven",
-                "lmcache.mp.mq_timeout": 60.0,
+                "lmcache.mp.mq_timeout": MQ_TIMEOUT_S,
             },
         }
         argv = [

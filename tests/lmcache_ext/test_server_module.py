@@ -78,6 +78,9 @@ def test_config_defaults_and_validation() -> None:
         BsrServerConfig.from_dict({"window_chunks": 1.5})
     with pytest.raises(BadInput, match="> 0"):
         BsrServerConfig.from_dict({"window_timeout_s": 0})
+    assert BsrServerConfig().retrieve_deadline_s == 45.0  # below vLLM's 60 s mq_timeout
+    with pytest.raises(BadInput, match="retrieve_deadline_s must be >= 0"):
+        BsrServerConfig.from_dict({"retrieve_deadline_s": -1})
 
 
 def test_handlers_match_the_rpc_contract_and_replace_the_builtins() -> None:

@@ -284,3 +284,57 @@ def test_concurrent_requests_never_exceed_the_budget() -> None:
     assert len(outs) == 4 and all(o.ok and o.cached_chunks == 9 for o in outs)
     assert r.budget is not None and r.budget.peak_in_use_chunks <= 5
     assert r.gauge.peak_max_bytes() <= 5 * 200 and r.gauge.level_bytes() == {0: 0, 1: 0}
+
+
+class SlowStorage(FakeStorage):
+    """Every window takes ``wait_s`` of (fake) clock time to become complete."""
+
+    def __init__(self, wait_s: float) -> None:
+        super().__init__()
+        self.now = 0.0
+        self.wait_s = wait_s
+        self.timeouts: list[float] = []
+
+    def wait(self, ticket: Any, timeout_s: float) -> StageResult | None:
+        self.timeouts.append(timeout_s)
+        if self.wait_s > timeout_s:  # the window is not complete in time
+            self.now += timeout_s
+            self.calls.append(("wait", ticket[1].index))
+            return None
+        self.now += self.wait_s
+        return super().wait(ticket, timeout_s)
+
+
+@pytest.mark.parametrize(("wait_s", "windows_done"), [(10.0, 2), (30.0, 0)])
+def test_the_whole_retrieve_has_a_deadline(wait_s, windows_done) -> None:
+    # Windows of 2 chunks, each 10 s to complete, deadline 25 s: windows 0 and 1 install
+    # (waits capped at 25 and 15 s), window 2's wait is capped at the 5 s left and the
+    # retrieve fails closed with DEADLINE, not after three 30 s window timeouts. One 30 s
+    # window: the 25 s cap runs out first.
+    st, dest = SlowStorage(wait_s), FakeDest()
+    cfg = RestoreConfig(window_chunks=2, retrieve_deadline_s=25.0)
+    r = BoundedRestorer(st, cfg, clock=lambda: st.now)
+    out = r.restore(r.probe(request(6)), dest)
+    assert (out.state, out.failure, out.windows_done) == (
+        RestoreState.FAILED,
+        FailureKind.DEADLINE,
+        windows_done,
+    )
+    assert st.timeouts == ([25.0, 15.0, 5.0] if wait_s == 10.0 else [25.0])
+    assert "retrieve deadline 25.0s passed" in out.detail
+    assert dest.invalidated == 1 and st.live == set() and r.gauge.level_bytes() == {0: 0, 1: 0}
+    assert r.budget is not None and r.budget.in_use_chunks == 0
+
+
+def test_a_retrieve_within_its_deadline_is_unchanged() -> None:
+    st, dest = SlowStorage(10.0), FakeDest()
+    r = BoundedRestorer(
+        st, RestoreConfig(window_chunks=2, retrieve_deadline_s=35.0), clock=lambda: st.now
+    )
+    out = r.restore(r.probe(request(6)), dest)
+    assert out.ok and out.cached_chunks == 6 and st.timeouts == [30.0, 25.0, 15.0]
+
+
+def test_a_negative_deadline_is_refused() -> None:
+    with pytest.raises(BadInput, match="retrieve_deadline_s must be >= 0"):
+        RestoreConfig(window_chunks=2, retrieve_deadline_s=-1.0)
