@@ -75,10 +75,10 @@ class MutantBsrServerModule(BsrServerModule):
         self._partial: dict[str, int] = {}  # request -> chunks of its completed windows
         super().__init__(build_ctx)
 
-    def _apply_config(self, cfg: BsrServerConfig) -> None:
+    def _apply_config(self, cfg: BsrServerConfig, only_when_idle: bool = False) -> None:
         if not isinstance(self.markers, _MutantMarkers):
             self.markers = _MutantMarkers(self)
-        super()._apply_config(cfg)
+        super()._apply_config(cfg, only_when_idle)
 
     # ---- lookup side ----
 

@@ -322,6 +322,7 @@ class BsrServerModule:
         self.gauge = RestorePoolGauge()
         self.markers = _RecordingMarkers()
         self._lock = threading.Lock()
+        self._restoring = 0  # retrieves inside restorer.restore (guarded by self._lock)
         self._apply_config(self.config)
         self._modes: dict[str, Mode] = {}
         self._results: dict[str, _LookupResult] = {}
@@ -345,8 +346,11 @@ class BsrServerModule:
             f" ({self.degraded})" if self.degraded else "",
         )
 
-    def _apply_config(self, cfg: BsrServerConfig) -> None:
-        """(Re)build the storage side and the restorer; gauge and markers carry over."""
+    def _apply_config(self, cfg: BsrServerConfig, only_when_idle: bool = False) -> None:
+        """(Re)build the storage side and the restorer; gauge and markers carry over. With
+        ``only_when_idle``, refuse (BadInput) while any retrieve is inside a restore: the
+        check and the swap share one lock hold, so no retrieve can start on the old
+        restorer after the check and run beside the new one (B exceeded across the two)."""
         w = 0 if self.degraded else cfg.window_chunks
         storage = ServerRestoreStorage(
             self._sm,
@@ -368,6 +372,8 @@ class BsrServerModule:
             markers=self.markers,
         )
         with self._lock:
+            if only_when_idle and self._restoring:
+                raise BadInput(f"{self._restoring} retrieve(s) in flight: retry when idle")
             self.config, self.window_chunks = cfg, w
             self.storage, self.restorer = storage, restorer
 
@@ -790,7 +796,14 @@ class BsrServerModule:
                 fail_install_window=self.config.test_only_fail_install_window,
                 guard=self._stall_guard(t0),
             )
-            outcome = self.restorer.restore(plan, dest)
+            with self._lock:
+                self._restoring += 1
+                restorer = self.restorer
+            try:
+                outcome = restorer.restore(plan, dest)
+            finally:
+                with self._lock:
+                    self._restoring -= 1
             eb.record_event(event, cc.stream)
         self._after_restore(key, outcome, time.monotonic() - t0)
         return eb.export_event(event, cc.device), outcome.ok
@@ -950,11 +963,7 @@ class BsrServerModule:
         """
         try:
             merged = {**asdict(self.config), **_payload(payload)}
-            cfg = BsrServerConfig.from_dict(merged)
-            budget = self.restorer.budget
-            if budget is not None and budget.in_use_chunks:
-                raise BadInput(f"{budget.in_use_chunks} chunks in flight: retry when idle")
-            self._apply_config(cfg)
+            self._apply_config(BsrServerConfig.from_dict(merged), only_when_idle=True)
             self._count("reconfigurations")
             return _json({"ok": True, "config": asdict(self.config)})
         except Exception as e:

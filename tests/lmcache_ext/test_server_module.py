@@ -408,6 +408,23 @@ def test_configure_switches_window_at_run_time(bsr_sm_server) -> None:
     assert server.module.window_chunks == 4
 
 
+def test_configure_is_refused_while_a_retrieve_is_inside_a_restore(bsr_sm_server) -> None:
+    # The in-flight count and the swap share the module lock: a retrieve that took the old
+    # restorer keeps the swap out until it ends (else two budgets, B exceeded across them).
+    server = bsr_sm_server(8 * C_BYTES, window_chunks=2)
+    module = server.module
+    old = module.restorer
+    with module._lock:
+        module._restoring = 1  # as retrieve() holds it between taking and leaving restore()
+    out = json.loads(module.bsr_configure(json.dumps({"window_chunks": 4}).encode()))
+    assert not out["ok"] and out["error"] == "1 retrieve(s) in flight: retry when idle"
+    assert module.restorer is old and module.window_chunks == 2
+    with module._lock:
+        module._restoring = 0
+    out = json.loads(module.bsr_configure(json.dumps({"window_chunks": 4}).encode()))
+    assert out["ok"] and module.restorer is not old and module.window_chunks == 4
+
+
 # ---------------------------------------------------------------------------------------
 # e2e: the real `lmcache server` with this module + a real vLLM over the tiny Llama
 # ---------------------------------------------------------------------------------------
