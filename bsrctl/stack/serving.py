@@ -98,6 +98,7 @@ class ServingStack:
         self.model_dir: Path | None = None
         self.mooncake: Any = None  # bsrctl.stack.mooncake handle when enabled
         self.launched: list[Supervised] = []  # every process ever started, for the audit
+        self.shm_at_up: set[str] = set()  # segments there before this stack started
 
     def _launch(self, part: Supervised) -> None:
         key = "vllm" if part.name.startswith("vllm") else part.name
@@ -110,6 +111,7 @@ class ServingStack:
     # ---- lifecycle -------------------------------------------------------------------------
 
     def up(self) -> None:
+        self.shm_at_up = shm_segments()
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
             self.model_dir = self._model()
@@ -319,11 +321,7 @@ class ServingStack:
         self._save_state()
 
     def _cleanup_shm(self, part: Supervised) -> None:
-        """Killed vLLM processes leave /dev/shm segments (psm_*, lmcache_kv_*): remove those
-        that appeared while this part ran and that no live process still maps."""
-        for seg in shm_segments() - part.shm_before:
-            if not shm_mapped(seg):
-                (Path("/dev/shm") / seg).unlink(missing_ok=True)
+        remove_unmapped_shm(part.shm_before)
 
     # ---- client calls ----------------------------------------------------------------------
 
@@ -466,6 +464,8 @@ class ServingStack:
             "pid_start_times": start_times(
                 [q for p in self.launched for q in (p.pid, *p._children) if q]
             ),
+            # `stack down` removes the segments that appeared since and that nothing maps
+            "shm_at_up": sorted(self.shm_at_up),
         }
 
     def _note_mooncake(self) -> None:
@@ -551,7 +551,21 @@ def stop_from_state(state_path: Path, timeout_s: float = 15.0) -> list[int]:
     # Only the processes we started: same PID and same start time as recorded.
     pids = [p for p, t in now.items() if known.get(p) == t]
     stop_pids(pids, timeout_s)
+    if "shm_at_up" in state:
+        remove_unmapped_shm(set(state["shm_at_up"]))
     return pids_alive(pids)
+
+
+def remove_unmapped_shm(before: set[str]) -> list[str]:
+    """Killed vLLM and LMCache processes leave /dev/shm segments (psm_*, lmcache_kv_*, 1 GiB
+    each in lmcache_driven mode): remove those not in ``before`` that no live process
+    still maps. Returns the names removed."""
+    removed = []
+    for seg in sorted(shm_segments() - before):
+        if not shm_mapped(seg):
+            (Path("/dev/shm") / seg).unlink(missing_ok=True)
+            removed.append(seg)
+    return removed
 
 
 def start_times(pids: list[int]) -> dict[int, float]:

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from bsrctl.stack.process import pids_alive
+from bsrctl.stack.serving import shm_mapped, shm_segments
 
 pytestmark = pytest.mark.e2e
 DEMO = Path(__file__).parents[2] / "ladders" / "demo-roundtrip.yaml"
@@ -17,6 +18,7 @@ DEMO = Path(__file__).parents[2] / "ladders" / "demo-roundtrip.yaml"
 
 def test_up_status_down(tmp_path: Path, bsrctl: Callable[..., Any]) -> None:
     run_dir = tmp_path / "stack"
+    shm_before = shm_segments()
     up = bsrctl("stack", "up", str(DEMO), "--run-dir", str(run_dir))
     state_path = run_dir / "stack" / "state.json"
     try:
@@ -45,6 +47,8 @@ def test_up_status_down(tmp_path: Path, bsrctl: Callable[..., Any]) -> None:
         down = bsrctl("stack", "down", "--run-dir", str(run_dir), timeout=120)
     assert down.returncode == 0, down.stderr
     assert pids_alive(pids) == []
+    # `down` runs in another process than `up`: state.json carries what to clean
+    assert sorted(s for s in shm_segments() - shm_before if not shm_mapped(s)) == []
     st = bsrctl("stack", "status", "--run-dir", str(run_dir))
     assert st.returncode == 3
     assert {r["alive"] for r in json.loads(st.stdout).values()} == {False}
