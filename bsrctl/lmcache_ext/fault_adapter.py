@@ -595,11 +595,18 @@ class BsrFaultL2Adapter(L2AdapterInterface):
                         bitmap = self._inner.query_load_result(task_id)
                     else:
                         bitmap = self._inner.query_lookup_and_lock_result(task_id)
-                    if bitmap is None:
-                        continue
-                    self._apply_faults(phase, pending, bitmap)
                 except Exception as exc:
                     bitmap = self._inner_failed(phase, pending, exc)
+                else:
+                    if bitmap is None:
+                        continue
+                    try:
+                        self._apply_faults(phase, pending, bitmap)
+                    except Exception as exc:
+                        # reported all misses: what the inner lookup still holds locked
+                        # for this task would otherwise stay locked until its TTL
+                        self._unlock_hits(phase, pending, bitmap)
+                        bitmap = self._inner_failed(phase, pending, exc)
                 self._count(phase, pending, bitmap)
                 with self._lock:
                     pending.bitmap = bitmap
@@ -629,14 +636,29 @@ class BsrFaultL2Adapter(L2AdapterInterface):
             self._stats[f"{phase}_keys"] += len(pending.keys)
             self._stats[f"{phase}_hit_keys"] += served
 
+    def _unlock_hits(self, phase: str, pending: _Pending, bitmap: Any) -> None:
+        if phase != "lookup":
+            return  # loads lock nothing
+        try:
+            hits = [pending.keys[i] for i in bitmap.get_indices_list()]
+            if hits:
+                self._inner.submit_unlock(hits)
+        except Exception:
+            logger.exception("BsrFaultL2Adapter %r: unlock after a failed lookup", self._name)
+
     def _apply_faults(self, phase: str, pending: _Pending, bitmap: Any) -> None:
+        if phase == "lookup":
+            # Unlock only what the inner lookup locked (its hits): unlocking a key it did
+            # not lock would release another reader's lock.
+            hits = set(bitmap.get_indices_list())
+            locked = [pending.keys[i] for i in sorted(pending.drop_positions) if i in hits]
+            for i in pending.drop_positions:
+                bitmap.clear(i)
+            if locked:
+                self._inner.submit_unlock(locked)
+            return
         for i in pending.drop_positions:
             bitmap.clear(i)
-        if phase == "lookup":
-            dropped = [pending.keys[i] for i in sorted(pending.drop_positions)]
-            if dropped:
-                self._inner.submit_unlock(dropped)  # they were locked by the inner lookup
-            return
         if not self._verify or pending.objects is None:
             return
         for i in bitmap.get_indices_list():

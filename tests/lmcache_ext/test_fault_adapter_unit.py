@@ -31,6 +31,8 @@ class FakeInner:
         self._lock = threading.Lock()
         self._open: dict[int, int] = {}  # task id -> number of keys
         self.fail_ids: set[int] = set()  # these task ids raise from their query
+        self.miss_positions: set[int] = set()  # key positions every task reports missing
+        self.unlock_failures = 0  # the next N submit_unlock calls raise
         self.queries: dict[int, int] = {}  # task id -> query calls
         self.unlocked: list[ObjectKey] = []
 
@@ -50,7 +52,8 @@ class FakeInner:
             return None
         bitmap = Bitmap(n)
         for i in range(n):
-            bitmap.set(i)
+            if i not in self.miss_positions:
+                bitmap.set(i)
         return bitmap
 
     def get_store_event_fd(self) -> int:
@@ -75,6 +78,9 @@ class FakeInner:
         return self._query(task_id)
 
     def submit_unlock(self, keys: list[ObjectKey]) -> None:
+        if self.unlock_failures:
+            self.unlock_failures -= 1
+            raise RuntimeError("unlock broke")
         self.unlocked.extend(keys)
 
     def close(self) -> None:
@@ -212,3 +218,25 @@ def test_fault_rule_is_frozen_and_a_limit_is_spent_by_replacement(make) -> None:
     assert result(adapter, "lookup", submit(adapter, "lookup", keys(3))) == [2]
     assert result(adapter, "lookup", submit(adapter, "lookup", keys(3, "n"))) == [0, 1, 2]
     assert adapter.stats()["dropped_keys"] == 2
+
+
+def test_a_dropped_lookup_key_is_unlocked_only_if_the_inner_locked_it(make) -> None:
+    adapter, inner = make("unlock-own")
+    inner.miss_positions = {1}  # the inner lookup misses (never locks) position 1
+    adapter.set_rules([{"action": "drop", "phase": "lookup"}])  # drop every key
+    ks = keys(3, "u")
+    assert result(adapter, "lookup", submit(adapter, "lookup", ks)) == []
+    assert inner.unlocked == [ks[0], ks[2]]  # not ks[1]: another reader may hold that lock
+
+
+def test_a_lookup_failing_after_the_inner_locked_unlocks_its_hits(make) -> None:
+    # The inner lookup locks all three keys; our fault step then fails (its unlock of the
+    # dropped key raises): the task is all misses and every key the inner locked is
+    # unlocked, rather than held until LMCache's lock TTL.
+    adapter, inner = make("unlock-on-error")
+    adapter.set_rules([{"action": "drop", "phase": "lookup", "positions": [0]}])
+    inner.unlock_failures = 1
+    ks = keys(3, "e")
+    assert result(adapter, "lookup", submit(adapter, "lookup", ks)) == []
+    assert inner.unlocked == [ks[1], ks[2]]  # position 0's unlock is the one that raised
+    assert adapter.stats()["inner_errors"] == 1
