@@ -15,9 +15,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from bsrctl.evidence.verdict import Check, check
+from bsrctl.evidence.verdict import Check, Verdict, check
 
 CHECK_NAMES = (
+    "prefix_seeded",
     "cached_token_accounting",
     "tier_isolation",
     "registration_identity",
@@ -30,6 +31,15 @@ CHECK_NAMES = (
 
 def _missing(name: str, *what: str) -> Check:
     return check(name, None, f"not measured: {', '.join(what)}")
+
+
+def prefix_seeded(expected_chunks: int, held_chunks: int | None, tier: str) -> Check:
+    """Setup, not the code under test: the tier holds every whole chunk of the prompt before
+    the restore. Short is UNKNOWN (nothing to restore from), never a FAIL of the restore."""
+    name = "prefix_seeded"
+    held = 0 if held_chunks is None else held_chunks
+    detail = f"{tier} held {held}/{expected_chunks} whole chunks of the prompt before the restore"
+    return check(name, True if held == expected_chunks else None, detail)
 
 
 def cached_token_accounting(
@@ -177,9 +187,18 @@ def bounded_restore(
 
 
 def judge(m: Mapping[str, Any], stack: str) -> tuple[Check, ...]:
-    """Every acceptance check of one point, from its measures (see the key names used)."""
+    """Every acceptance check of one point, from its measures (see the key names used).
+    A point whose prefix never fully reached its tier is judged on that alone (UNKNOWN)."""
     g = m.get
+    seeded: list[Check] = []
+    if g("seed_chunks_expected") is not None:
+        seeded.append(
+            prefix_seeded(g("seed_chunks_expected"), g("seed_chunks_held"), g("tier") or "L2")
+        )
+        if seeded[0].verdict != Verdict.PASS:
+            return tuple(seeded)
     checks = [
+        *seeded,
         cached_token_accounting(
             g("cached_tokens"), g("expected_cached_tokens"), g("external_hit_tokens")
         ),

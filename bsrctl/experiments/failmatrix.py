@@ -33,8 +33,8 @@ from bsrctl.experiments.faults import (
     chunk_hashes_hex,
     fault_stats,
     fs_objects,
-    mooncake_holds,
     run_bounded,
+    wait_tiers_hold,
 )
 from bsrctl.experiments.prompts import expected_external_tokens, prompt_ids, tokens_sha256
 from bsrctl.experiments.run import execute, progress
@@ -348,7 +348,6 @@ class ServingRig:
         assert self.client is not None
         t0 = time.monotonic()
         n = len(ids) // lm.chunk_size
-        hashes = chunk_hashes_hex(ids, lm.chunk_size, n)
         held: dict[str, int] = {}
         attempts: list[dict[str, Any]] = []
         for _ in range(SEED_ATTEMPTS):
@@ -357,7 +356,8 @@ class ServingRig:
             before = self.client.forget(wait_s=3.0).get("l1_used_bytes_after")
             st.forget_local()
             comp = st.complete(ids, self.spec.workload.max_tokens)
-            held = self._wait_tiers(ids, hashes, tiers, n)
+            held = {"fs": 0, "mooncake": 0}
+            held.update(wait_tiers_hold(st, ids, lm.chunk_size, tiers, SEED_WAIT_S))
             attempts.append({"l1_used_before": before, "cached_tokens": comp.cached_tokens, **held})
             if all(held[t] == n for t in tiers):
                 break
@@ -378,25 +378,6 @@ class ServingRig:
             "seed_s": round(time.monotonic() - t0, 3),
             "l1_used_after_forget": forgot.get("l1_used_bytes_after"),
         }
-
-    def _wait_tiers(
-        self, ids: list[int], hashes: list[str], tiers: tuple[str, ...], n: int
-    ) -> dict[str, int]:
-        """Chunks each tier holds, waiting up to SEED_WAIT_S for the write-through."""
-        st = self.stack
-        held = {"fs": 0, "mooncake": 0}
-        deadline = time.monotonic() + SEED_WAIT_S
-        while True:
-            if "fs" in tiers:
-                held["fs"] = sum(1 for h in hashes if fs_objects(st, h))
-            if "mooncake" in tiers and held["mooncake"] < n:
-                try:
-                    held["mooncake"] = mooncake_holds(st, ids, timeout_s=10.0)
-                except (StackFailed, OSError):
-                    held["mooncake"] = 0
-            if all(held[t] == n for t in tiers) or time.monotonic() >= deadline:
-                return held
-            time.sleep(0.5)
 
     def _unseeded(
         self,

@@ -42,6 +42,44 @@ def fs_objects(stack: ServingStack, chunk_hash: str) -> list[Path]:
     return sorted((stack.dir / "l2-fs").glob(f"*@{chunk_hash}*.data"))
 
 
+def chunks_held(
+    stack: ServingStack, ids: list[int], hashes: list[str], tier: str, ranks: int = 1
+) -> int:
+    """Chunks of the prompt `tier` holds: FS by its files (one per rank), Mooncake by a real
+    lookup (``mooncake_holds``; it prefetches into L1, so forget L1 afterwards)."""
+    if tier == "fs":
+        return sum(1 for h in hashes if len(fs_objects(stack, h)) >= ranks)
+    try:
+        return mooncake_holds(stack, ids, timeout_s=10.0)
+    except (StackFailed, OSError):
+        return 0
+
+
+def wait_tiers_hold(
+    stack: ServingStack,
+    ids: list[int],
+    chunk_size: int,
+    tiers: tuple[str, ...],
+    wait_s: float,
+    ranks: int = 1,
+) -> dict[str, int]:
+    """Chunks each tier holds once all of the prompt's whole chunks are there, or when
+    wait_s has passed. LMCache's L2 write-through is asynchronous: a store that vLLM
+    reported done may still be on its way to L1 (the store RPC is queued) or to L2, and an
+    L1 cleared before the store controller read-locked an object drops it for good."""
+    n = len(ids) // chunk_size
+    hashes = chunk_hashes_hex(ids, chunk_size, n)
+    held = dict.fromkeys(tiers, 0)
+    deadline = time.monotonic() + wait_s
+    while True:
+        for t in tiers:
+            if held[t] < n:
+                held[t] = chunks_held(stack, ids, hashes, t, ranks)
+        if all(v == n for v in held.values()) or time.monotonic() >= deadline:
+            return held
+        time.sleep(0.2)
+
+
 def fault_stats(stack: ServingStack, tier: str) -> dict[str, Any]:
     """The fault wrapper's counters of one tier and its inner adapter's own counters."""
     for adapter in stack.lmcache_status()["storage_manager"].get("l2_adapters", []):

@@ -15,16 +15,20 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
 from bsrctl.errors import BadInput, StackFailed
+from bsrctl.experiments.faults import wait_tiers_hold
 from bsrctl.experiments.prompts import expected_external_tokens, prompt_ids, tokens_sha256
 from bsrctl.experiments.specs import ExperimentSpec
 from bsrctl.registration import Registration
 
 HEALTH_PROMPT_TOKENS = 64  # the follow-up request: shorter than any chunk, stores nothing
 HEALTH_MAX_TOKENS = 4
+SEED_ATTEMPTS = 2  # a cold request, then one more for the chunks the tier still misses
+SEED_WAIT_S = 20.0  # per attempt: how long the L2 write-through may take
 
 
 def memory_headroom_bytes() -> dict[str, int]:
@@ -198,6 +202,7 @@ class ServingTarget:
         self.canonical: dict[tuple[str, int], str] = {}
         self.vocab = 0
         self.deployments = 0
+        self.seeded: dict[tuple[str, int], dict[str, Any]] = {}
 
     def _model_dir(self) -> Path:
         from bsrctl.stack import tinymodel
@@ -266,10 +271,37 @@ class ServingTarget:
             self.window_chunks = window_chunks
 
     def store(self, prompts: list[tuple[str, int]]) -> None:
-        """Compute and store each prompt's prefix (write-through to L2), then empty L1."""
+        """Compute and store each prompt's prefix, wait until its L2 tier holds every whole
+        chunk, then empty L1."""
         for salt, n in prompts:
-            self.stack.complete(prompt_ids(salt, n, self.vocab), self.spec.max_tokens)
+            self.seeded[(salt, n)] = self._seed(prompt_ids(salt, n, self.vocab))
         self.client.forget(wait_s=120.0)
+
+    def _seed(self, ids: list[int]) -> dict[str, Any]:
+        """Cold request(s) until the L2 tier the restore reads holds all of the prompt's whole
+        chunks (per rank), at most SEED_ATTEMPTS. vLLM answers before LMCache has the KV in
+        L2: an L1 emptied too early loses the prefix and the point would measure a miss."""
+        st, lm = self.stack, self.spec.stack.lmcache
+        tier = "fs" if lm.fs_l2 else "mooncake"
+        n = len(ids) // lm.chunk_size
+        t0 = time.monotonic()
+        attempts: list[dict[str, Any]] = []
+        for i in range(SEED_ATTEMPTS):
+            if i:
+                self.client.forget(wait_s=10.0)
+                st.forget_local()
+            cached = st.complete(ids, self.spec.max_tokens).cached_tokens
+            held = wait_tiers_hold(st, ids, lm.chunk_size, (tier,), SEED_WAIT_S, self.reg.tp_size)
+            attempts.append({"cached_tokens": cached, "held_chunks": held[tier]})
+            if held[tier] == n:
+                break
+        return {
+            "tier": tier,
+            "chunks": n,
+            "held_chunks": attempts[-1]["held_chunks"],
+            "attempts": attempts,
+            "seed_s": round(time.monotonic() - t0, 3),
+        }
 
     def measure(
         self, tokens: int, window_chunks: int, salt: str, cold: bool = True
@@ -279,18 +311,21 @@ class ServingTarget:
         st, c = self.stack, self.client
         mt = self.spec.max_tokens
         ids = prompt_ids(salt, tokens, self.vocab)
-        cold_cached = st.complete(ids, mt).cached_tokens if cold else None
+        seed = self._seed(ids) if cold else self.seeded.get((salt, tokens))
         self._set_window(window_chunks)
-        forgot = c.forget(wait_s=120.0)  # L1 emptied first: only the L2 tier can serve
+        c.forget(wait_s=120.0)  # L1 emptied first: only the L2 tier can serve
         st.forget_local()  # and vLLM's own prefix cache cannot
-        c.reset_peak()
+        l1_before = int(c.reset_peak()["after"]["l1_used_bytes"])
         before = c.status()
         comp = st.complete(ids, mt)
         peak = c.peak()
         after = c.status()
         outcomes = _new_outcomes(before, after)
-        m = self._measures(tokens, window_chunks, salt, comp, peak, outcomes, forgot)
-        m["cold_cached_tokens"] = cold_cached
+        m = self._measures(tokens, window_chunks, salt, comp, peak, outcomes, l1_before)
+        m["cold_cached_tokens"] = seed["attempts"][0]["cached_tokens"] if cold and seed else None
+        if seed is not None:
+            m.update(seed_chunks_expected=seed["chunks"], seed_chunks_held=seed["held_chunks"])
+            m["seed"] = seed
         m.update(self._health(ids))
         return m
 
@@ -302,7 +337,7 @@ class ServingTarget:
         comp: Any,
         peak: dict[str, Any],
         outcomes: list[dict[str, Any]],
-        forgot: dict[str, Any],
+        l1_before: int,
     ) -> dict[str, Any]:
         reg = self.reg
         chunk = reg.chunk_tokens
@@ -317,7 +352,7 @@ class ServingTarget:
         else:  # stock whole plan: the gauge accounts the pinned plan; L1 was empty before
             restored = sum(by_rank.values())
             bpc = _exact_div(peak_bytes, tokens // chunk) if peak_bytes else None
-            read = int(peak["l1_used_peak_bytes"]) - int(forgot["l1_used_bytes_after"])
+            read = int(peak["l1_used_peak_bytes"]) - l1_before
         out_sha = tokens_sha256(comp.output_token_ids)
         return {
             "tokens": tokens,
@@ -340,7 +375,7 @@ class ServingTarget:
             "restore_modes": sorted({str(o.get("mode")) for o in outcomes}),
             "restore_failures": [o.get("detail") for o in outcomes if not o.get("ok")],
             "tier": "fs" if self.spec.stack.lmcache.fs_l2 else "mooncake",
-            "l1_bytes_before_restore": int(forgot["l1_used_bytes_after"]),
+            "l1_bytes_before_restore": l1_before,
             "tier_bytes_read": read,
             "bytes_per_chunk_expected": reg.bytes_per_chunk,
             "bytes_per_chunk_measured": bpc,

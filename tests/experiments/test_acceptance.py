@@ -128,3 +128,19 @@ def test_bounded_restore_pure_function_edges() -> None:
     assert acc.bounded_restore(0, 16 * C, 0).verdict == Verdict.UNKNOWN
     assert acc.bounded_restore(None, 4 * C, 4 * C).verdict == Verdict.UNKNOWN
     assert acc.bounded_restore(4, 4 * C + 100, 4 * C + 100).verdict == Verdict.PASS  # aux
+
+
+def test_a_seeded_point_checks_the_seed_first() -> None:
+    checks = acc.judge(serving_measures(seed_chunks_expected=16, seed_chunks_held=16), "serving")
+    assert [c.name for c in checks][:2] == ["prefix_seeded", "cached_token_accounting"]
+    assert len(checks) == 7 and {c.verdict for c in checks} == {Verdict.PASS}
+    assert checks[0].detail == "fs held 16/16 whole chunks of the prompt before the restore"
+
+
+@pytest.mark.parametrize("held", [0, 15, None])
+def test_a_prefix_short_in_its_tier_is_unknown_and_judged_on_nothing_else(held) -> None:
+    # the restore then misses: its checks would FAIL and blame the code under test
+    m = serving_measures(seed_chunks_expected=16, seed_chunks_held=held, cached_tokens=0)
+    (c,) = acc.judge(m, "serving")
+    assert (c.name, c.verdict) == ("prefix_seeded", Verdict.UNKNOWN)
+    assert c.detail == f"fs held {held or 0}/16 whole chunks of the prompt before the restore"

@@ -36,6 +36,9 @@ def test_every_point_passes_with_exact_counts(sweep) -> None:
         assert m["cached_tokens"] == m["external_hit_tokens"] == n - 1  # vLLM computes the last
         assert m["output_sha256"] == m["canonical_sha256"]
         assert m["l1_bytes_before_restore"] == 0
+        # the cold request's prefix reached FS L2 before L1 was emptied (first try)
+        assert (m["seed_chunks_expected"], m["seed_chunks_held"]) == (n // 256, n // 256)
+        assert [a["held_chunks"] for a in m["seed"]["attempts"]] == [n // 256]
 
 
 def test_restore_pool_flat_for_w2_and_growing_for_w0(sweep) -> None:
