@@ -153,7 +153,7 @@ class StagingProvider:
                 continue  # needs protection, not a read
             missing_bytes += obj.size_bytes
             op_id = self._object_op.get(obj.object_id)
-            if op_id is None:
+            if op_id is None or self._ops[op_id].bypass:  # commit() would read it anew
                 new_bytes += obj.size_bytes
             else:
                 deps.add(op_id)
@@ -198,7 +198,8 @@ class StagingProvider:
             if tier.is_resident(obj.object_id):
                 continue
             op_id = self._object_op.get(obj.object_id)
-            if op_id is None:
+            if op_id is None or self._ops[op_id].bypass:
+                # a demand read streaming through without room caches nothing: read again
                 to_read.append(obj)
             else:
                 pending.add(op_id)
@@ -301,12 +302,10 @@ class StagingProvider:
         if not op.bypass:
             tier.inflight_bytes -= op.size_bytes
         for obj in op.objects:
-            del self._object_op[obj.object_id]
-            if op.bypass and not tier.protected(obj.object_id):
-                continue
-            if op.bypass and not tier.make_room(obj.size_bytes):  # pragma: no cover
-                raise RuntimeError(f"no room for protected {obj.object_id}: budget invariant")
-            tier.insert(obj)
+            if self._object_op.get(obj.object_id) == op_id:  # a staging op may read it anew
+                del self._object_op[obj.object_id]
+            if not op.bypass:
+                tier.insert(obj)
         self._advance_share()
         self._running -= 1
         now_s = self.clock.now()

@@ -160,3 +160,32 @@ def test_rate_is_calibrated_per_load_from_completed_ops(clock):
     assert clock.now() == 1.5
     assert abs(p.rate.aggregate_bytes_s(2) - RATE / 1.5) < 1e-3 * RATE
     assert abs(p.rate.aggregate_bytes_s(1) - RATE) < 1e-9  # never alone: the prior stands
+
+
+def test_a_commit_does_not_join_a_demand_read_that_streams_through_uncached(clock):
+    # Capacity 4 GiB, budget 3: x (2 GiB) protected by c0, y (2 GiB) pinned by the ordinary
+    # read r1. r2's demand read of b/0 finds no room and streams through (caches nothing),
+    # so c2, committed meanwhile, reads b/0 anew in its own op; that op waits for room (head
+    # of line) until r1 ends and y/0 can be evicted. Joining r2's read instead left c2
+    # protecting an object that arrived with nowhere to go.
+    p = make_provider(clock, capacity_gib=4, budget_gib=3)
+    p.store(objs("x", 2).objects + objs("y", 2).objects + objs("b", 1).objects)
+    ready: list[tuple[str, float]] = []
+    p.on_ready = lambda cid: ready.append((cid, clock.now()))
+    assert p.commit("c0", objs("x", 2)).ok
+    clock.run()
+    p.ordinary_read("r1", objs("y", 2), lambda: None)
+    clock.run()
+    assert (clock.now(), p.tier.resident_bytes) == (0.5, 4 * GIB)
+    done: list[float] = []
+    p.ordinary_read("r2", objs("b", 1), lambda: done.append(clock.now()))
+    d = p.commit("c2", objs("b", 1))
+    assert (d.ok, d.read_bytes, d.ready) == (True, GIB, False)
+    clock.run()
+    assert done == [0.625] and ready == [("c0", 0.25)]  # c2's op still waits for room
+    assert not p.tier.is_resident("b/0")
+    p.end_ordinary("r1")
+    clock.run()
+    assert ready[-1] == ("c2", 0.75) and p.tier.is_resident("b/0")
+    assert p.read_bytes_total == 6 * GIB  # b/0 read twice
+    assert p.tier.reserved_bytes == 3 * GIB <= p.tier.budget_bytes
