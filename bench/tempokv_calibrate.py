@@ -1,7 +1,8 @@
 """How the two Figure 5 calibrations were chosen: TempoKV on Llama at a 100% prefix ratio,
 100 GiB fast tier, against the paper's ≈ 106 tok/s and ≈ 5.9 s p95 TTFT, over the per-step
 overhead (sim/models.py) and the early-EOS share of outputs (workload.output.eos_fraction).
-The score is the sum of the two relative errors; the shipped pair is marked. Nothing here
+The score is the sum of the two relative errors; the shipped pair is marked, the best with
+some outputs ending early (the paper's end at EOS or the cap) is what ships. Nothing here
 is timed: it prints what the virtual-time simulation gives."""
 
 from __future__ import annotations
@@ -41,6 +42,12 @@ def main() -> None:
             )
     best = min(rows)
     print(f"best score {best[0]:.3f} at overhead {best[1] * 1e3:g} ms, eos_fraction {best[2]:g}")
+    # The paper's outputs end at EOS or at the 128-token cap: some must end early.
+    best = min(r for r in rows if r[2] > 0)
+    print(
+        f"best with early EOS {best[0]:.3f} at overhead {best[1] * 1e3:g} ms, "
+        f"eos_fraction {best[2]:g}"
+    )
 
 
 if __name__ == "__main__":

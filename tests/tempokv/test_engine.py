@@ -91,6 +91,31 @@ def test_no_slot_is_granted_while_the_step_budget_is_spent():
     assert b.retrieval_s == pytest.approx(a_joined + 0.01)
 
 
+def test_a_claim_gets_its_ttu_when_its_request_arrives_mid_load():
+    # TempoKV, no periodic tick: only runtime updates and staging progress re-evaluate. b
+    # arrives at 0.05 inside a's loading step. Its TTU is projected then: the pass after a's
+    # first step, 0.1975, so TTU 0.1475; TTR 0.2 (behind a's staging, 0.075 left, then its
+    # own 0.125): L < 0, b commits at once and is ready at 0.25. Without a TTU at arrival
+    # nothing re-evaluates it before its retrieval, and it would commit only then (0.1975).
+    reqs = [req("a", 0.0, 8, 10), req("b", 0.05, 8, 3)]
+    res = simulate(reqs, MODEL, DEVICE, EngineLimits(2), CONTROL, "tempokv")
+    assert trace(res, "b")[:3] == [(0.05, "PLANNED"), (0.05, "STAGING"), (0.25, "STAGEREADY")]
+    assert res.logs[1].retrieval_s == pytest.approx(0.1975)
+
+
+def test_ttus_update_at_every_step_of_a_decode_stretch():
+    # One slot. a loads until 0.1875, prefills one step, then decodes 29 steps of 10 ms as
+    # one stretch (done 0.4875). b (arrived 0.02) waits for the slot: TTU 0.4675 at arrival.
+    # L = TTU - TTR first reaches 0 at 0.3625; the adapter sees it at the next step
+    # boundary, 0.1975 + 17 x 0.01 = 0.3675 (commit), so b is ready at 0.4925, one step
+    # after its retrieval at 0.4875: late by less than a step, as on a real engine.
+    control = ControlConfig(tick_s=0.0, output_limit_tokens=32, output_prior_tokens=(30,))
+    reqs = [req("a", 0.0, 8, 30), req("b", 0.02, 8, 3)]
+    res = simulate(reqs, MODEL, DEVICE, EngineLimits(1), control, "tempokv")
+    assert trace(res, "b")[:3] == [(0.02, "PLANNED"), (0.3675, "STAGING"), (0.4925, "STAGEREADY")]
+    assert res.logs[1].retrieval_s == pytest.approx(0.4875)
+
+
 POLICIES = ["demand", "immediate", "queue-1", "queue-4", "tempokv-static", "tempokv"]
 
 

@@ -15,7 +15,10 @@ plus transfer that grow as the cached ratio falls, by about one prefill step (Ll
 TempoKV's throughput is 20.4% above Demand's (Qwen 100%), which needs the batch to wait
 for a late load.
 Decode-only stretches run as one event (k steps at one step time); an arrival that finds a
-free slot, or a finished asynchronous load, cuts the stretch at the next step boundary."""
+free slot, or a finished asynchronous load, cuts the stretch at the next step boundary.
+The runtime adapter (``on_iteration``) hears of every scheduling pass, of every arrival (a
+claim carries a TTU from the start), and, while requests wait, of every step boundary inside
+a decode stretch, as a runtime's estimates update each step."""
 
 from __future__ import annotations
 
@@ -95,6 +98,7 @@ class SimEngine:
         self._run: tuple[float, float, int] = (0.0, 0.0, 0)  # start_s, step_s, k
         self._step_start_s = 0.0
         self._timer: Timer | None = None
+        self._iterations: Timer | None = None  # the next step boundary inside a decode run
 
     def _slots_free(self) -> int:
         used = len(self.running) + len(self.loading) + len(self.loaded)
@@ -105,8 +109,14 @@ class SimEngine:
         self.waiting.append(log)
         if self.mode is EngineMode.IDLE:
             self._schedule()
-        elif self.mode is EngineMode.DECODE_RUN and self._slots_free() > 0:
+            return
+        if self.mode is EngineMode.DECODE_RUN and self._slots_free() > 0:
             self._cut_run()
+        self._arm_iterations()
+        # The waiting queue changed mid-step: the adapter reports the new order and TTUs
+        # now, as a runtime does when it adds a request (else a claim reported while a load
+        # or a long decode stretch is under way has no TTU until that ends).
+        self.on_iteration()
 
     # ---- the loop: one scheduling pass per step boundary ----------------------------------
     def _schedule(self) -> None:
@@ -196,6 +206,33 @@ class SimEngine:
             self.mode = EngineMode.DECODE_RUN
             self._run = (now_s, step_s, k)
             self._timer = self.clock.call_later(k * step_s, lambda: self._end_run(k))
+            if self._iterations is not None:  # left from a stretch that was cut short
+                self._iterations.cancel()
+                self._iterations = None
+            self._arm_iterations()
+
+    def _arm_iterations(self) -> None:
+        """Inside a decode stretch, an iteration at every step boundary (the adapter's
+        estimates update each step, as on a real engine) while claims wait on a timed
+        policy: nothing else reads them, and skipping them keeps long traces cheap."""
+        ctl = self.controller
+        timed = ctl is not None and ctl.policy.needs_ttu and ctl.has_planned()
+        armed = self._iterations is not None
+        if armed or not timed or self.mode is not EngineMode.DECODE_RUN or not self.waiting:
+            return
+        start_s, step_s, k = self._run
+        j = math.floor((self.clock.now() - start_s) / step_s + 1e-9) + 1
+        if j < k:
+            self._iterations = self.clock.call_at(start_s + j * step_s, self._on_step_boundary)
+
+    def _on_step_boundary(self) -> None:
+        self._iterations = None
+        if self.mode is EngineMode.DECODE_RUN and self.clock.now() < self._timer_at():
+            self.on_iteration()
+            self._arm_iterations()
+
+    def _timer_at(self) -> float:
+        return self._timer.at_s if self._timer is not None else -math.inf
 
     def _prefill_step_s(self, decoding: list[_Seq]) -> float:
         budget = self.limits.max_batched_tokens - len(decoding)
