@@ -18,7 +18,7 @@ from typing import Any
 from bsrctl.evidence.verdict import Check, Verdict, check
 
 CHECK_NAMES = (
-    "prefix_seeded",
+    "setup_seeded",
     "cached_token_accounting",
     "tier_isolation",
     "registration_identity",
@@ -33,12 +33,12 @@ def _missing(name: str, *what: str) -> Check:
     return check(name, None, f"not measured: {', '.join(what)}")
 
 
-def prefix_seeded(expected_chunks: int, held_chunks: int | None, tier: str) -> Check:
+def setup_seeded(expected_chunks: int, held_chunks: int | None, tier: str) -> Check:
     """Setup, not the code under test: the tier holds every whole chunk of the prompt before
     the restore. Short is UNKNOWN (nothing to restore from), never a FAIL of the restore."""
-    name = "prefix_seeded"
+    name = "setup_seeded"
     held = 0 if held_chunks is None else held_chunks
-    detail = f"{tier} held {held}/{expected_chunks} whole chunks of the prompt before the restore"
+    detail = f"setup: {tier} held {held}/{expected_chunks} whole chunks of the prompt"
     return check(name, True if held == expected_chunks else None, detail)
 
 
@@ -193,7 +193,7 @@ def judge(m: Mapping[str, Any], stack: str) -> tuple[Check, ...]:
     seeded: list[Check] = []
     if g("seed_chunks_expected") is not None:
         seeded.append(
-            prefix_seeded(g("seed_chunks_expected"), g("seed_chunks_held"), g("tier") or "L2")
+            setup_seeded(g("seed_chunks_expected"), g("seed_chunks_held"), g("tier") or "L2")
         )
         if seeded[0].verdict != Verdict.PASS:
             return tuple(seeded)

@@ -132,9 +132,9 @@ def test_bounded_restore_pure_function_edges() -> None:
 
 def test_a_seeded_point_checks_the_seed_first() -> None:
     checks = acc.judge(serving_measures(seed_chunks_expected=16, seed_chunks_held=16), "serving")
-    assert [c.name for c in checks][:2] == ["prefix_seeded", "cached_token_accounting"]
+    assert [c.name for c in checks][:2] == ["setup_seeded", "cached_token_accounting"]
     assert len(checks) == 7 and {c.verdict for c in checks} == {Verdict.PASS}
-    assert checks[0].detail == "fs held 16/16 whole chunks of the prompt before the restore"
+    assert checks[0].detail == "setup: fs held 16/16 whole chunks of the prompt"
 
 
 @pytest.mark.parametrize("held", [0, 15, None])
@@ -142,5 +142,5 @@ def test_a_prefix_short_in_its_tier_is_unknown_and_judged_on_nothing_else(held) 
     # the restore then misses: its checks would FAIL and blame the code under test
     m = serving_measures(seed_chunks_expected=16, seed_chunks_held=held, cached_tokens=0)
     (c,) = acc.judge(m, "serving")
-    assert (c.name, c.verdict) == ("prefix_seeded", Verdict.UNKNOWN)
-    assert c.detail == f"fs held {held or 0}/16 whole chunks of the prompt before the restore"
+    assert (c.name, c.verdict) == ("setup_seeded", Verdict.UNKNOWN)
+    assert c.detail == f"setup: fs held {held or 0}/16 whole chunks of the prompt"
