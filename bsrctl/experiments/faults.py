@@ -80,6 +80,37 @@ def wait_tiers_hold(
         time.sleep(0.2)
 
 
+def mooncake_stored_keys(stack: ServingStack) -> int:
+    """Keys Mooncake's adapter has stored since the server started (its own counter)."""
+    return int(fault_stats(stack, "mooncake").get("inner", {}).get("stored", 0))
+
+
+def wait_written_through(
+    stack: ServingStack,
+    ids: list[int],
+    chunk_size: int,
+    tiers: tuple[str, ...],
+    wait_s: float,
+    mooncake_before: int = 0,
+) -> dict[str, int]:
+    """Like wait_tiers_hold, without touching any tier: FS by its files, Mooncake by the keys
+    its adapter stored since `mooncake_before` (so L1 and the tiers' lookup and load
+    counters stay as they were)."""
+    n = len(ids) // chunk_size
+    hashes = chunk_hashes_hex(ids, chunk_size, n)
+    deadline = time.monotonic() + wait_s
+    while True:
+        held = {
+            t: chunks_held(stack, ids, hashes, "fs")
+            if t == "fs"
+            else min(n, mooncake_stored_keys(stack) - mooncake_before)
+            for t in tiers
+        }
+        if all(v == n for v in held.values()) or time.monotonic() >= deadline:
+            return held
+        time.sleep(0.2)
+
+
 def fault_stats(stack: ServingStack, tier: str) -> dict[str, Any]:
     """The fault wrapper's counters of one tier and its inner adapter's own counters."""
     for adapter in stack.lmcache_status()["storage_manager"].get("l2_adapters", []):

@@ -15,6 +15,7 @@ from bsrctl.errors import StackFailed
 from bsrctl.evidence import EvidenceWriter, Point, Verdict
 from bsrctl.evidence.verdict import Check, check
 from bsrctl.experiments.canonical import canonical_outputs
+from bsrctl.experiments.faults import mooncake_stored_keys, wait_written_through
 from bsrctl.experiments.prompts import expected_external_tokens, prompt_ids, tokens_sha256
 from bsrctl.experiments.run import sigterm_interrupts
 from bsrctl.report.markdown import write_summary
@@ -115,6 +116,9 @@ def run_roundtrip(spec_path: Path, out_dir: Path, progress: Progress = lambda _:
             writer.set_stack({"kind": "serving", "versions": stack.versions(), **stack.state()})
             expected = expected_external_tokens(spec.prompt_tokens, spec.stack.lmcache.chunk_size)
             progress("cold request (stores KV into LMCache)")
+            l2 = tuple(t for t in ("fs", "mooncake") if t in spec.tiers)
+            mc_before = mooncake_stored_keys(stack) if "mooncake" in l2 else 0
+            written: dict[str, int] = {}
             for tier in ["cold", *spec.tiers]:
                 if tier != "cold":
                     progress(f"reload from {tier}")
@@ -127,9 +131,16 @@ def run_roundtrip(spec_path: Path, out_dir: Path, progress: Progress = lambda _:
                 writer.add_point(
                     tier_point(tier, comp, canonical, expected, spec.prompt_tokens, reads)
                 )
+                if tier == "cold" and l2:  # an L1 emptied before the write-through loses it
+                    chunk = spec.stack.lmcache.chunk_size
+                    written = wait_written_through(stack, ids, chunk, l2, 30.0, mc_before)
             health = stack.complete(ids[:64], 4)
             verdict = writer.finish(
-                {"post_request_health": len(health.output_token_ids) == 4, "tiers": spec.tiers},
+                {
+                    "post_request_health": len(health.output_token_ids) == 4,
+                    "tiers": spec.tiers,
+                    "l2_chunks_written_after_cold": written,
+                },
                 None if len(health.output_token_ids) == 4 else Verdict.FAIL,
             )
         except StackFailed as exc:

