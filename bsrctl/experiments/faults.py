@@ -69,15 +69,7 @@ def wait_tiers_hold(
     L1 cleared before the store controller read-locked an object drops it for good."""
     n = len(ids) // chunk_size
     hashes = chunk_hashes_hex(ids, chunk_size, n)
-    held = dict.fromkeys(tiers, 0)
-    deadline = time.monotonic() + wait_s
-    while True:
-        for t in tiers:
-            if held[t] < n:
-                held[t] = chunks_held(stack, ids, hashes, t, ranks)
-        if all(v == n for v in held.values()) or time.monotonic() >= deadline:
-            return held
-        time.sleep(0.2)
+    return _poll_held(n, tiers, lambda t: chunks_held(stack, ids, hashes, t, ranks), wait_s)
 
 
 def mooncake_stored_keys(stack: ServingStack) -> int:
@@ -98,14 +90,25 @@ def wait_written_through(
     counters stay as they were)."""
     n = len(ids) // chunk_size
     hashes = chunk_hashes_hex(ids, chunk_size, n)
+
+    def held(tier: str) -> int:
+        if tier == "fs":
+            return chunks_held(stack, ids, hashes, "fs")
+        return min(n, mooncake_stored_keys(stack) - mooncake_before)
+
+    return _poll_held(n, tiers, held, wait_s)
+
+
+def _poll_held(
+    n: int, tiers: tuple[str, ...], held_now: Callable[[str], int], wait_s: float
+) -> dict[str, int]:
+    """Poll each tier's count (it only grows) until every tier has n, or wait_s passed."""
+    held = dict.fromkeys(tiers, 0)
     deadline = time.monotonic() + wait_s
     while True:
-        held = {
-            t: chunks_held(stack, ids, hashes, "fs")
-            if t == "fs"
-            else min(n, mooncake_stored_keys(stack) - mooncake_before)
-            for t in tiers
-        }
+        for t in tiers:
+            if held[t] < n:
+                held[t] = held_now(t)
         if all(v == n for v in held.values()) or time.monotonic() >= deadline:
             return held
         time.sleep(0.2)
