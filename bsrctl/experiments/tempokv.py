@@ -190,13 +190,27 @@ def simulate_policy(
     it (also the benches' entry point)."""
     requests = _requests(spec, model, ratio)
     device = _device(spec, fast_tier_gib)
-    return simulate(requests, model, device, _limits(spec), _control(spec), policy, keep_trace)
+    limits = _limits(spec, model)
+    longest = max((r.prompt_tokens for r in requests), default=0)
+    if limits.queued_loads and limits.gpu_kv_tokens and longest > limits.gpu_kv_tokens:
+        raise BadInput(
+            f"engine.gpu_kv_gib: {model.name} holds {limits.gpu_kv_tokens} tokens of KV, below "
+            f"the longest prompt ({longest} tokens); raise engine.gpu_kv_gib or shorten the "
+            "documents"
+        )
+    return simulate(requests, model, device, limits, _control(spec), policy, keep_trace)
 
 
-def _limits(spec: TempoKVSpec) -> EngineLimits:
+def _limits(spec: TempoKVSpec, model: ModelProfile) -> EngineLimits:
     e = spec.engine
+    kv_gib = e.gpu_kv_gib if e.gpu_kv_gib is not None else model.gpu_kv_gib
     return EngineLimits(
-        e.max_seqs, e.max_batched_tokens, e.loads == "sync", e.release == "first_step"
+        max_seqs=e.max_seqs,
+        max_batched_tokens=e.max_batched_tokens,
+        sync_loads=e.loads == "sync",
+        release_at_first_step=e.release == "first_step",
+        queued_loads=e.loads == "queued",
+        gpu_kv_tokens=int(kv_gib * GIB) // model.kv_bytes_per_token,
     )
 
 
@@ -382,7 +396,9 @@ def _lead_sweep(
             1,
             manifest,
         )
-        res = simulate([req], model, _device(spec), _limits(spec), _control(spec), "immediate")
+        res = simulate(
+            [req], model, _device(spec), _limits(spec, model), _control(spec), "immediate"
+        )
         ttft_s = res.ttfts_s[0]
         byte_time = res.byte_time_between(0.0, lead_s) / GIB
         rows.append((lead_s, ttft_s, byte_time))

@@ -69,10 +69,18 @@ class DeviceSpec(Strict):
 class EngineSpec(Strict):
     max_seqs: int = Field(4, ge=1)
     max_batched_tokens: int = Field(8192, ge=1)
-    loads: Literal["sync", "async"] = Field(
+    loads: Literal["sync", "async", "queued"] = Field(
         "sync",
         description="sync: a step waits for the KV loads it carries (the batch stalls); "
-        "async: loading requests hold a slot while the batch keeps stepping",
+        "async: loading requests hold a slot while the batch keeps stepping; queued: vLLM "
+        "with LMCache's MP connector, loading requests wait outside the running set and a "
+        "pass with a free slot starts loads for every waiting request that fits the GPU KV",
+    )
+    gpu_kv_gib: float | None = Field(
+        None,
+        gt=0,
+        description="queued loads: GPU KV capacity; default from the model (80 GB H100 at "
+        "vLLM's 0.9 utilisation, less weights and activations), see sim/models.py",
     )
     release: Literal["first_step", "transfer_end"] = Field(
         "first_step",

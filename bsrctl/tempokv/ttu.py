@@ -13,6 +13,10 @@ import math
 from collections import deque
 from dataclasses import dataclass
 
+# Load completions this close are one instant: the engine's clock lands them together, while
+# a projection derives them by subtraction (floating-point noise of ~1e-11 s).
+_SAME_S = 1e-9
+
 
 @dataclass(frozen=True, slots=True)
 class CostModel:
@@ -39,6 +43,14 @@ class EngineLimits:
     sync_loads: bool = True  # a step waits for the KV loads it carries (else they overlap)
     release_at_first_step: bool = True  # protection ends with the first step computing
     # over the restored KV (else when its transfer ends); no effect on TTU
+    queued_loads: bool = False  # vLLM's async connector loads (WAITING_FOR_REMOTE_KVS): a
+    # loading request waits outside the running set, holding no slot, and is admitted by a
+    # later pass; a pass starts loads for waiting requests while a slot is free
+    gpu_kv_tokens: int = 0  # queued loads: GPU KV capacity in tokens (0: unbounded)
+
+    def __post_init__(self) -> None:
+        if self.queued_loads and self.sync_loads:
+            raise ValueError("queued loads are asynchronous: set sync_loads=False")
 
 
 def prefill_pairs(chunk_tokens: int, ctx_before: int) -> int:
@@ -81,6 +93,7 @@ class EngineSnapshot:
     busy_s: float  # engine time already committed (a step or load in progress)
     running: tuple[RunningSeq, ...]
     waiting: tuple[QueuedSeq, ...]  # FCFS order
+    holding: tuple[RunningSeq, ...] = ()  # queued loads: retrieval begun, not yet admitted
 
 
 class OutputPredictor:
@@ -103,6 +116,8 @@ class OutputPredictor:
             self._suffix[i] = self._suffix[i + 1] + self._sorted[i]
 
     def remaining_tokens(self, generated: int) -> float:
+        if generated >= self.limit_tokens:
+            return 0.0  # at the limit: it ends with the step that produced this token
         i = bisect.bisect_right(self._sorted, generated)
         count = len(self._sorted) - i
         if count == 0:
@@ -137,7 +152,12 @@ def project_ttus(
         )
         for r in snap.running
     ]
+    # A sequence whose last token comes from the decode step in progress leaves at its end,
+    # before the first pass (snapshots count that step as done).
+    seqs = [s for s in seqs if s.left > 0]
     full_output = predictor.remaining_tokens(0)
+    if limits.queued_loads:
+        return _project_queued(snap, seqs, full_output, cost, limits)
     ttus: dict[str, float] = {}
     t_s = snap.busy_s
     loads_pending = any(s.ready_s > 0 for s in seqs)  # loads hold their slot until done
@@ -147,7 +167,7 @@ def project_ttus(
     waiting = snap.waiting
     i = 0
     while i < len(waiting):
-        budget = budget_left([s.prefill_left for s in seqs if s.ready_s <= t_s], limits)
+        budget = budget_left([s.prefill_left for s in seqs if s.ready_s <= t_s + _SAME_S], limits)
         while len(seqs) < limits.max_seqs and i < len(waiting) and budget > 0:
             q = waiting[i]
             i += 1
@@ -163,16 +183,77 @@ def project_ttus(
     return ttus
 
 
+def _project_queued(
+    snap: EngineSnapshot,
+    seqs: list[_Proj],
+    full_output: float,
+    cost: CostModel,
+    limits: EngineLimits,
+) -> dict[str, float]:
+    """Queued loads: at each pass, loaded requests are admitted in order while slots are
+    free; if a slot is still free, every waiting request whose prompt fits the GPU KV starts
+    its retrieval then. Between passes the batch steps until a sequence finishes or, with a
+    slot free, until a pending load ends."""
+    holding = [
+        _Proj(h.prefill_left_tokens, h.ctx_tokens, full_output, h.ready_in_s) for h in snap.holding
+    ]
+    ttus: dict[str, float] = {}
+    t_s = snap.busy_s
+    if t_s < 0:  # mid prefill step: the next pass follows it
+        t_s = _advance(seqs, t_s, cost, limits, until_exit=False)
+    waiting = snap.waiting
+    i = 0
+    while i < len(waiting):
+        budget = budget_left([s.prefill_left for s in seqs], limits)
+        kv_used = sum(p.ctx + p.prefill_left for p in (*seqs, *holding))
+        for proj in list(holding):
+            if len(seqs) >= limits.max_seqs or budget <= 0:
+                break
+            if proj.ready_s <= t_s + _SAME_S:
+                holding.remove(proj)
+                proj.ready_s = -math.inf
+                seqs.append(proj)
+                budget -= min(budget, proj.prefill_left)
+        while len(seqs) < limits.max_seqs and i < len(waiting) and budget > 0:
+            q = waiting[i]
+            if limits.gpu_kv_tokens and kv_used + q.prompt_tokens > limits.gpu_kv_tokens:
+                break
+            i += 1
+            ttus[q.req_id] = t_s
+            kv_used += q.prompt_tokens
+            ready_s = max(t_s, q.stage_ready_in_s) + q.load_s
+            prefill = max(1, q.prompt_tokens - q.cached_tokens)
+            holding.append(_Proj(prefill, q.cached_tokens, full_output, ready_s))
+        if i >= len(waiting):
+            break
+        free = len(seqs) < limits.max_seqs
+        pending = [p.ready_s for p in holding if p.ready_s > t_s + _SAME_S]
+        if not seqs:
+            if not pending:
+                break  # nothing runs or loads: the rest cannot start (prompt over capacity)
+            t_s = min(pending)
+            continue
+        cut_s = min(pending) if free and pending else None
+        t_s = _advance(seqs, t_s, cost, limits, until_exit=not free, cut_s=cut_s)
+    return ttus
+
+
 def _advance(
-    seqs: list[_Proj], t_s: float, cost: CostModel, limits: EngineLimits, until_exit: bool
+    seqs: list[_Proj],
+    t_s: float,
+    cost: CostModel,
+    limits: EngineLimits,
+    until_exit: bool,
+    cut_s: float | None = None,
 ) -> float:
     """Step the batch from t_s until at least one sequence finishes (or, with until_exit
-    false, for one step or decode stretch); returns that time."""
+    false, for one step or decode stretch; or a decode stretch reaches cut_s); returns
+    that time."""
     while True:
-        pending = [s.ready_s for s in seqs if s.ready_s > t_s]
+        pending = [s.ready_s for s in seqs if s.ready_s > t_s + _SAME_S]
         if pending and limits.sync_loads:
             t_s = max(pending)  # the step waits for every load it carries
-        active = [s for s in seqs if s.ready_s <= t_s]
+        active = [s for s in seqs if s.ready_s <= t_s + _SAME_S]
         if not active:
             t_s = min(s.ready_s for s in seqs)
             continue
@@ -199,9 +280,11 @@ def _advance(
             step_s = cost.step_s(
                 len(active), 0, int(sum(s.ctx for s in active) + len(active) * k / 2)
             )
-            joins = [s.ready_s for s in seqs if s.ready_s > t_s]
+            joins = [s.ready_s for s in seqs if s.ready_s > t_s + _SAME_S]
+            if cut_s is not None:
+                joins.append(cut_s)
             if joins and t_s + k * step_s > min(joins):
-                k = float(max(1, math.ceil((min(joins) - t_s) / step_s)))
+                k = float(max(1, math.ceil((min(joins) - t_s) / step_s - 1e-9)))
             t_s += k * step_s
             for s in active:
                 s.left -= k
@@ -209,5 +292,5 @@ def _advance(
         done = [s for s in active if s.left <= 1e-9]
         for s in done:
             seqs.remove(s)
-        if done or not until_exit:
+        if done or not until_exit or (cut_s is not None and t_s >= cut_s):
             return t_s

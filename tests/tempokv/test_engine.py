@@ -6,15 +6,16 @@ no slot granted while the step's token budget is spent. Round numbers: every ste
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from bsrctl.tempokv.kv import GIB, prefix_manifest
+from bsrctl.tempokv.sim import run as sim_run
 from bsrctl.tempokv.sim.device import DeviceConfig
 from bsrctl.tempokv.sim.models import ModelProfile
 from bsrctl.tempokv.sim.run import ControlConfig, SimResult, simulate
 from bsrctl.tempokv.sim.workload import Request
-from bsrctl.tempokv.ttu import CostModel, EngineLimits
+from bsrctl.tempokv.ttu import CostModel, EngineLimits, project_ttus
 
 STEP = CostModel(step_base_s=0.01, token_s=0.0, attn_pair_s=0.0, decode_ctx_token_s=0.0)
 MODEL = ModelProfile("flat", GIB // 256, STEP)  # one 256-token chunk = one 1 GiB object
@@ -116,6 +117,54 @@ def test_ttus_update_at_every_step_of_a_decode_stretch():
     assert res.logs[1].retrieval_s == pytest.approx(0.4875)
 
 
+QUEUED = EngineLimits(1, sync_loads=False, release_at_first_step=False, queued_loads=True)
+
+
+def test_queued_loads_start_while_a_slot_is_free_and_hold_none():
+    # vLLM with LMCache's MP connector, one slot, Demand. a, b and c arrive while nothing
+    # runs: each pass finds the slot free and starts a load, so all three are retrieving
+    # at once (FIFO staging: 0.125, 0.25, 0.375), none holding the slot. a is admitted when
+    # loaded (0.1875) and runs to 0.2875; b and c are admitted when their loads end, the
+    # slot being free by then. With slot-holding sync loads b would wait for a's exit.
+    reqs = [req("a", 0.0, 8, 10), req("b", 0.05, 8, 3), req("c", 0.06, 8, 2)]
+    res = run(reqs, QUEUED)
+    a, b, c = res.logs
+    assert [lg.retrieval_s for lg in res.logs] == [0.0, 0.05, 0.06]
+    assert [lg.admitted_s for lg in res.logs] == pytest.approx([0.1875, 0.3125, 0.4375])
+    assert [lg.first_token_s for lg in res.logs] == pytest.approx([0.1975, 0.3225, 0.4475])
+    assert [lg.done_s for lg in res.logs] == pytest.approx([0.2875, 0.3425, 0.4575])
+    assert trace(res, "b") == [
+        (0.05, "PLANNED"), (0.05, "STAGING"), (0.25, "STAGEREADY"), (0.25, "TRANSFERRING"),
+        (0.3125, "RELEASED"),
+    ]  # fmt: skip
+    sync = run(reqs, EngineLimits(1, sync_loads=True, release_at_first_step=False))
+    assert sync.logs[1].retrieval_s == pytest.approx(0.2875)
+
+
+def test_queue_rank_counts_requests_whose_kv_is_loading():
+    # One slot, Queue-1. b starts loading at 0.05 while a loads; a runs from 0.1875 to
+    # 0.2875. c arrives at 0.2 to a full slot: b, still at the head of vLLM's waiting queue
+    # while its KV loads, keeps c at rank 1, so c commits only when its own retrieval is
+    # requested at a's exit (0.2875), not on arrival.
+    reqs = [req("a", 0.0, 8, 10), req("b", 0.05, 8, 3), req("c", 0.2, 8, 2)]
+    res = run(reqs, QUEUED, "queue-1")
+    assert trace(res, "c")[:3] == [(0.2, "PLANNED"), (0.2875, "STAGING"), (0.4125, "STAGEREADY")]
+    assert res.logs[2].retrieval_s == pytest.approx(0.2875)
+
+
+def test_queued_loads_wait_for_room_in_the_gpu_kv():
+    # Two slots, 264-token prompts. With room for one prompt only, b's load starts at the
+    # pass after a's exit; unbounded, as soon as it arrives. A prompt that can never fit is
+    # refused rather than left waiting forever.
+    reqs = [req("a", 0.0, 8, 10), req("b", 0.05, 8, 3)]
+    roomy = EngineLimits(2, sync_loads=False, queued_loads=True)
+    tight = EngineLimits(2, sync_loads=False, queued_loads=True, gpu_kv_tokens=400)
+    assert run(reqs, roomy).logs[1].retrieval_s == 0.05
+    assert run(reqs, tight).logs[1].retrieval_s == pytest.approx(0.2875)
+    with pytest.raises(ValueError, match="264-token prompt exceeds the GPU KV capacity of 200"):
+        run(reqs, EngineLimits(2, sync_loads=False, queued_loads=True, gpu_kv_tokens=200))
+
+
 POLICIES = ["demand", "immediate", "queue-1", "queue-4", "tempokv-static", "tempokv"]
 
 
@@ -127,11 +176,14 @@ POLICIES = ["demand", "immediate", "queue-1", "queue-4", "tempokv-static", "temp
         max_size=8,
     ),
     st.sampled_from(POLICIES),
-    st.booleans(),
+    st.sampled_from(["sync", "async", "queued"]),
     st.booleans(),
     st.integers(2, 6),
+    st.sampled_from([0, 1100, 2200]),
 )
-def test_every_engine_mode_completes_within_budget(shape, policy, sync, release, budget_gib):
+def test_every_engine_mode_completes_within_budget(
+    shape, policy, loads, release, budget_gib, kv_tokens
+):
     # Random arrivals (gaps), prefix sizes (1–4 one-GiB chunks, documents shared), uncached
     # tails and outputs, under a tight protected budget: every request completes, the
     # budget is never exceeded, every claim ends terminal with nothing reserved, and
@@ -147,7 +199,9 @@ def test_every_engine_mode_completes_within_budget(shape, policy, sync, release,
         8 * GIB, 0.2, 1, 16 * GIB, capacity_bytes=2 * budget_gib * GIB,
         budget_bytes=budget_gib * GIB,
     )  # fmt: skip
-    limits = EngineLimits(2, 96, sync_loads=sync, release_at_first_step=release)
+    limits = EngineLimits(
+        2, 96, loads == "sync", release, queued_loads=loads == "queued", gpu_kv_tokens=kv_tokens
+    )  # prompts stay under 1100 tokens, so every one fits alone
     res = simulate(reqs, MODEL, device, limits, CONTROL, policy)
     m = res.measures()
     assert m["completed"] == len(reqs)
@@ -162,3 +216,59 @@ def test_every_engine_mode_completes_within_budget(shape, policy, sync, release,
                 lg.admitted_s is not None and released_s >= lg.admitted_s - 1e-6
             )  # traces keep 6 decimals
         assert lg.retrieval_s is not None and lg.first_token_s >= lg.retrieval_s
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from([0.0, 0.01, 0.05, 0.1, 0.3]), st.floats(0.0, 0.2),
+            st.integers(1, 4), st.integers(1, 64),
+        ),
+        min_size=1,
+        max_size=8,
+    ),
+    st.sampled_from(["sync", "async", "queued"]),
+    st.sampled_from([96, 8192]),
+)  # fmt: skip
+# A join 6 steps into a decode stretch that floating point puts a hair past step 6: the
+# projection must cut the stretch where the engine does (found by a 300-seed sweep).
+@example(
+    [(0.1, 0.017738844645190578, 4, 5), (0.0, 0.19043160624771258, 2, 25),
+     (0.01, 0.06179115337538421, 1, 53), (0.01, 0.07057139024333701, 2, 61),
+     (0.01, 0.16426173664009902, 2, 6), (0.0, 0.003971384417218937, 4, 45),
+     (0.1, 0.1148281093292914, 2, 41), (0.1, 0.09093422561362584, 3, 57)],
+    "async",
+    8192,
+)  # fmt: skip
+def test_every_projected_ttu_is_the_retrieval_start_when_estimates_are_exact(
+    shape, loads, budget_tokens
+):
+    # Every output at the generation limit (the predictor is then exact), 10 ms steps, all
+    # claims committed at their hit (Immediate: staging ETAs known, loads never wait on an
+    # unknown): whatever the arrivals, prefix sizes, sharing and token budget, each TTU the
+    # adapter projects, at any iteration, lands on the instant the engine grants retrieval.
+    t, reqs = 0.0, []
+    for i, (gap, jitter, chunks, uncached) in enumerate(shape):
+        t += gap + jitter
+        doc = f"d{i % 3}"
+        cached = 256 * chunks
+        manifest = prefix_manifest(doc, cached, 256, GIB // 256)
+        reqs.append(Request(f"r{i}", t, t, doc, cached + uncached, cached, 10, manifest))
+    limits = EngineLimits(2, budget_tokens, loads == "sync", queued_loads=loads == "queued")
+    projected: list[tuple[float, dict[str, float]]] = []
+    adapter_iteration = sim_run.SimAdapter.on_iteration
+
+    def recording(self: sim_run.SimAdapter) -> None:
+        snap = self.engine.snapshot()
+        projected.append((snap.at_s, project_ttus(snap, self.engine.cost, limits, self.predictor)))
+        adapter_iteration(self)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(sim_run.SimAdapter, "on_iteration", recording)
+        res = run(reqs, limits, "immediate")
+    granted = {lg.req.req_id: lg.retrieval_s for lg in res.logs}
+    assert projected
+    for at_s, ttus in projected:
+        for req_id, ttu_s in ttus.items():
+            assert at_s + ttu_s == pytest.approx(granted[req_id], abs=1e-9), (at_s, req_id)

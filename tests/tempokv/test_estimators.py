@@ -52,7 +52,8 @@ def test_output_predictor_conditions_on_progress():
     pred = OutputPredictor(128, (10, 50, 128, 128))
     assert pred.remaining_tokens(0) == (10 + 50 + 128 + 128) / 4
     assert pred.remaining_tokens(60) == 128 - 60  # only N > n count
-    assert pred.remaining_tokens(128) == 1.0  # nothing longer: bounded by the limit
+    assert pred.remaining_tokens(127) == 1.0  # only the two 128s are longer
+    assert pred.remaining_tokens(128) == 0.0  # at the limit: this token was its last
 
 
 COST = CostModel(step_base_s=0.01, token_s=0.0, attn_pair_s=0.0, decode_ctx_token_s=0.0)
@@ -149,9 +150,63 @@ def test_projection_grants_no_slot_while_the_budget_is_spent():
     assert project_ttus(snap, COST, wide, pred)["b"] == 0.0
 
 
+def test_a_sequence_at_the_limit_leaves_with_the_step_in_progress():
+    # 4 ms of a decode step left; the snapshot counts that step, so one sequence already
+    # holds all 100 tokens: its slot is free at the next pass, 4 ms on (not a step later).
+    pred = OutputPredictor(100, (100,))
+    snap = EngineSnapshot(
+        0.0, 0.004, (RunningSeq(0, 10, 100), RunningSeq(0, 10, 50)), (QueuedSeq("b", 11, 10, 0.5),)
+    )
+    assert project_ttus(snap, COST, EngineLimits(max_seqs=2), pred)["b"] == 0.004
+
+
 def test_projection_starts_after_the_step_in_progress():
     # 4 ms into a 10 ms prefill step (busy_s = −0.004): the next pass is at its end, 6 ms on,
     # never in the past.
     pred = OutputPredictor(100, (100,))
     snap = EngineSnapshot(0.0, -0.004, (RunningSeq(8, 0, 0),), (QueuedSeq("b", 11, 10, 0.5),))
     assert project_ttus(snap, COST, EngineLimits(max_seqs=2), pred)["b"] == pytest.approx(0.006)
+
+
+QUEUED = EngineLimits(max_seqs=1, sync_loads=False, queued_loads=True)
+
+
+def test_queued_projection_starts_every_waiting_load_at_the_first_free_pass():
+    # One slot, taken by a decoder with 60 tokens left (exit 0.6); a request whose KV is
+    # loading (ready at 0.3) heads the queue. The pass at 0.6 admits it (the slot is full
+    # again until its 100 tokens end at 1.6); the pass at 1.6 finds the slot free and starts
+    # both waiting loads.
+    pred = OutputPredictor(100, (100,))
+    snap = EngineSnapshot(
+        0.0,
+        0.0,
+        (RunningSeq(0, 10, 40),),
+        (QueuedSeq("a", 11, 10, 0.5), QueuedSeq("b", 11, 10, 0.5)),
+        (RunningSeq(1, 10, 0, 0.3),),
+    )
+    ttus = project_ttus(snap, COST, QUEUED, pred)
+    assert ttus == {"a": pytest.approx(1.6), "b": pytest.approx(1.6)}
+
+
+def test_queued_projection_waits_for_room_in_the_gpu_kv():
+    # Two slots, one free: "a" starts at once; "b" would overflow 2,500 tokens of KV, so it
+    # starts only at the pass after the decoder (60 tokens left) exits. On the way, the
+    # decode stretch is cut when "a"'s load ends (0.5) so the next pass admits it.
+    pred = OutputPredictor(100, (100,))
+    snap = EngineSnapshot(
+        0.0,
+        0.0,
+        (RunningSeq(0, 1000, 40),),
+        (QueuedSeq("a", 1001, 1000, 0.5), QueuedSeq("b", 1001, 1000, 0.5)),
+    )
+    two = EngineLimits(max_seqs=2, sync_loads=False, queued_loads=True)
+    assert project_ttus(snap, COST, two, pred) == {"a": 0.0, "b": 0.0}
+    tight = EngineLimits(max_seqs=2, sync_loads=False, queued_loads=True, gpu_kv_tokens=2500)
+    ttus = project_ttus(snap, COST, tight, pred)
+    # 50 decode steps to 0.5, a's prefill step (the decoder's 51st token), 9 more: it exits
+    assert ttus == {"a": 0.0, "b": pytest.approx(0.5 + 0.01 + 0.09)}
+
+
+def test_queued_and_sync_loads_cannot_be_combined():
+    with pytest.raises(ValueError, match="queued loads are asynchronous"):
+        EngineLimits(queued_loads=True)

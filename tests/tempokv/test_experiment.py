@@ -77,6 +77,29 @@ def test_bad_spec_names_the_field(tmp_path, experiment, field):
     assert field in str(err.value) and "\n" not in str(err.value)
 
 
+def _with_engine(path: Path, **engine) -> Path:
+    doc = yaml.safe_load(path.read_text())
+    doc["engine"] = engine
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def test_queued_loads_run_every_policy_to_completion(tmp_path):
+    # vLLM + LMCache MP connector scheduling, the model's default GPU KV (8,216-token prompts
+    # fit): every point passes its invariants (budget, completion, release).
+    spec = _with_engine(_spec(tmp_path), loads="queued", release="transfer_end")
+    run_tempokv(spec, tmp_path / "out", "sim", True)
+    doc = json.loads(next((tmp_path / "out").iterdir()).joinpath("evidence.json").read_text())
+    assert [p["verdict"] for p in doc["points"]] == ["PASS"] * 6
+
+
+def test_a_prompt_over_the_gpu_kv_is_refused_naming_the_field(tmp_path):
+    # 0.5 GiB of Llama KV is 4,096 tokens; the longest prompt is 8,192 + 24.
+    spec = _with_engine(_spec(tmp_path), loads="queued", gpu_kv_gib=0.5)
+    with pytest.raises(BadInput, match=r"^engine\.gpu_kv_gib: llama-3\.1-8b holds 4096 tokens"):
+        run_tempokv(spec, tmp_path / "out", "sim", True)
+
+
 def test_shipped_ladders_validate():
     from bsrctl.tempokv.spec import load
 
@@ -87,3 +110,12 @@ def test_shipped_ladders_validate():
 
 def test_fig1_lead_sweep_passes(tmp_path):
     assert run_tempokv(LADDERS / "tempokv-fig1.yaml", tmp_path, "sim", True) is Verdict.PASS
+
+
+def test_gpu_kv_defaults_come_from_the_h100_and_the_weights():
+    # 0.9 × 79.2 GiB, less BF16 weights (14.96 / 27.51 GiB) and 2 GiB of activations:
+    # ≈ 445K Llama tokens (128 KiB each), ≈ 228K Qwen tokens (192 KiB each).
+    from bsrctl.tempokv.sim.models import CATALOGUE
+
+    assert CATALOGUE["llama-3.1-8b"].gpu_kv_gib == pytest.approx(54.32, abs=0.01)
+    assert CATALOGUE["qwen2.5-14b"].gpu_kv_gib == pytest.approx(41.77, abs=0.01)

@@ -18,11 +18,19 @@ _MFU_ATTN = 0.40
 _KV_READ_EFF = 0.8
 
 
+# GPU KV capacity under vLLM: 0.9 of an 80 GB H100 (79.2 GiB as CUDA reports it), less
+# the BF16 weights and an estimated 2 GiB of activations and CUDA graphs.
+_GPU_GIB = 79.2
+_GPU_UTILISATION = 0.9
+_ACTIVATIONS_GIB = 2.0
+
+
 @dataclass(frozen=True, slots=True)
 class ModelProfile:
     name: str
     kv_bytes_per_token: int  # layers × KV heads × head dim × 2 (K, V) × 2 bytes
     cost: CostModel
+    gpu_kv_gib: float = 0.0  # KV capacity on the GPU (queued loads wait for room in it)
 
 
 def _profile(
@@ -41,7 +49,9 @@ def _profile(
         attn_pair_s=4 * layers * d_model / (_BF16_FLOPS * _MFU_ATTN),
         decode_ctx_token_s=kv_bytes / (_HBM_BYTES_S * _KV_READ_EFF),
     )
-    return ModelProfile(name, kv_bytes, cost)
+    weights_gib = 2 * params / 2**30
+    kv_gib = _GPU_GIB * _GPU_UTILISATION - weights_gib - _ACTIVATIONS_GIB
+    return ModelProfile(name, kv_bytes, cost, kv_gib)
 
 
 # Per-step scheduling/sampling/launch overhead beyond the first-principles terms: calibrated

@@ -112,7 +112,9 @@ class SimAdapter:
     def on_iteration(self) -> None:
         ctl = self.controller
         # The full waiting queue (Queue-K ranks in it), requests without a hit included.
-        order = [lg.req.req_id for lg in self.engine.waiting]
+        # With queued loads the requests whose KV is loading still head it (as in vLLM).
+        held = self.engine.holding() if self.limits.queued_loads else []
+        order = [lg.req.req_id for lg in (*held, *self.engine.waiting)]
         ttus = None
         if ctl.policy.needs_ttu and ctl.has_planned():
             snap = self.engine.snapshot()
