@@ -14,8 +14,6 @@ import socket
 import subprocess
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -23,6 +21,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from bsrctl.errors import StackFailed
+from bsrctl.stack import process
 from bsrctl.stack.process import Supervised
 
 T = TypeVar("T")
@@ -171,31 +170,13 @@ class NetNamespace:
 
     def http_get(self, url: str, timeout_s: float = 2.0) -> tuple[int, bytes] | None:
         """(status, body) of a GET inside the namespace; None if nothing answered."""
-
-        def get() -> tuple[int, bytes] | None:
-            try:
-                with urllib.request.urlopen(url, timeout=timeout_s) as resp:
-                    return int(resp.status), resp.read()
-            except urllib.error.HTTPError as exc:
-                return int(exc.code), exc.read()
-            except (urllib.error.URLError, OSError, ValueError):
-                return None
-
-        return self.call(get, timeout_s + 5.0)
+        return self.call(lambda: process.http_get(url, timeout_s), timeout_s + 5.0)
 
     def http_ok(self, url: str, timeout_s: float = 2.0) -> bool:
-        res = self.http_get(url, timeout_s)
-        return res is not None and 200 <= res[0] < 300
+        return self.call(lambda: process.http_ok(url, timeout_s), timeout_s + 5.0)
 
     def tcp_open(self, port: int, host: str = LOOPBACK, timeout_s: float = 1.0) -> bool:
-        def probe() -> bool:
-            try:
-                with socket.create_connection((host, port), timeout=timeout_s):
-                    return True
-            except OSError:
-                return False
-
-        return self.call(probe, timeout_s + 5.0)
+        return self.call(lambda: process.tcp_open(host, port, timeout_s), timeout_s + 5.0)
 
     def stop(self, timeout_s: float = 5.0) -> None:
         """Stop the holder if this object owns it (the namespace goes with its last process)."""

@@ -52,12 +52,20 @@ def ensure_port_free(port: int, field_name: str) -> None:
             ) from None
 
 
-def http_ok(url: str, timeout_s: float = 2.0) -> bool:
+def http_get(url: str, timeout_s: float = 2.0) -> tuple[int, bytes] | None:
+    """(status, body) of a GET; None if nothing answered."""
     try:
         with urllib.request.urlopen(url, timeout=timeout_s) as resp:
-            return 200 <= resp.status < 300
+            return int(resp.status), resp.read()
+    except urllib.error.HTTPError as exc:
+        return int(exc.code), exc.read()
     except (urllib.error.URLError, OSError, ValueError):
-        return False
+        return None
+
+
+def http_ok(url: str, timeout_s: float = 2.0) -> bool:
+    res = http_get(url, timeout_s)
+    return res is not None and 200 <= res[0] < 300
 
 
 def tcp_open(host: str, port: int, timeout_s: float = 1.0) -> bool:
