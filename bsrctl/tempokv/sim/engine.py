@@ -140,14 +140,9 @@ class SimEngine:
     # ---- the loop: one scheduling pass per step boundary ----------------------------------
     def _schedule(self) -> None:
         if self.limits.queued_loads:
-            self._schedule_queued()
-            return
-        self._join_loaded()
-        budget = budget_left([s.prefill_left for s in self.running], self.limits)
-        while self._slots_free() > 0 and self.waiting and budget > 0:
-            log = self.waiting.popleft()
-            budget -= min(budget, max(1, log.req.prompt_tokens - log.req.cached_tokens))
-            self._start_load(log)
+            self._grant_queued()
+        else:
+            self._grant_slots()
         if self.limits.sync_loads and self.loading:
             self.mode = EngineMode.LOAD_WAIT  # the step starts when its loads are done
         elif self.running:
@@ -156,7 +151,16 @@ class SimEngine:
             self.mode = EngineMode.IDLE
         self.on_iteration()
 
-    def _schedule_queued(self) -> None:
+    def _grant_slots(self) -> None:
+        """Loaded requests join; waiting ones take free slots while budget remains."""
+        self._join_loaded()
+        budget = budget_left([s.prefill_left for s in self.running], self.limits)
+        while self._slots_free() > 0 and self.waiting and budget > 0:
+            log = self.waiting.popleft()
+            budget -= min(budget, max(1, log.req.prompt_tokens - log.req.cached_tokens))
+            self._start_load(log)
+
+    def _grant_queued(self) -> None:
         """vLLM's pass with async connector loads: loaded requests are admitted first, in
         order, while slots and token budget remain (one still loading is skipped); then,
         while a slot is still free, every waiting request whose prompt fits the GPU KV starts
@@ -167,11 +171,7 @@ class SimEngine:
                 break
             if log in self.loaded:
                 self.loaded.remove(log)
-                self._held.remove(log)
-                req = log.req
-                prefill = max(1, req.prompt_tokens - req.cached_tokens)
-                self.running.append(_Seq(log, prefill, req.cached_tokens))
-                budget -= min(budget, prefill)
+                budget -= min(budget, self._admit(log))
         kv_cap = self.limits.gpu_kv_tokens
         while self._slots_free() > 0 and self.waiting and budget > 0:
             req = self.waiting[0].req
@@ -183,11 +183,6 @@ class SimEngine:
                     )
                 break  # FCFS: vLLM stops at the first request it cannot allocate
             self._start_load(self.waiting.popleft())
-        if self.running:
-            self._step()
-        else:
-            self.mode = EngineMode.IDLE
-        self.on_iteration()
 
     def _kv_tokens(self) -> int:
         """GPU KV in use: running sequences' context and unprefilled prompt, and the whole
@@ -197,11 +192,16 @@ class SimEngine:
 
     def _join_loaded(self) -> None:
         for log in self.loaded:
-            self._held.remove(log)
-            req = log.req
-            prefill = max(1, req.prompt_tokens - req.cached_tokens)  # ≥ 1: the last token
-            self.running.append(_Seq(log, prefill, req.cached_tokens))
+            self._admit(log)
         self.loaded.clear()
+
+    def _admit(self, log: RequestLog) -> int:
+        """Into the batch with its KV on the GPU; returns its prefill tokens."""
+        self._held.remove(log)
+        req = log.req
+        prefill = max(1, req.prompt_tokens - req.cached_tokens)  # ≥ 1: the last token
+        self.running.append(_Seq(log, prefill, req.cached_tokens))
+        return prefill
 
     def _start_load(self, log: RequestLog) -> None:
         log.retrieval_s = self.clock.now()
