@@ -143,7 +143,8 @@ def _control(spec: TempoKVSpec) -> ControlConfig:
     outputs = _outputs(spec)
     rng = random.Random(f"calibration-{spec.seed}")  # not the trace's stream
     prior = tuple(outputs.draw(rng) for _ in range(spec.control.output_prior_samples))
-    return ControlConfig(spec.control.tick_s, spec.control.rate_prior_s, outputs.max_tokens, prior)
+    c = spec.control
+    return ControlConfig(c.tick_s, c.rate_prior_s, outputs.max_tokens, prior, c.crossing_wakeup)
 
 
 def _requests(spec: TempoKVSpec, model: ModelProfile, ratio: float) -> list[Request]:

@@ -96,6 +96,12 @@ class ControlSpec(Strict):
     output_prior_samples: int = Field(
         32, ge=0, description="calibration completions seeding the TTU output predictor"
     )
+    crossing_wakeup: bool = Field(
+        False,
+        description="also re-evaluate when a claim's laxity is predicted to reach 0 (the "
+        "paper's controller has events and the tick only, so a commitment may land up to "
+        "one tick after the crossing)",
+    )
 
 
 class OutputSpec(Strict):

@@ -165,6 +165,18 @@ def test_queued_loads_wait_for_room_in_the_gpu_kv():
         run(reqs, EngineLimits(2, sync_loads=False, queued_loads=True, gpu_kv_tokens=200))
 
 
+def test_a_crossing_wakeup_commits_exactly_when_laxity_reaches_zero():
+    # The stretch above, with control.crossing_wakeup: b commits at the predicted crossing,
+    # 0.3625, not at the next step boundary, and is stage-ready exactly at its retrieval.
+    control = ControlConfig(
+        tick_s=0.0, output_limit_tokens=32, output_prior_tokens=(30,), crossing_wakeup=True
+    )
+    reqs = [req("a", 0.0, 8, 30), req("b", 0.02, 8, 3)]
+    res = simulate(reqs, MODEL, DEVICE, EngineLimits(1), control, "tempokv")
+    assert trace(res, "b")[:3] == [(0.02, "PLANNED"), (0.3625, "STAGING"), (0.4875, "STAGEREADY")]
+    assert res.logs[1].retrieval_s == pytest.approx(0.4875)
+
+
 POLICIES = ["demand", "immediate", "queue-1", "queue-4", "tempokv-static", "tempokv"]
 
 

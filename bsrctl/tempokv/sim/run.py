@@ -28,6 +28,7 @@ class ControlConfig:
     output_limit_tokens: int = 128  # generation limit the TTU predictor caps at
     output_prior_tokens: tuple[int, ...] = (128,)  # calibration completions seeding TTU
     # (the spec draws them from the model's output distribution with a separate seed)
+    crossing_wakeup: bool = False  # also re-evaluate at each predicted L = 0 crossing
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,7 +150,7 @@ def simulate(
     for req in requests:
         provider.store(req.manifest.objects)  # precomputed KV retained on SSD
     policy = make_policy(policy_name, provider, device_cfg.staging_bytes_s)
-    controller = Controller(clock, provider, policy, control.tick_s)
+    controller = Controller(clock, provider, policy, control.tick_s, control.crossing_wakeup)
     predictor = OutputPredictor(control.output_limit_tokens, control.output_prior_tokens)
     engine = SimEngine(
         clock,
