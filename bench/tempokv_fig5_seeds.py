@@ -3,11 +3,13 @@ the other five (in practice Queue-1) over 20 trace seeds (a seed draws the outpu
 documents and arrivals are the paper's) and four early-EOS shares, Llama at a 100% prefix
 ratio. The paper has TempoKV best in throughput and p95 TTFT there. Each row
 prints how often it is, and TempoKV − Queue-1 in tok/s and p95 seconds (median and worst
-over the seeds). Nothing here is timed: it prints what the virtual-time simulation gives."""
+over the seeds). `--crossing-wakeup` turns on control.crossing_wakeup. Nothing here is
+timed: it prints what the virtual-time simulation gives."""
 
 from __future__ import annotations
 
 import statistics
+import sys
 from pathlib import Path
 
 from bsrctl.experiments.tempokv import simulate_policy
@@ -22,6 +24,9 @@ EOS_FRACTIONS = (0.0, 0.05, 0.2, 0.5)
 
 def main() -> None:
     spec, _ = load(SPEC)
+    if "--crossing-wakeup" in sys.argv[1:]:
+        control = spec.control.model_copy(update={"crossing_wakeup": True})
+        spec = spec.model_copy(update={"control": control})
     model = CATALOGUE[spec.models[0].name]
     policies = spec.experiment.policies
     print("eos tempokv_best d_tok_s(median,worst) d_p95_s(median,worst)")
