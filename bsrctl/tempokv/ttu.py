@@ -3,8 +3,9 @@
 Running and queued requests advance on one shared timeline under the engine's slot limit,
 FCFS order and chunked-prefill token budget (a pass grants slots only while budget
 remains), with calibrated step costs; remaining output comes from recent completions.
-With synchronous loads a step waits for the loads it carries. The target's own KV is
-assumed stage-ready."""
+With synchronous loads a step waits for the loads it carries; with queued loads (vLLM's
+asynchronous connector loads) a pass with a free slot starts every waiting load that fits
+the GPU KV. The target's own KV is assumed stage-ready."""
 
 from __future__ import annotations
 
@@ -292,5 +293,5 @@ def _advance(
         done = [s for s in active if s.left <= 1e-9]
         for s in done:
             seqs.remove(s)
-        if done or not until_exit or (cut_s is not None and t_s >= cut_s):
+        if done or not until_exit or (cut_s is not None and t_s >= cut_s - _SAME_S):
             return t_s
