@@ -128,7 +128,6 @@ def test_queued_loads_start_while_a_slot_is_free_and_hold_none():
     # slot being free by then. With slot-holding sync loads b would wait for a's exit.
     reqs = [req("a", 0.0, 8, 10), req("b", 0.05, 8, 3), req("c", 0.06, 8, 2)]
     res = run(reqs, QUEUED)
-    a, b, c = res.logs
     assert [lg.retrieval_s for lg in res.logs] == [0.0, 0.05, 0.06]
     assert [lg.admitted_s for lg in res.logs] == pytest.approx([0.1875, 0.3125, 0.4375])
     assert [lg.first_token_s for lg in res.logs] == pytest.approx([0.1975, 0.3225, 0.4475])
