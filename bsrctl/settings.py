@@ -1,0 +1,87 @@
+"""The one home of the restore settings: W, B, the timeouts, FS load concurrency, checksums.
+
+The spec's ``restore:`` section (``RestoreTuning``), the window each command names once
+(``sweep.window_chunks``, ``law.windows_chunks``, a failure cell's W; the ladder is W = 0),
+the LMCache server module's ``--server-module`` config and the restore core's
+``RestoreConfig`` are all built from ``RestoreSettings``. Nothing else declares a default.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from bsrctl.restore.restorer import RestoreConfig
+
+
+class RestoreTuning(BaseModel):
+    """Everything about a restore but its window: what a spec's ``restore:`` section holds."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    window_timeout_s: float = Field(30.0, gt=0, description="max wait for one window in L1")
+    probe_timeout_s: float = Field(10.0, gt=0, description="max wait for one probe (L1 or L2)")
+    admission_timeout_s: float = Field(
+        120.0, gt=0, description="max wait for the budget B to admit a window"
+    )
+    # Whole retrieve, admission to last install (0 = none). On the serving stack it must stay
+    # below vLLM's 60 s mq_timeout, after which the connector recomputes into the same blocks.
+    retrieve_deadline_s: float = Field(45.0, ge=0, description="whole retrieve; 0 = none")
+    # After a window timed out, how long its release waits for the late prefetch to land (so
+    # the budget and gauge stay exact) before leaving it to a background drain.
+    drain_timeout_s: float = Field(5.0, ge=0)
+    # Refuse to install a window after a process stall this long (0 = off): vLLM's connector
+    # gives up on a server that misses one 10 s PING and recomputes into the same blocks.
+    stall_guard_s: float = Field(5.0, ge=0)
+    load_concurrency: int = Field(1, ge=1, description="FS L2 loads in flight per rank")
+    checksum: bool = Field(True, description="sha256 per L2 object, verified before install")
+    use_odirect: bool = Field(False, description="FS L2 bypasses the page cache (O_DIRECT)")
+
+
+class RestoreSettings(RestoreTuning):
+    """A restore's whole configuration: the tuning plus the window W and the budget B."""
+
+    window_chunks: int = Field(0, ge=0, description="W; 0 = the stock whole-plan path")
+    admission_budget_chunks: int = Field(0, ge=0, description="B, process-wide; 0 means B = W")
+
+    @model_validator(mode="after")
+    def _budget_covers_window(self) -> RestoreSettings:
+        b, w = self.admission_budget_chunks, self.window_chunks
+        if w and 0 < b < w:
+            raise ValueError(f"admission_budget_chunks = {b} < window_chunks = {w}: set B >= W")
+        return self
+
+    @classmethod
+    def of(cls, tuning: RestoreTuning, window_chunks: int, budget_chunks: int = 0) -> RestoreSettings:
+        """These tunings with window W and budget B (B only means something when W > 0)."""
+        return cls(
+            **tuning.model_dump(),
+            window_chunks=window_chunks,
+            admission_budget_chunks=budget_chunks if window_chunks else 0,
+        )
+
+    def with_window(self, window_chunks: int, budget_chunks: int = 0) -> RestoreSettings:
+        return RestoreSettings.of(self, window_chunks, budget_chunks)
+
+    @property
+    def budget_chunks(self) -> int:
+        """B in effect: B = W when unset."""
+        return self.admission_budget_chunks or self.window_chunks
+
+    def tuning(self) -> RestoreTuning:
+        return RestoreTuning(**self.model_dump(exclude={"window_chunks", "admission_budget_chunks"}))
+
+    def to_json(self) -> dict[str, Any]:
+        return self.model_dump()
+
+    def core_config(self, pipeline: bool = True) -> RestoreConfig:
+        """The restore core's own frozen config, built from these settings."""
+        return RestoreConfig(
+            window_chunks=self.window_chunks,
+            admission_budget_chunks=self.admission_budget_chunks,
+            window_timeout_s=self.window_timeout_s,
+            admission_timeout_s=self.admission_timeout_s,
+            retrieve_deadline_s=self.retrieve_deadline_s,
+            pipeline=pipeline,
+        )
