@@ -40,6 +40,7 @@ import time
 from pathlib import Path
 
 from bsrctl.registration import dsv4_flash_mtp_off
+from bsrctl.settings import RestoreSettings
 from bsrctl.stack.storage import StorageStack, StorageStackConfig, deploy
 
 GIB = 1 << 30
@@ -115,11 +116,11 @@ def make(
             root_dir=root,
             registration=reg,
             l1_capacity_bytes=l1_bytes,
-            use_odirect=not args.buffered,
-            load_concurrency=conc,
+            restore=RestoreSettings(
+                use_odirect=not args.buffered, load_concurrency=conc, window_timeout_s=120.0
+            ),
             l2_adapter=adapter,
             destination="null",
-            window_timeout_s=120.0,
         )
     )
 

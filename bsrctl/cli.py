@@ -212,16 +212,18 @@ def stack_up(
         "reports/stack"
     ),
 ) -> None:
-    """Start the stack a spec's `stack:` section describes and leave it running."""
+    """Start the stack a spec's `stack:` and `restore:` sections describe (W = 0) and leave
+    it running."""
+    from bsrctl.settings import RestoreSettings
     from bsrctl.specs import load_stack_section
     from bsrctl.stack.serving import ServingStack, check_ports
 
     def go() -> ServingStack:
-        parsed = load_stack_section(spec)
+        parsed, tuning = load_stack_section(spec)
         if (run_dir / "stack" / "state.json").exists() and _live_state(run_dir):
             raise BadInput(f"--run-dir: a stack is already up in {run_dir}; `bsrctl stack down`")
         check_ports(parsed)
-        st = ServingStack(parsed, run_dir)
+        st = ServingStack(parsed, run_dir, RestoreSettings.of(tuning, 0))
         st.up()
         return st
 

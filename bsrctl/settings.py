@@ -53,10 +53,12 @@ class RestoreSettings(RestoreTuning):
         return self
 
     @classmethod
-    def of(cls, tuning: RestoreTuning, window_chunks: int, budget_chunks: int = 0) -> RestoreSettings:
+    def of(
+        cls, tuning: RestoreTuning, window_chunks: int, budget_chunks: int = 0
+    ) -> RestoreSettings:
         """These tunings with window W and budget B (B only means something when W > 0)."""
         return cls(
-            **tuning.model_dump(),
+            **tuning.model_dump(include=set(RestoreTuning.model_fields)),
             window_chunks=window_chunks,
             admission_budget_chunks=budget_chunks if window_chunks else 0,
         )
@@ -70,7 +72,9 @@ class RestoreSettings(RestoreTuning):
         return self.admission_budget_chunks or self.window_chunks
 
     def tuning(self) -> RestoreTuning:
-        return RestoreTuning(**self.model_dump(exclude={"window_chunks", "admission_budget_chunks"}))
+        return RestoreTuning(
+            **self.model_dump(exclude={"window_chunks", "admission_budget_chunks"})
+        )
 
     def to_json(self) -> dict[str, Any]:
         return self.model_dump()

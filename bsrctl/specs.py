@@ -2,19 +2,49 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
-from typing import Any, Literal, TypeVar, get_args
+from typing import Annotated, Any, Literal, TypeVar, get_args
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    model_validator,
+)
 
 from bsrctl.errors import BadInput
+from bsrctl.registration import Registration, dsv4_flash_mtp_off, tiny_llama_cpu
+from bsrctl.settings import RestoreSettings, RestoreTuning
 
 M = TypeVar("M", bound=BaseModel)
 
 
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+UNITS = {"": 1, "b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
+UNITS |= {"kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
+
+
+def parse_bytes(value: Any) -> Any:
+    """2147483648, "2 GiB", "512MiB", "1.5 GiB" -> int bytes; anything else left to pydantic."""
+    if isinstance(value, str):
+        m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*", value)
+        if not m or m.group(2).lower() not in UNITS:
+            raise ValueError(f"{value!r} is not a byte size; write e.g. 2147483648 or '2 GiB'")
+        n = float(m.group(1)) * UNITS[m.group(2).lower()]
+        if n != int(n):
+            raise ValueError(f"{value!r} is not a whole number of bytes")
+        return int(n)
+    return value
+
+
+ByteSize = Annotated[int, BeforeValidator(parse_bytes), Field(gt=0)]
 
 
 class VllmSpec(Strict):
@@ -33,11 +63,6 @@ class LmcacheSpec(Strict):
     l1_size_bytes: int = Field(1 << 30, gt=0, description="L1 (DRAM) capacity")
     chunk_size: int = Field(256, gt=0, description="tokens per chunk")
     fs_l2: bool = Field(True, description="filesystem L2 under the run folder")
-    window_chunks: int = Field(0, ge=0, description="BSR window W; 0 = stock whole-plan path")
-    admission_budget_chunks: int = Field(0, ge=0, description="BSR budget B; 0 means B = W")
-    window_timeout_s: float = Field(30.0, gt=0)
-    load_concurrency: int = Field(1, ge=1, description="FS L2 load concurrency")
-    checksum: bool = Field(True, description="sha256 per L2 object, verified before install")
     startup_timeout_s: float = Field(120.0, gt=0)
 
 
@@ -54,10 +79,68 @@ class StackSpec(Strict):
     mooncake: MooncakeSpec = MooncakeSpec()
 
 
+class StorageSpec(Strict):
+    """The in-process storage stack (``--stack storage``): no model, real L1 + FS L2."""
+
+    tp_ranks: int = Field(1, ge=1, description="ranks, one StorageManager each (c is per rank)")
+    root_dir: Path | None = Field(None, description="L2 files go to ROOT/l2; None: the run dir")
+    keep_files: bool = Field(False, description="keep ROOT/l2 after the run (else removed)")
+    destination: Literal["verify", "mmap", "null"] = Field(
+        "verify", description="verify: check every installed byte against canonical bytes"
+    )
+    drop_page_cache: bool = Field(False, description="fadvise(DONTNEED) L2 files before restores")
+    disk_reserve_bytes: ByteSize = Field(2 << 30, description="free disk to keep beyond L2 files")
+
+
+class TargetSpec(Strict):
+    """What a restore target needs from a spec: the stack, the geometry, the restore tuning
+    (W comes from each command's own section), and this machine's margins."""
+
+    stack: StackSpec = StackSpec()
+    restore: RestoreTuning = RestoreTuning()
+    registration: Literal["tiny-llama", "dsv4-flash"] = "tiny-llama"
+    storage: StorageSpec = StorageSpec()
+    max_tokens: int = Field(16, gt=0)
+    aux_bytes: int = Field(0, ge=0, description="restore-pool allowance beyond W*c, per rank")
+    memory_reserve_bytes: ByteSize = Field(
+        4 << 30, description="never deploy an L1 that leaves less than this much RAM free"
+    )
+
+    @property
+    def chunk_tokens(self) -> int:
+        return self.stack.lmcache.chunk_size
+
+    def settings(self, window_chunks: int, budget_chunks: int = 0) -> RestoreSettings:
+        """The restore settings of one deployment: this spec's tuning with W and B."""
+        return RestoreSettings.of(self.restore, window_chunks, budget_chunks)
+
+    def tp_size(self, stack: str) -> int:
+        return self.storage.tp_ranks if stack == "storage" else self.stack.vllm.tensor_parallel_size
+
+    def registration_for(self, stack: str) -> Registration:
+        """The geometry restored: what c and the digest are checked against."""
+        tp, chunk = self.tp_size(stack), self.chunk_tokens
+        if self.registration == "dsv4-flash":
+            reg = dsv4_flash_mtp_off(tp_size=tp, chunk_tokens=chunk)
+        else:
+            if 2 % tp:
+                field = "storage.tp_ranks"
+                if stack == "serving":
+                    field = "stack.vllm.tensor_parallel_size"
+                raise BadInput(
+                    f"{field}: tiny-llama has 2 KV heads, TP {tp} does not divide them; use 1 or 2"
+                )
+            reg = tiny_llama_cpu(chunk_tokens=chunk, tp_size=tp)
+        return Registration(
+            reg.model, reg.tensors, reg.groups, reg.tp_size, reg.chunk_tokens, self.aux_bytes
+        )
+
+
 class RoundTripSpec(Strict):
     """The issue-2 round trip: store a prompt's KV, forget it locally, reload from each tier."""
 
     stack: StackSpec = StackSpec()
+    restore: RestoreTuning = RestoreTuning()
     prompt_tokens: int = Field(4096, gt=0)
     max_tokens: int = Field(16, gt=0)
     salt: str = Field("bsrctl-demo", min_length=1)
@@ -129,10 +212,15 @@ def load_spec(path: Path, model: type[M]) -> tuple[M, dict[str, Any]]:
         raise BadInput(f"{path}: {describe_error(model, exc)}") from None
 
 
-def load_stack_section(path: Path) -> StackSpec:
-    """The `stack:` section of any spec (round trip, ladder, sweep, law, failmatrix)."""
-    raw = read_yaml(path).get("stack", {})
+def load_stack_section(path: Path) -> tuple[StackSpec, RestoreTuning]:
+    """The `stack:` and `restore:` sections of any spec (round trip, ladder, sweep, law,
+    failmatrix): what `bsrctl stack up` deploys (W = 0)."""
+    doc = read_yaml(path)
     try:
-        return StackSpec.model_validate(raw)
+        stack = StackSpec.model_validate(doc.get("stack", {}))
     except ValidationError as exc:
         raise BadInput(f"{path}: stack.{describe_error(StackSpec, exc)}") from None
+    try:
+        return stack, RestoreTuning.model_validate(doc.get("restore", {}))
+    except ValidationError as exc:
+        raise BadInput(f"{path}: restore.{describe_error(RestoreTuning, exc)}") from None

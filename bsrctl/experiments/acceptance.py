@@ -3,8 +3,9 @@
 The paper's criterion (Section 6): cached-token accounting, tier isolation, registration
 identity, canonical output, post-request health, and for W > 0 the bounded restore pool.
 Each function takes what was measured (None = not measured) and returns a Check; missing
-evidence is UNKNOWN, never PASS. ``judge`` applies them to a point's ``measures`` dict, so
-a point can be re-judged from its evidence alone.
+evidence is UNKNOWN, never PASS. ``judge`` applies them to a point's ``RestoreMeasures``
+(``RestoreMeasures.from_json`` reads them back from evidence), so a point can be re-judged
+from its evidence alone.
 
 On the storage stack there is no model: ``canonical_output`` is replaced by
 ``canonical_bytes`` (every installed object compared with regenerated canonical bytes).
@@ -12,21 +13,8 @@ On the storage stack there is no model: ``canonical_output`` is replaced by
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
 from bsrctl.evidence.verdict import Check, Verdict, check
-
-CHECK_NAMES = (
-    "setup_seeded",
-    "cached_token_accounting",
-    "tier_isolation",
-    "registration_identity",
-    "canonical_output",
-    "canonical_bytes",
-    "post_request_health",
-    "bounded_restore",
-)
+from bsrctl.stack.target import RestoreMeasures
 
 
 def _missing(name: str, *what: str) -> Check:
@@ -186,47 +174,40 @@ def bounded_restore(
     )
 
 
-def judge(m: Mapping[str, Any], stack: str) -> tuple[Check, ...]:
-    """Every acceptance check of one point, from its measures (see the key names used).
-    A point whose prefix never fully reached its tier is judged on that alone (UNKNOWN)."""
-    g = m.get
+def judge(m: RestoreMeasures, stack: str) -> tuple[Check, ...]:
+    """Every acceptance check of one point, from its measures. A point whose prefix never
+    fully reached its tier is judged on that alone (UNKNOWN)."""
+    tier = m.tier or "L2"
     seeded: list[Check] = []
-    if g("seed_chunks_expected") is not None:
-        seeded.append(
-            setup_seeded(g("seed_chunks_expected"), g("seed_chunks_held"), g("tier") or "L2")
-        )
+    if m.seed_chunks_expected is not None:
+        seeded.append(setup_seeded(m.seed_chunks_expected, m.seed_chunks_held, tier))
         if seeded[0].verdict != Verdict.PASS:
             return tuple(seeded)
     checks = [
         *seeded,
-        cached_token_accounting(
-            g("cached_tokens"), g("expected_cached_tokens"), g("external_hit_tokens")
-        ),
+        cached_token_accounting(m.cached_tokens, m.expected_cached_tokens, m.external_hit_tokens),
         tier_isolation(
-            g("tier") or "L2",
-            g("l1_bytes_before_restore"),
-            g("cached_tokens"),
-            g("tier_bytes_read"),
-            g("external_hit_tokens"),
+            tier,
+            m.l1_bytes_before_restore,
+            m.cached_tokens,
+            m.tier_bytes_read,
+            m.external_hit_tokens,
         ),
         registration_identity(
-            g("bytes_per_chunk_expected"),
-            g("bytes_per_chunk_measured"),
-            g("registration_digest_expected"),
-            g("registration_digest"),
+            m.bytes_per_chunk_expected,
+            m.bytes_per_chunk_measured,
+            m.registration_digest_expected,
+            m.registration_digest,
         ),
-        canonical_bytes(g("verify_ok"), g("verify_mismatches"), g("bytes_restored"))
+        canonical_bytes(m.verify_ok, m.verify_mismatches, m.bytes_restored)
         if stack == "storage"
-        else canonical_output(g("output_sha256"), g("canonical_sha256")),
-        post_request_health(g("healthy"), g("health_detail") or ""),
+        else canonical_output(m.output_sha256, m.canonical_sha256),
+        post_request_health(m.healthy, m.health_detail),
     ]
-    if (g("window_chunks") or 0) > 0:
+    if m.window_chunks > 0:
         checks.append(
             bounded_restore(
-                g("window_chunks"),
-                g("restore_pool_peak_bytes"),
-                g("rws_bound_bytes"),
-                g("bytes_restored"),
+                m.window_chunks, m.restore_pool_peak_bytes, m.rws_bound_bytes, m.bytes_restored
             )
         )
     return tuple(checks)

@@ -22,27 +22,20 @@ from bsrctl.errors import BadInput, StackFailed
 from bsrctl.evidence import EvidenceWriter, Point, Verdict
 from bsrctl.evidence.record import load_evidence
 from bsrctl.evidence.verdict import Check, check
-from bsrctl.experiments.canonical import canonical_outputs
 from bsrctl.experiments.failmatrix_checks import Observation, render_table, serving_checks, table
 from bsrctl.experiments.failmatrix_spec import CellSpec, FailMatrixSpec, load_matrix
 from bsrctl.experiments.failmatrix_storage import run_storage_cell
-from bsrctl.experiments.faults import (
-    INJECTORS,
-    Injector,
-    L1Exhausted,
-    chunk_hashes_hex,
-    fault_stats,
-    fs_objects,
-    run_bounded,
-    wait_tiers_hold,
-)
-from bsrctl.experiments.prompts import expected_external_tokens, prompt_ids, tokens_sha256
+from bsrctl.experiments.faults import INJECTORS, Injector, L1Exhausted, run_bounded
 from bsrctl.experiments.run import execute, progress
-from bsrctl.experiments.serving_probe import BsrModuleClient
 from bsrctl.lmcache_ext.fault_adapter import write_control_file
+from bsrctl.prompts import expected_external_tokens, prompt_ids, tokens_sha256
+from bsrctl.settings import RestoreSettings
 from bsrctl.stack import tinymodel
+from bsrctl.stack.bsr_client import BsrModuleClient
+from bsrctl.stack.canonical import canonical_outputs
 from bsrctl.stack.process import pids_alive
 from bsrctl.stack.serving import ServingStack, check_ports
+from bsrctl.stack.tiers import chunk_hashes_hex, fault_stats, fs_objects, wait_tiers_hold
 
 Say = Callable[[str], None]
 MUTANT_MODULE = "bsrctl.lmcache_ext.failmatrix_mutants"
@@ -63,8 +56,14 @@ def relied_tiers(cell: CellSpec) -> tuple[str, ...]:
 class FailmatrixStack(ServingStack):
     """The serving stack; with `mutations` set, LMCache loads the TEST-ONLY mutant module."""
 
-    def __init__(self, spec: Any, run_dir: Path, mutations: list[str] | None = None) -> None:
-        super().__init__(spec, run_dir)
+    def __init__(
+        self,
+        spec: Any,
+        run_dir: Path,
+        mutations: list[str] | None = None,
+        restore: RestoreSettings | None = None,
+    ) -> None:
+        super().__init__(spec, run_dir, restore)
         self.mutations = mutations
 
     def _server_module_arg(self) -> dict[str, Any]:
@@ -152,7 +151,7 @@ class ServingRig:
         self.spec = spec
         self.say = say
         self.run_dir = run_dir
-        self.stack = FailmatrixStack(spec.stack, run_dir, mutations)
+        self.stack = FailmatrixStack(spec.stack, run_dir, mutations, spec.settings())
         self.client: BsrModuleClient | None = None
         self.canonical: dict[str, tuple[int, ...]] = {}
         self.vocab = 0
@@ -298,7 +297,7 @@ class ServingRig:
             params=cell.model_dump(),
             measures={
                 "tokens": wl.prompt_tokens,
-                "window_chunks": self.spec.stack.lmcache.window_chunks,
+                "window_chunks": self.spec.workload.window_chunks,
                 "cached_tokens": obs.cached_tokens,
                 "expected_cached_tokens": full if cell.expect == "lower_tier" else 0,
                 "lower_tier_prefix_tokens_at_request": lower_prefix,
@@ -394,7 +393,7 @@ class ServingRig:
             params=cell.model_dump(),
             measures={
                 "tokens": wl.prompt_tokens,
-                "window_chunks": self.spec.stack.lmcache.window_chunks,
+                "window_chunks": self.spec.workload.window_chunks,
                 "cached_tokens": None,
                 "expected_cached_tokens": None,
                 "time_to_fallback_s": None,

@@ -2,15 +2,18 @@
 
 Layout::
 
-    stack: {...}                 # bsrctl.specs.StackSpec (W = stack.lmcache.window_chunks > 0)
+    stack: {...}                 # bsrctl.specs.StackSpec
+    restore: {...}               # bsrctl.settings.RestoreTuning (timeouts, checksum)
     workload:
+      window_chunks: 4           # W of the serving cells (> 0: BSR on)
+      admission_budget_chunks: 4 # B; 0 means B = W
       prompt_tokens: 4000        # prefix seeded then restored (one fresh prompt per cell)
       max_tokens: 8
       salt: fm-cpu
     storage:                     # cells with `stack: storage` (in-process, TP ranks, no model)
       tp_ranks: 2
       prefix_tokens: 4096
-      window_chunks: 2
+      window_chunks: 2           # W of the storage cells
       l1_capacity_bytes: 8388608
     cells:
       - id: window-timeout
@@ -35,6 +38,7 @@ from typing import Literal
 from pydantic import Field, ValidationError, model_validator
 
 from bsrctl.errors import BadInput
+from bsrctl.settings import RestoreSettings, RestoreTuning
 from bsrctl.specs import StackSpec, Strict, describe_error, read_yaml
 
 Point_ = Literal["before_request", "during_window", "between_windows"]
@@ -58,6 +62,8 @@ class WorkloadSpec(Strict):
     prompt_tokens: int = Field(4000, gt=0, description="prefix tokens per cell's prompt")
     max_tokens: int = Field(8, gt=0)
     salt: str = Field("bsrctl-failmatrix", min_length=1)
+    window_chunks: int = Field(gt=0, description="W of the serving cells")
+    admission_budget_chunks: int = Field(0, ge=0, description="B; 0 means B = W")
     flood_requests: int = Field(
         8, ge=1, description="l1_exhausted: other prompts warm-prefetched into L1"
     )
@@ -77,7 +83,6 @@ class StorageCellsSpec(Strict):
     prefix_tokens: int = Field(4096, gt=0)
     window_chunks: int = Field(2, gt=0)
     l1_capacity_bytes: int = Field(8 << 20, ge=4096)
-    window_timeout_s: float = Field(5.0, gt=0)
 
 
 class CellSpec(Strict):
@@ -100,7 +105,8 @@ class CellSpec(Strict):
 
 class FailMatrixSpec(Strict):
     stack: StackSpec = StackSpec()
-    workload: WorkloadSpec = WorkloadSpec()
+    restore: RestoreTuning = RestoreTuning()
+    workload: WorkloadSpec
     storage: StorageCellsSpec = StorageCellsSpec()
     cells: list[CellSpec] = Field(min_length=1)
 
@@ -114,10 +120,14 @@ class FailMatrixSpec(Strict):
             _check_cell(self, c)
         return self
 
+    def settings(self) -> RestoreSettings:
+        """The serving deployment's restore settings: the tuning with the workload's W, B."""
+        wl = self.workload
+        return RestoreSettings.of(self.restore, wl.window_chunks, wl.admission_budget_chunks)
+
     def serving_windows(self) -> int:
-        lm = self.stack.lmcache
-        chunks = self.workload.prompt_tokens // lm.chunk_size
-        return math.ceil(chunks / lm.window_chunks) if lm.window_chunks else 0
+        chunks = self.workload.prompt_tokens // self.stack.lmcache.chunk_size
+        return math.ceil(chunks / self.workload.window_chunks)
 
     def storage_windows(self) -> int:
         s = self.storage
@@ -136,15 +146,14 @@ def _check_cell(spec: FailMatrixSpec, c: CellSpec) -> None:
         if c.window >= n:
             raise ValueError(f"{where}: window {c.window} >= {n} windows of the storage prefix")
         return
-    lm, v = spec.stack.lmcache, spec.stack.vllm
-    if lm.window_chunks <= 0:
-        raise ValueError(f"{where}: serving cells need stack.lmcache.window_chunks > 0 (BSR on)")
+    lm, v, r = spec.stack.lmcache, spec.stack.vllm, spec.restore
     n = spec.serving_windows()
     last = n - 1 if c.at == "during_window" else n - 2
     if c.window > last:
         raise ValueError(
             f"{where}: window {c.window} out of range for {c.at} ({n} windows of "
-            f"{lm.window_chunks} chunks in {spec.workload.prompt_tokens} tokens); use 0..{last}"
+            f"{spec.workload.window_chunks} chunks in {spec.workload.prompt_tokens} tokens); "
+            f"use 0..{last}"
         )
     if spec.workload.prompt_tokens + spec.workload.max_tokens > v.max_model_len:
         raise ValueError("workload.prompt_tokens + max_tokens exceeds stack.vllm.max_model_len")
@@ -158,12 +167,12 @@ def _check_cell(spec: FailMatrixSpec, c: CellSpec) -> None:
         and c.source != "fs"
     ):
         raise ValueError(f"{where}: needs source fs and stack.lmcache.fs_l2: true")
-    if c.fault in ("object_corrupted", "object_truncated") and not lm.checksum:
-        raise ValueError(f"{where}: needs stack.lmcache.checksum: true (detect before install)")
-    if c.at == "between_windows" and c.hold_s >= lm.window_timeout_s:
+    if c.fault in ("object_corrupted", "object_truncated") and not r.checksum:
+        raise ValueError(f"{where}: needs restore.checksum: true (detect before install)")
+    if c.at == "between_windows" and c.hold_s >= r.window_timeout_s:
         raise ValueError(
-            f"{where}: hold_s {c.hold_s} must be below stack.lmcache.window_timeout_s "
-            f"{lm.window_timeout_s} (a hold longer than the timeout is the window_timeout fault)"
+            f"{where}: hold_s {c.hold_s} must be below restore.window_timeout_s "
+            f"{r.window_timeout_s} (a hold longer than the timeout is the window_timeout fault)"
         )
     if c.expect == "lower_tier" and (c.fault != "mooncake_master_down" or c.source != "all"):
         raise ValueError(

@@ -23,6 +23,7 @@ from bsrctl.evidence.verdict import Check, check
 from bsrctl.experiments.failmatrix_spec import CellSpec, FailMatrixSpec
 from bsrctl.registration import tiny_llama_cpu
 from bsrctl.restore import BoundedRestorer, RestoreConfig
+from bsrctl.settings import RestoreSettings
 from bsrctl.stack.storage import FaultSpec, StorageRestoreResult, StorageStack, StorageStackConfig
 
 STORAGE_MUTATIONS = ("skip_invalidation", "partial_after_failure", "skip_force_local")
@@ -82,7 +83,7 @@ def run_storage_cell(
         root_dir=Path(run_dir) / "storage" / cell.id,
         registration=reg,
         l1_capacity_bytes=s.l1_capacity_bytes,
-        window_timeout_s=s.window_timeout_s,
+        restore=RestoreSettings.of(spec.restore, 0),
         destination="verify",
     )
     muts = frozenset(m for m in (mutations or []) if m in STORAGE_MUTATIONS)
@@ -114,7 +115,7 @@ def run_storage_cell(
             "cached_tokens": failed.cached_tokens,
             "expected_cached_tokens": 0,
             "time_to_fallback_s": round(fallback_s, 4),
-            "failed_restore": failed.to_measures(),
+            "failed_restore": failed.measures(),
             "next_admission": {"forced_local": again.forced_local, "cached": again.cached_tokens},
             "follow_up": {"cached_tokens": follow.cached_tokens, "failure": follow.failure},
         },

@@ -28,9 +28,7 @@ from bsrctl.evidence.verdict import Check, check
 from bsrctl.experiments.acceptance import judge
 from bsrctl.experiments.run import Progress, execute, progress
 from bsrctl.experiments.specs import ExperimentSpec, load_experiment
-from bsrctl.experiments.targets import ServingTarget, StorageTarget, make_target
-
-OUTCOMES = ("pass", "capacity", "fail", "unknown", "memory_limit")
+from bsrctl.stack.target import Prompt, RestoreMeasures, Target, make_target
 
 
 class LadderWriter(EvidenceWriter):
@@ -69,7 +67,12 @@ class _Ladder:
     """One ladder run: sizes x rungs on one target."""
 
     def __init__(
-        self, spec: ExperimentSpec, stack: str, target: Any, writer: EvidenceWriter, say: Progress
+        self,
+        spec: ExperimentSpec,
+        stack: str,
+        target: Target,
+        writer: EvidenceWriter,
+        say: Progress,
     ) -> None:
         self.spec, self.stack, self.target, self.w, self.say = spec, stack, target, writer, say
 
@@ -77,20 +80,22 @@ class _Ladder:
         params = {"tokens": tokens, "window_chunks": 0, "l1_capacity_bytes": rung}
         extra: dict[str, Any] = {"attempt": attempt}
         try:
-            self.target.deploy(rung, 0, 0)
+            self.target.deploy(rung, self.spec.settings(0))
             if attempt == 1 and not self.w.doc["stack"].get("registration"):
                 self.w.set_stack(self.target.describe())
-            m = self.target.measure(tokens, 0, self.spec.salt, cold=False)
+            m = self.target.measure(Prompt(self.spec.salt, tokens), 0, cold=False)
         except (StackFailed, OSError, RuntimeError, TimeoutError) as exc:
             # Not a capacity answer (engine unhealthy, timeout, L1 not allocatable): UNKNOWN.
-            m = {"tokens": tokens, "window_chunks": 0, "l1_capacity_bytes": rung}
             why = f"{type(exc).__name__}: {exc}"
-            m.update(healthy=None, health_detail=f"stack failed: {why}", error=why)
+            m = RestoreMeasures(
+                tokens, 0, rung, healthy=None, health_detail=f"stack failed: {why}", error=why
+            )
         finally:
             self.target.teardown()
         checks = judge(m, self.stack)
         outcome = rung_outcome(checks)
-        return Point(pid, params, m, checks, {**extra, "rung_outcome": outcome}), outcome
+        point = Point(pid, params, m.to_json(), checks, {**extra, "rung_outcome": outcome})
+        return point, outcome
 
     def memory_point(self, tokens: int, rung: int, detail: str) -> Point:
         params = {"tokens": tokens, "window_chunks": 0, "l1_capacity_bytes": rung}
@@ -178,14 +183,14 @@ def run_ladder(
     assert lad is not None
     say = progress(quiet)
     writer = LadderWriter(out_dir, "ladder", raw, spec.salt, {"kind": stack})
-    target: StorageTarget | ServingTarget = make_target(spec, stack, writer.run_dir)
+    target = make_target(stack, spec, writer.run_dir)
 
     def body(w: EvidenceWriter) -> tuple[dict[str, Any], list[Check]]:
-        prompts = [(spec.salt, n) for n in lad.sizes_tokens]
-        target.prepare(w.run_dir, prompts)
+        prompts = [Prompt(spec.salt, n) for n in lad.sizes_tokens]
+        target.prepare(prompts)
         if stack == "serving":  # store every prefix once; each rung then only restores
             say("storing the prefixes (one deployment with the spec's L1)")
-            target.deploy(spec.stack.lmcache.l1_size_bytes, 0, 0)
+            target.deploy(spec.stack.lmcache.l1_size_bytes, spec.settings(0))
             try:
                 w.set_stack(target.describe())
                 target.store(prompts)

@@ -13,7 +13,7 @@ from bsrctl.evidence import EvidenceWriter, Verdict
 from bsrctl.evidence.verdict import Check, check
 from bsrctl.experiments.run import execute, progress, restore_point
 from bsrctl.experiments.specs import load_experiment
-from bsrctl.experiments.targets import make_target
+from bsrctl.stack.target import Prompt, make_target
 
 
 def fit_line(xs: list[int], ys: list[int]) -> tuple[Fraction, Fraction, float | None]:
@@ -67,22 +67,23 @@ def run_law(spec_path: Path, out_dir: Path, stack: str = "serving", quiet: bool 
     say = progress(quiet)
     reg = spec.registration_for(stack)
     writer = EvidenceWriter(out_dir, "law", raw, spec.salt, {"kind": stack})
-    target = make_target(spec, stack, writer.run_dir)
+    target = make_target(stack, spec, writer.run_dir)
     l1 = spec.stack.lmcache.l1_size_bytes
 
     def body(w: EvidenceWriter) -> tuple[dict[str, Any], list[Check]]:
-        target.prepare(w.run_dir, [(spec.salt, law.tokens)])
+        prompt = Prompt(spec.salt, law.tokens)
+        target.prepare([prompt])
         first = law.windows_chunks[0]
         say(f"deploying: L1 {l1} B, W = {first}")
-        target.deploy(l1, first, 0)
+        target.deploy(l1, spec.settings(first))
         w.set_stack(target.describe())
         peaks: list[int | None] = []
         for win in law.windows_chunks:
             say(f"N = {law.tokens} tokens, W = {win}")
-            m = target.measure(law.tokens, win, spec.salt)
+            m = target.measure(prompt, win)
             params = {"tokens": law.tokens, "window_chunks": win, "l1_capacity_bytes": l1}
             w.add_point(restore_point(f"n{law.tokens}-w{win}", params, m, stack))
-            peaks.append(m.get("restore_pool_peak_bytes"))
+            peaks.append(m.restore_pool_peak_bytes)
         c, fit = law_check(
             list(law.windows_chunks), peaks, reg.bytes_per_chunk, law.slope_tolerance, law.min_r2
         )

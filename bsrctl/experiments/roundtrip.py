@@ -14,14 +14,15 @@ from pathlib import Path
 from bsrctl.errors import StackFailed
 from bsrctl.evidence import EvidenceWriter, Point, Verdict
 from bsrctl.evidence.verdict import Check, check
-from bsrctl.experiments.canonical import canonical_outputs
-from bsrctl.experiments.faults import mooncake_stored_keys, wait_written_through
-from bsrctl.experiments.prompts import expected_external_tokens, prompt_ids, tokens_sha256
 from bsrctl.experiments.run import sigterm_interrupts
+from bsrctl.prompts import expected_external_tokens, prompt_ids, tokens_sha256
 from bsrctl.report.markdown import write_summary
+from bsrctl.settings import RestoreSettings
 from bsrctl.specs import RoundTripSpec, load_spec
 from bsrctl.stack import tinymodel
+from bsrctl.stack.canonical import canonical_outputs
 from bsrctl.stack.serving import Completion, ServingStack, check_ports
+from bsrctl.stack.tiers import mooncake_stored_keys, wait_written_through
 
 Progress = Callable[[str], None]
 
@@ -106,7 +107,7 @@ def run_roundtrip(spec_path: Path, out_dir: Path, progress: Progress = lambda _:
     )
     ids = prompt_ids(spec.salt, spec.prompt_tokens, tinymodel.vocab_size(model_dir))
     writer = EvidenceWriter(out_dir, "roundtrip", raw, spec.salt, {"kind": "serving"})
-    stack = ServingStack(spec.stack, writer.run_dir)
+    stack = ServingStack(spec.stack, writer.run_dir, RestoreSettings.of(spec.restore, 0))
     with sigterm_interrupts() as guard:  # SIGTERM tears the stack down too
         try:
             progress("canonical output on a vLLM with no KV connector")

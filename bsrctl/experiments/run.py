@@ -15,6 +15,7 @@ from bsrctl.evidence import EvidenceWriter, Point, Verdict, merge
 from bsrctl.evidence.verdict import Check
 from bsrctl.experiments.acceptance import judge
 from bsrctl.report.markdown import write_summary
+from bsrctl.stack.target import RestoreMeasures
 
 Progress = Callable[[str], None]
 Body = Callable[[EvidenceWriter], tuple[dict[str, Any], list[Check]]]
@@ -64,10 +65,10 @@ def sigterm_interrupts() -> Iterator[_TermGuard]:
 
 
 def restore_point(
-    point_id: str, params: dict[str, Any], measures: dict[str, Any], stack: str, **extra: Any
+    point_id: str, params: dict[str, Any], measures: RestoreMeasures, stack: str, **extra: Any
 ) -> Point:
     """A point judged by the acceptance checks from its own measures."""
-    return Point(point_id, params, measures, judge(measures, stack), extra)
+    return Point(point_id, params, measures.to_json(), judge(measures, stack), extra)
 
 
 def execute(

@@ -3,6 +3,7 @@
 Layout (every field optional except the section the command needs)::
 
     stack: {...}            # bsrctl.specs.StackSpec: the serving stack (vLLM, LMCache, Mooncake)
+    restore: {...}          # bsrctl.settings.RestoreTuning: timeouts, load concurrency, checksum
     registration: tiny-llama   # state geometry: tiny-llama | dsv4-flash (the paper's MTP-off)
     storage: {...}          # --stack storage only: TP ranks, L2 root, destination, margins
     salt: bsrctl-e1         # prompts / canonical KV bytes derive from it
@@ -14,44 +15,23 @@ Layout (every field optional except the section the command needs)::
     law:    {tokens, windows_chunks}               # `bsrctl law`    (one size, W varies)
 
 The chunk size is ``stack.lmcache.chunk_size`` and the sweep/law L1 is
-``stack.lmcache.l1_size_bytes`` on both stacks; the window is set per command (ladder 0,
-sweep ``sweep.window_chunks``, law each of ``law.windows_chunks``), so
-``stack.lmcache.window_chunks`` must stay 0. Byte sizes take integers or "2 GiB"-style strings.
+``stack.lmcache.l1_size_bytes`` on both stacks; each command names its window once (ladder 0,
+``sweep.window_chunks``, each of ``law.windows_chunks``). Byte sizes take integers or
+"2 GiB"-style strings.
 """
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
-from pydantic import BaseModel, BeforeValidator, Field, ValidationError, field_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator
 
 from bsrctl.errors import BadInput
-from bsrctl.registration import Registration, dsv4_flash_mtp_off, tiny_llama_cpu
-from bsrctl.specs import StackSpec, Strict, describe_error, read_yaml
+from bsrctl.specs import ByteSize, Strict, TargetSpec, describe_error, read_yaml
 
 COMMANDS = ("ladder", "sweep", "law")
 STACKS = ("serving", "storage")
-GEOMETRIES = ("tiny-llama", "dsv4-flash")
-UNITS = {"": 1, "b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
-UNITS |= {"kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
-
-
-def parse_bytes(value: Any) -> Any:
-    """2147483648, "2 GiB", "512MiB", "1.5 GiB" -> int bytes; anything else left to pydantic."""
-    if isinstance(value, str):
-        m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*", value)
-        if not m or m.group(2).lower() not in UNITS:
-            raise ValueError(f"{value!r} is not a byte size; write e.g. 2147483648 or '2 GiB'")
-        n = float(m.group(1)) * UNITS[m.group(2).lower()]
-        if n != int(n):
-            raise ValueError(f"{value!r} is not a whole number of bytes")
-        return int(n)
-    return value
-
-
-ByteSize = Annotated[int, BeforeValidator(parse_bytes), Field(gt=0)]
 
 
 def _increasing(name: str, values: list[int]) -> list[int]:
@@ -60,22 +40,6 @@ def _increasing(name: str, values: list[int]) -> list[int]:
     if any(b <= a for a, b in zip(values, values[1:], strict=False)):
         raise ValueError(f"must be strictly increasing, got {values}; sort them, drop duplicates")
     return values
-
-
-class StorageSpec(Strict):
-    """The in-process storage stack (``--stack storage``): no model, real L1 + FS L2."""
-
-    tp_ranks: int = Field(1, ge=1, description="ranks, one StorageManager each (c is per rank)")
-    root_dir: Path | None = Field(None, description="L2 files go to ROOT/l2; None: the run dir")
-    keep_files: bool = Field(False, description="keep ROOT/l2 after the run (else removed)")
-    destination: Literal["verify", "mmap", "null"] = Field(
-        "verify", description="verify: check every installed byte against canonical bytes"
-    )
-    use_odirect: bool = False
-    load_concurrency: int = Field(1, ge=1)
-    drop_page_cache: bool = Field(False, description="fadvise(DONTNEED) L2 files before restores")
-    disk_reserve_bytes: ByteSize = Field(2 << 30, description="free disk to keep beyond L2 files")
-    window_timeout_s: float = Field(120.0, gt=0)
 
 
 class LadderSpec(Strict):
@@ -127,46 +91,13 @@ class LawSpec(Strict):
         return v
 
 
-class ExperimentSpec(Strict):
+class ExperimentSpec(TargetSpec):
     """One YAML file: stack, geometry, and a section per command (see the module doc)."""
 
-    stack: StackSpec = StackSpec()
-    registration: Literal["tiny-llama", "dsv4-flash"] = "tiny-llama"
-    storage: StorageSpec = StorageSpec()
     salt: str = Field("bsrctl-e1", min_length=1)
-    max_tokens: int = Field(16, gt=0)
-    aux_bytes: int = Field(0, ge=0, description="restore-pool allowance beyond W*c, per rank")
-    memory_reserve_bytes: ByteSize = Field(
-        4 << 30, description="never deploy an L1 that leaves less than this much RAM free"
-    )
     ladder: LadderSpec | None = None
     sweep: SweepSpec | None = None
     law: LawSpec | None = None
-
-    @property
-    def chunk_tokens(self) -> int:
-        return self.stack.lmcache.chunk_size
-
-    def tp_size(self, stack: str) -> int:
-        return self.storage.tp_ranks if stack == "storage" else self.stack.vllm.tensor_parallel_size
-
-    def registration_for(self, stack: str) -> Registration:
-        """The geometry restored: what c and the digest are checked against."""
-        tp, chunk = self.tp_size(stack), self.chunk_tokens
-        if self.registration == "dsv4-flash":
-            reg = dsv4_flash_mtp_off(tp_size=tp, chunk_tokens=chunk)
-        else:
-            if 2 % tp:
-                field = "storage.tp_ranks"
-                if stack == "serving":
-                    field = "stack.vllm.tensor_parallel_size"
-                raise BadInput(
-                    f"{field}: tiny-llama has 2 KV heads, TP {tp} does not divide them; use 1 or 2"
-                )
-            reg = tiny_llama_cpu(chunk_tokens=chunk, tp_size=tp)
-        return Registration(
-            reg.model, reg.tensors, reg.groups, reg.tp_size, reg.chunk_tokens, self.aux_bytes
-        )
 
 
 def load_experiment(path: Path, command: str, stack: str) -> tuple[ExperimentSpec, dict[str, Any]]:
@@ -221,11 +152,6 @@ def check_spec(spec: ExperimentSpec, command: str, stack: str) -> None:
         raise BadInput(
             f"{command}: section missing; add a `{command}:` section "
             f"(sections here: {', '.join(have) or 'none'}; see ladders/cpu-e1.yaml)"
-        )
-    if spec.stack.lmcache.window_chunks:
-        raise BadInput(
-            "stack.lmcache.window_chunks: the window is set per command (ladder W = 0, "
-            "sweep.window_chunks, law.windows_chunks); leave it 0"
         )
     chunk = spec.chunk_tokens
     sizes = sizes_of(spec, command)

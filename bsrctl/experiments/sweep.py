@@ -16,7 +16,8 @@ from bsrctl.evidence import EvidenceWriter, Verdict
 from bsrctl.evidence.verdict import Check, check
 from bsrctl.experiments.run import execute, progress, restore_point
 from bsrctl.experiments.specs import ExperimentSpec, load_experiment
-from bsrctl.experiments.targets import make_target
+from bsrctl.stack.storage_target import StorageTarget
+from bsrctl.stack.target import Prompt, make_target
 
 
 def run_sweep(
@@ -33,30 +34,30 @@ def run_sweep(
     say = progress(quiet)
     new_salt = f"{spec.salt}-repeat-{secrets.token_hex(4)}" if repeat_new_salt else ""
     writer = EvidenceWriter(out_dir, "sweep", raw, spec.salt, {"kind": stack})
-    target = make_target(spec, stack, writer.run_dir)
+    target = make_target(stack, spec, writer.run_dir)
     windows = [sw.window_chunks] + ([0] if sw.whole_plan_contrast and sw.window_chunks else [])
 
     def body(w: EvidenceWriter) -> tuple[dict[str, Any], list[Check]]:
-        prompts = [(spec.salt, n) for n in sw.sizes_tokens]
+        prompts = [Prompt(spec.salt, n) for n in sw.sizes_tokens]
         if new_salt:
-            prompts.append((new_salt, sw.sizes_tokens[-1]))
+            prompts.append(Prompt(new_salt, sw.sizes_tokens[-1]))
         say(f"preparing the {stack} stack ({len(prompts)} prompts)")
-        target.prepare(w.run_dir, prompts)
+        target.prepare(prompts)
         l1 = spec.stack.lmcache.l1_size_bytes
         say(f"deploying: L1 {l1} B, W = {sw.window_chunks}")
-        target.deploy(l1, sw.window_chunks, sw.admission_budget_chunks)
+        target.deploy(l1, spec.settings(sw.window_chunks, sw.admission_budget_chunks))
         w.set_stack(target.describe())
         for n in sw.sizes_tokens:
             for win in windows:
                 say(f"N = {n} tokens, W = {win}")
-                m = target.measure(n, win, spec.salt)
+                m = target.measure(Prompt(spec.salt, n), win)
                 w.add_point(restore_point(f"n{n}-w{win}", _params(n, win, l1), m, stack))
         if new_salt:
             n = sw.sizes_tokens[-1]
-            if stack == "storage":
+            if isinstance(target, StorageTarget):
                 target.forget_salt_files()  # bound disk: the old salt's files are not reused
             say(f"repeat N = {n} with a new salt {new_salt}")
-            m = target.measure(n, sw.window_chunks, new_salt)
+            m = target.measure(Prompt(new_salt, n), sw.window_chunks)
             pid = f"n{n}-w{sw.window_chunks}-new-salt"
             w.add_point(
                 restore_point(pid, {**_params(n, sw.window_chunks, l1), "salt": new_salt}, m, stack)

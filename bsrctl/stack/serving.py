@@ -2,8 +2,8 @@
 
 Order: (network namespace when Mooncake is on) → Mooncake master + node → LMCache server →
 vLLM. Each part has a command line, a PID, a log under <run>/stack/, a bounded health wait
-and a stop by PID. Nothing here knows BSR: the server module is named in the spec and passed
-through, so W = 0 runs the stock server.
+and a stop by PID. The restore settings (W, B, timeouts, load concurrency, checksums) come
+from the caller; with W = 0 the server module passes everything to the stock handlers.
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ from typing import Any
 
 import psutil
 
-from bsrctl.errors import StackFailed
+from bsrctl.errors import BadInput, StackFailed
+from bsrctl.settings import RestoreSettings
 from bsrctl.specs import StackSpec
 from bsrctl.stack import tinymodel
 from bsrctl.stack.netns import NetNamespace, maybe_inside, start_netns
@@ -38,7 +39,11 @@ SERVER_MODULE = "bsrctl.lmcache_ext.server_module"
 # vLLM's connector gives up on a server request after this; BSR's whole retrieve must end
 # (installed or failed closed) well before it, or a late window overwrites the recompute.
 MQ_TIMEOUT_S = 60.0
-RETRIEVE_DEADLINE_S = 0.75 * MQ_TIMEOUT_S
+# The server module's config keys (the rest of RestoreSettings configures the L2 adapters).
+SERVER_KEYS = (
+    "window_chunks", "admission_budget_chunks", "window_timeout_s", "probe_timeout_s",
+    "admission_timeout_s", "retrieve_deadline_s", "drain_timeout_s", "stall_guard_s",
+)  # fmt: skip
 
 
 SHM_PREFIXES = ("psm_", "lmcache_kv_")
@@ -89,8 +94,17 @@ class Completion:
 class ServingStack:
     """One deployment. `up()` starts what is down; `down()` stops everything by PID."""
 
-    def __init__(self, spec: StackSpec, run_dir: Path) -> None:
+    def __init__(
+        self, spec: StackSpec, run_dir: Path, restore: RestoreSettings | None = None
+    ) -> None:
         self.spec = spec
+        self.restore = restore or RestoreSettings()
+        if not 0 < self.restore.retrieve_deadline_s < MQ_TIMEOUT_S:
+            raise BadInput(
+                f"restore.retrieve_deadline_s: {self.restore.retrieve_deadline_s} s must lie in "
+                f"(0, {MQ_TIMEOUT_S:g}) on the serving stack (vLLM's connector recomputes after "
+                f"{MQ_TIMEOUT_S:g} s); use e.g. {0.75 * MQ_TIMEOUT_S:g}"
+            )
         self.dir = Path(run_dir) / "stack"
         self.ns: NetNamespace | None = None
         self.parts: dict[str, Supervised] = {}
@@ -235,8 +249,8 @@ class ServingStack:
             inner = {
                 "type": "bsr_fs",
                 "base_path": str(l2),
-                "load_concurrency": lm.load_concurrency,
-                "checksum": lm.checksum,
+                "load_concurrency": self.restore.load_concurrency,
+                "checksum": self.restore.checksum,
             }
             out.append(fault_wrapped("fs", inner, self.fault_control("fs")))
         if self.spec.mooncake.enabled and self.mooncake is not None:
@@ -246,7 +260,7 @@ class ServingStack:
                     "mooncake",
                     {"type": "bsr_mooncake", **inner},
                     self.fault_control("mooncake"),
-                    verify=lm.checksum,
+                    verify=self.restore.checksum,
                 )
             )
         return out
@@ -256,16 +270,13 @@ class ServingStack:
         return self.dir / f"faults-{tier}.json"
 
     def _server_module_arg(self) -> dict[str, Any]:
-        lm = self.spec.lmcache
+        r = self.restore
+        config = {k: getattr(r, k) for k in SERVER_KEYS}
+        config["admission_budget_chunks"] = r.budget_chunks
         return {
             "module_path": SERVER_MODULE,
             "factory_name": "build_server_modules",
-            "config": {
-                "window_chunks": lm.window_chunks,
-                "admission_budget_chunks": lm.admission_budget_chunks or lm.window_chunks,
-                "window_timeout_s": lm.window_timeout_s,
-                "retrieve_deadline_s": RETRIEVE_DEADLINE_S,
-            },
+            "config": config,
         }
 
     def start_vllm(self) -> None:

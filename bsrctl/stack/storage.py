@@ -10,7 +10,7 @@ API (what ladder / sweep / law on ``--stack storage`` call)::
     seed = stack.seed(prefix_tokens=131072, salt="s0")   # chunks -> L2 files (+L1 optional)
     stack.forget()                                      # delete the prefix from every L1
     res = stack.restore(window_chunks=32, budget_chunks=32)   # -> StorageRestoreResult
-    res.to_measures()                                  # evidence "measures" of the point
+    res.measures()                                     # evidence "measures" of the point
     stack.restore(window_chunks=0)                      # stock whole-plan single-shot path
     stack.teardown()
 
@@ -75,6 +75,7 @@ from bsrctl.restore import (
     Window,
 )
 from bsrctl.restore.lmcache_storage import LMCacheRestoreStorage, layout_descs
+from bsrctl.settings import RestoreSettings
 
 DESTINATIONS = ("verify", "mmap", "null")
 L2_ADAPTERS = ("auto", "stock", "bsr_fs")
@@ -88,11 +89,10 @@ class StorageStackConfig:
     root_dir: Path  # L2 files in root_dir/l2, mmap destination in root_dir/dest
     registration: Registration  # geometry of the state stored and restored
     l1_capacity_bytes: int  # L1 size of each rank's StorageManager
-    use_odirect: bool = False  # FS L2 reads (and writes) bypass the page cache
-    load_concurrency: int = 1  # FS loads in flight per rank (needs the bsr_fs adapter if > 1)
+    # W-independent restore settings: timeouts, FS load concurrency (bsr_fs if > 1), O_DIRECT
+    restore: RestoreSettings = RestoreSettings()
     l2_adapter: str = "auto"  # "stock" FS adapter, "bsr_fs", or auto (bsr_fs iff concurrency > 1)
     destination: str = "verify"  # "verify" | "mmap" | "null"
-    window_timeout_s: float = 60.0  # per-window completeness timeout
     model_name: str = ""  # ObjectKey.model_name; "" = registration.model
 
     def __post_init__(self) -> None:
@@ -102,8 +102,6 @@ class StorageStackConfig:
             raise BadInput(f"l2_adapter {self.l2_adapter!r}: one of {L2_ADAPTERS}")
         if self.l1_capacity_bytes < 4096:
             raise BadInput(f"l1_capacity_bytes={self.l1_capacity_bytes}: at least 4096")
-        if self.load_concurrency < 1:
-            raise BadInput(f"load_concurrency={self.load_concurrency}: at least 1")
 
 
 @dataclass(frozen=True)
@@ -164,7 +162,8 @@ class StorageRestoreResult:
     def ok(self) -> bool:
         return not self.failure
 
-    def to_measures(self) -> dict[str, Any]:
+    def measures(self) -> dict[str, Any]:
+        """The evidence measures of this restore (RestoreMeasures field names)."""
         doc = asdict(self)
         for k, v in doc.items():
             if isinstance(v, dict):
@@ -466,8 +465,8 @@ class StorageStack:
     # ---- deployment ----
 
     def _l2_config(self) -> Any:
-        c = self.config
-        kind = c.l2_adapter
+        c = self.config.restore
+        kind = self.config.l2_adapter
         if kind == "auto":
             kind = "bsr_fs" if c.load_concurrency > 1 else "stock"
         if kind == "stock":
@@ -513,8 +512,8 @@ class StorageStack:
             "versions": self.versions(),
             "registration": self.registration.to_dict(),
             "l1_capacity_bytes": c.l1_capacity_bytes,
-            "use_odirect": c.use_odirect,
-            "load_concurrency": c.load_concurrency,
+            "use_odirect": c.restore.use_odirect,
+            "load_concurrency": c.restore.load_concurrency,
             "destination": c.destination,
         }
 
@@ -637,12 +636,8 @@ class StorageStack:
             raise BadInput("restore before seed: call seed(prefix_tokens, salt) first")
         seeded = self.seeded
         rid = request_id or f"storage-{seeded.salt}-{seeded.tokens}-w{window_chunks}"
-        config = RestoreConfig(
-            window_chunks=window_chunks,
-            admission_budget_chunks=budget_chunks,
-            window_timeout_s=self.config.window_timeout_s,
-            pipeline=pipeline,
-        )
+        settings = self.config.restore.with_window(window_chunks, budget_chunks)
+        config = settings.core_config(pipeline=pipeline)
         restorer = self.make_restorer(config, fault)
         request = self.request(rid, seeded.hashes)
         fail_window = fault.window if fault and fault.kind == "install_error" else -1
@@ -660,7 +655,7 @@ class StorageStack:
         One restorer owns one admission budget: use one restorer from several threads to
         restore several requests under a common B.
         """
-        drain_s = max(60.0, self.config.window_timeout_s)
+        drain_s = max(60.0, self.config.restore.window_timeout_s)
         per_rank = {
             r: LMCacheRestoreStorage(sm, self.layouts, drain_timeout_s=drain_s)
             for r, sm in self.managers.items()

@@ -21,6 +21,7 @@ registration: tiny-llama
 storage:
   tp_ranks: {tp}
   root_dir: {root}
+restore:
   window_timeout_s: 20
 salt: t-small
 memory_reserve_bytes: 1 MiB

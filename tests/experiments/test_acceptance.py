@@ -2,20 +2,24 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from bsrctl.evidence import Verdict
 from bsrctl.experiments import acceptance as acc
+from bsrctl.stack.target import RestoreMeasures
 
 SHA_A = "a" * 64
 SHA_B = "b" * 64
 C = 262_144
 
 
-def serving_measures(**over: object) -> dict[str, object]:
+def serving_measures(**over: object) -> RestoreMeasures:
     m: dict[str, object] = {
         "tokens": 4096,
         "window_chunks": 4,
+        "l1_capacity_bytes": 64 * C,
         "cached_tokens": 4095,
         "external_hit_tokens": 4095,
         "expected_cached_tokens": 4095,
@@ -33,10 +37,10 @@ def serving_measures(**over: object) -> dict[str, object]:
         "bytes_restored": 16 * C,
     }
     m.update(over)
-    return m
+    return RestoreMeasures(**m)  # type: ignore[arg-type]
 
 
-def verdicts(m: dict[str, object], stack: str = "serving") -> dict[str, Verdict]:
+def verdicts(m: RestoreMeasures, stack: str = "serving") -> dict[str, Verdict]:
     return {c.name: c.verdict for c in acc.judge(m, stack)}
 
 
@@ -59,10 +63,10 @@ def test_w0_has_no_bounded_restore_check() -> None:
 
 
 def test_missing_evidence_is_unknown_never_pass() -> None:
-    checks = acc.judge({"window_chunks": 4}, "serving")
+    checks = acc.judge(RestoreMeasures(4096, 4, C), "serving")
     assert {c.verdict for c in checks} == {Verdict.UNKNOWN}
     assert all("not measured" in c.detail or "health" in c.detail for c in checks)
-    assert {c.verdict for c in acc.judge({}, "storage")} == {Verdict.UNKNOWN}
+    assert {c.verdict for c in acc.judge(RestoreMeasures(4096, 0, C), "storage")} == {Verdict.UNKNOWN}
 
 
 @pytest.mark.parametrize(
@@ -108,18 +112,24 @@ def test_each_check_fails_or_is_unknown_with_its_reason(
 
 
 def test_storage_replaces_canonical_output_with_byte_verification() -> None:
-    m = serving_measures(output_sha256=None, canonical_sha256=None, external_hit_tokens=None)
-    m.update(verify_ok=True, verify_mismatches=0, registration_digest="d" * 64)
-    m["registration_digest_expected"] = "d" * 64
+    m = serving_measures(
+        output_sha256=None,
+        canonical_sha256=None,
+        external_hit_tokens=None,
+        verify_ok=True,
+        verify_mismatches=0,
+        registration_digest="d" * 64,
+        registration_digest_expected="d" * 64,
+    )
     v = verdicts(m, "storage")
     assert "canonical_output" not in v and v["canonical_bytes"] == Verdict.PASS
     (c,) = [c for c in acc.judge(m, "storage") if c.name == "canonical_bytes"]
     assert "canonical_output replaced by byte verification" in c.detail
-    m.update(verify_ok=False, verify_mismatches=3)
+    m = dataclasses.replace(m, verify_ok=False, verify_mismatches=3)
     assert verdicts(m, "storage")["canonical_bytes"] == Verdict.FAIL
-    m.update(verify_ok=None, verify_mismatches=None)
+    m = dataclasses.replace(m, verify_ok=None, verify_mismatches=None)
     assert verdicts(m, "storage")["canonical_bytes"] == Verdict.UNKNOWN
-    m.update(verify_ok=True, verify_mismatches=0, registration_digest="e" * 64)
+    m = dataclasses.replace(m, verify_ok=True, verify_mismatches=0, registration_digest="e" * 64)
     assert verdicts(m, "storage")["registration_identity"] == Verdict.FAIL
 
 
@@ -144,3 +154,12 @@ def test_a_prefix_short_in_its_tier_is_unknown_and_judged_on_nothing_else(held) 
     (c,) = acc.judge(m, "serving")
     assert (c.name, c.verdict) == ("setup_seeded", Verdict.UNKNOWN)
     assert c.detail == f"setup: fs held {held or 0}/16 whole chunks of the prompt"
+
+
+def test_measures_read_back_from_evidence_refuse_a_renamed_key() -> None:
+    m = serving_measures(seed_chunks_expected=16, seed_chunks_held=16)
+    doc = m.to_json()
+    assert RestoreMeasures.from_json(doc) == m
+    doc["restore_pool_peak"] = doc.pop("restore_pool_peak_bytes")  # renamed on one side
+    with pytest.raises(ValueError, match=r"unknown restore measure\(s\) \['restore_pool_peak'\]"):
+        RestoreMeasures.from_json(doc)

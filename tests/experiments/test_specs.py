@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from bsrctl.errors import BadInput
-from bsrctl.experiments.specs import load_experiment, parse_bytes
+from bsrctl.experiments.specs import load_experiment
+from bsrctl.specs import parse_bytes
 
 LADDERS = Path(__file__).parents[2] / "ladders"
 
@@ -77,7 +78,7 @@ def test_unknown_field_lists_valid_ones(tmp_path: Path) -> None:
         ("law: {tokens: 2048, windows_chunks: [2, 4, 16]}\n", "law", "storage",
          ["law.windows_chunks: W [16] exceed the prefix's 8 chunks", "law.tokens to >= 4096"]),
         ("stack: {lmcache: {window_chunks: 4}}\nsweep: {sizes_tokens: [1024]}\n", "sweep",
-         "storage", ["stack.lmcache.window_chunks", "leave it 0"]),
+         "storage", ["stack.lmcache.window_chunks: unknown field", "chunk_size"]),
         ("sweep: {sizes_tokens: [32768]}\n", "sweep", "serving",
          ["stack.vllm.max_model_len: 20480 < 32784", "raise it or shorten"]),
         ("sweep: {sizes_tokens: [1024], window_chunks: 4, admission_budget_chunks: 2}\n",

@@ -16,7 +16,8 @@ pytest.importorskip("lmcache")
 
 from bsrctl.errors import StackFailed  # noqa: E402
 from bsrctl.evidence import Verdict, load_evidence  # noqa: E402
-from bsrctl.experiments import targets  # noqa: E402
+from bsrctl.stack import storage_target  # noqa: E402
+from bsrctl.stack.target import Prompt, RestoreMeasures  # noqa: E402
 from bsrctl.experiments.ladder import run_ladder  # noqa: E402
 from bsrctl.experiments.law import fit_line, run_law  # noqa: E402
 from bsrctl.experiments.sweep import run_sweep  # noqa: E402
@@ -120,16 +121,16 @@ def test_ladder_first_passing_rung_and_capacity_failures(small_spec, tmp_path: P
 def test_ladder_rung_that_fails_for_no_capacity_is_unknown_and_redone(
     small_spec, tmp_path: Path, monkeypatch
 ) -> None:
-    real = targets.StorageTarget.measure
+    real = storage_target.StorageTarget.measure
     calls = {"n": 0}
 
-    def flaky(self: Any, tokens: int, w: int, salt: str, cold: bool = True) -> dict[str, Any]:
+    def flaky(self: Any, prompt: Prompt, w: int, cold: bool = True) -> RestoreMeasures:
         calls["n"] += 1
         if calls["n"] == 1:
             raise StackFailed("engine unhealthy: injected")
-        return real(self, tokens, w, salt, cold)
+        return real(self, prompt, w, cold)
 
-    monkeypatch.setattr(targets.StorageTarget, "measure", flaky)
+    monkeypatch.setattr(storage_target.StorageTarget, "measure", flaky)
     out = tmp_path / "out"
     assert run_ladder(small_spec(), out, "storage", quiet=True) == Verdict.PASS
     doc = evidence(out)
@@ -159,10 +160,10 @@ def test_ladder_stops_where_machine_memory_ends(small_spec, tmp_path: Path) -> N
 
 
 def _interrupt_second_point(monkeypatch, how: str) -> None:
-    real = targets.StorageTarget.measure
+    real = storage_target.StorageTarget.measure
     calls = {"n": 0}
 
-    def measure(self: Any, *a: Any, **k: Any) -> dict[str, Any]:
+    def measure(self: Any, *a: Any, **k: Any) -> RestoreMeasures:
         calls["n"] += 1
         if calls["n"] == 2:
             if how == "sigterm":
@@ -170,7 +171,7 @@ def _interrupt_second_point(monkeypatch, how: str) -> None:
             raise KeyboardInterrupt
         return real(self, *a, **k)
 
-    monkeypatch.setattr(targets.StorageTarget, "measure", measure)
+    monkeypatch.setattr(storage_target.StorageTarget, "measure", measure)
 
 
 @pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
@@ -210,20 +211,20 @@ def target(small_spec, tmp_path: Path):
     from bsrctl.experiments.specs import load_experiment
 
     spec, _ = load_experiment(small_spec(), "sweep", "storage")
-    t = targets.StorageTarget(spec, tmp_path / "run")
-    t.deploy(8 * MIB, 2, 0)
+    t = storage_target.StorageTarget(spec, tmp_path / "run")
+    t.deploy(8 * MIB, spec.settings(2))
     yield t
     t.cleanup()
 
 
-def checks_of(m: dict[str, Any]) -> dict[str, tuple[str, str]]:
+def checks_of(m: RestoreMeasures) -> dict[str, tuple[str, str]]:
     from bsrctl.experiments.acceptance import judge
 
     return {c.name: (str(c.verdict), c.detail) for c in judge(m, "storage")}
 
 
 def test_clean_point_passes(target) -> None:
-    got = checks_of(target.measure(2048, 2, "s"))
+    got = checks_of(target.measure(Prompt("s", 2048), 2))
     assert {v for v, _ in got.values()} == {"PASS"}
 
 
@@ -237,7 +238,7 @@ def test_wrong_salt_fails_byte_verification(target, monkeypatch) -> None:
         return res
 
     monkeypatch.setattr(st, "seed", seed_then_claim_other_salt)
-    got = checks_of(target.measure(2048, 2, "s"))
+    got = checks_of(target.measure(Prompt("s", 2048), 2))
     assert got["canonical_bytes"][0] == "FAIL"
     assert "8 object(s) not canonical" in got["canonical_bytes"][1]
 
@@ -252,9 +253,9 @@ def test_emptied_tier_fails_accounting_and_isolation_is_unknown(target, monkeypa
         return real_forget()
 
     monkeypatch.setattr(st, "forget", forget_and_empty_l2)
-    m = target.measure(2048, 2, "s")
+    m = target.measure(Prompt("s", 2048), 2)
     got = checks_of(m)
-    assert m["cached_tokens"] == 0
+    assert m.cached_tokens == 0
     assert got["cached_token_accounting"] == ("FAIL", "cached 0, expected 2048")
     assert got["tier_isolation"][0] == "UNKNOWN"
     assert got["canonical_bytes"][0] == "UNKNOWN"  # nothing restored: nothing verified
@@ -265,7 +266,7 @@ def test_l1_not_emptied_fails_tier_isolation(target, monkeypatch) -> None:
     real_seed = st.seed
     monkeypatch.setattr(st, "seed", lambda t, s, **k: real_seed(t, s, into_l1=True))
     monkeypatch.setattr(st, "forget", lambda: 0)
-    got = checks_of(target.measure(1024, 2, "s"))
+    got = checks_of(target.measure(Prompt("s", 1024), 2))
     assert got["tier_isolation"] == ("FAIL", f"L1 held {4 * C} B before the request: not emptied")
 
 
@@ -281,7 +282,7 @@ def test_altered_bytes_fail_canonical_bytes(target, monkeypatch) -> None:
         return real_forget()
 
     monkeypatch.setattr(st, "forget", forget_and_corrupt)
-    got = checks_of(target.measure(2048, 2, "s"))
+    got = checks_of(target.measure(Prompt("s", 2048), 2))
     assert (
         got["canonical_bytes"][0] == "FAIL"
         and "1 object(s) not canonical" in got["canonical_bytes"][1]
@@ -290,6 +291,6 @@ def test_altered_bytes_fail_canonical_bytes(target, monkeypatch) -> None:
 
 def test_unhealthy_stack_fails_post_request_health(target, monkeypatch) -> None:
     monkeypatch.setattr(target.stack, "health", lambda: False)
-    got = checks_of(target.measure(2048, 2, "s"))
+    got = checks_of(target.measure(Prompt("s", 2048), 2))
     assert got["post_request_health"][0] == "FAIL"
     assert "StorageManagers healthy: False" in got["post_request_health"][1]

@@ -8,9 +8,11 @@ import pytest
 
 from bsrctl.experiments.failmatrix import MUTANT_MODULE, FailmatrixStack
 from bsrctl.lmcache_ext.failmatrix_mutants import MUTATIONS, check_mutations
+from bsrctl.settings import RestoreSettings
 from bsrctl.specs import StackSpec
 
-SPEC = StackSpec.model_validate({"lmcache": {"window_chunks": 4}})
+SPEC = StackSpec()
+SETTINGS = RestoreSettings(window_chunks=4)
 
 
 def test_check_mutations() -> None:
@@ -24,9 +26,9 @@ def test_check_mutations() -> None:
 
 
 def test_real_module_unless_mutations_are_asked(tmp_path: Path) -> None:
-    real = FailmatrixStack(SPEC, tmp_path)._server_module_arg()
+    real = FailmatrixStack(SPEC, tmp_path, None, SETTINGS)._server_module_arg()
     assert real["module_path"] == "bsrctl.lmcache_ext.server_module"
     assert "mutations" not in real["config"]
-    mutant = FailmatrixStack(SPEC, tmp_path, ["ghost_hits"])._server_module_arg()
+    mutant = FailmatrixStack(SPEC, tmp_path, ["ghost_hits"], SETTINGS)._server_module_arg()
     assert mutant["module_path"] == MUTANT_MODULE
     assert mutant["config"] == {**real["config"], "mutations": ["ghost_hits"]}

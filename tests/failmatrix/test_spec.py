@@ -13,9 +13,9 @@ MATRICES = Path(__file__).parents[2] / "matrices"
 
 BASE = """\
 stack:
-  lmcache: {{window_chunks: 4, window_timeout_s: 8}}
   mooncake: {{enabled: true}}
-workload: {{prompt_tokens: 4000}}
+restore: {{window_timeout_s: 8}}
+workload: {{prompt_tokens: 4000, window_chunks: 4}}
 cells:
 {cells}
 """
@@ -73,7 +73,7 @@ def test_bad_cells_are_bad_input(tmp_path: Path, cells: str, needle: str) -> Non
 
 
 def test_mooncake_cells_need_mooncake(tmp_path: Path) -> None:
-    base = BASE.replace("  mooncake: {{enabled: true}}\n", "")
+    base = BASE.replace("  mooncake: {{enabled: true}}\n", "  vllm: {{}}\n")
     cells = "  - {id: a, fault: mooncake_master_down, at: before_request, expect: recompute}"
     with pytest.raises(BadInput, match="mooncake.enabled"):
         load_matrix(write(tmp_path, cells, base))
@@ -81,7 +81,7 @@ def test_mooncake_cells_need_mooncake(tmp_path: Path) -> None:
 
 def test_serving_cells_need_bsr_on(tmp_path: Path) -> None:
     base = BASE.replace("window_chunks: 4", "window_chunks: 0")
-    with pytest.raises(BadInput, match="window_chunks > 0"):
+    with pytest.raises(BadInput, match="workload.window_chunks"):
         load_matrix(write(tmp_path, "  - {id: a, fault: window_timeout, expect: recompute}", base))
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from bsrctl.registration import GroupSpec, Registration, TensorSpec
+from bsrctl.settings import RestoreSettings
 
 pytest.importorskip("lmcache")
 
@@ -40,7 +41,7 @@ def make_stack(root: Path, reg: Registration, l1_chunks: int) -> StorageStack:
             root_dir=root,
             registration=reg,
             l1_capacity_bytes=l1_chunks * reg.bytes_per_chunk,
-            window_timeout_s=10.0,
+            restore=RestoreSettings(window_timeout_s=10.0),
         )
     )
 

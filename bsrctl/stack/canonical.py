@@ -11,7 +11,7 @@ import json
 import sys
 from pathlib import Path
 
-from bsrctl.experiments.prompts import tokens_sha256
+from bsrctl.prompts import tokens_sha256
 from bsrctl.specs import MooncakeSpec, StackSpec
 from bsrctl.stack import tinymodel
 from bsrctl.stack.process import Supervised, http_ok

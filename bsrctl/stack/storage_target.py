@@ -1,0 +1,127 @@
+"""The storage target: LMCache's StorageManager in-process (one per rank), real L1 + FS L2,
+no model. Runs BSR at paper geometry without an engine."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+from bsrctl.errors import BadInput
+from bsrctl.registration import Registration
+from bsrctl.settings import RestoreSettings
+from bsrctl.specs import TargetSpec
+from bsrctl.stack.machine import l1_fits
+from bsrctl.stack.target import Prompt, RestoreMeasures, exact_div
+
+
+class StorageTarget:
+    """LMCache's StorageManager in-process (one per rank), real L1 + FS L2, no model."""
+
+    kind = "storage"
+
+    def __init__(self, spec: TargetSpec, run_dir: Path) -> None:
+        self.spec = spec
+        self.reg: Registration = spec.registration_for("storage")
+        self.run_dir = Path(run_dir)
+        self.root = Path(spec.storage.root_dir or self.run_dir / "storage")
+        self.stack: Any = None
+        self.settings = RestoreSettings()
+
+    @property
+    def l1_ranks(self) -> int:
+        return self.reg.tp_size  # one L1 per rank
+
+    def prepare(self, prompts: list[Prompt]) -> None:
+        """Refuse to start when the L2 files of the largest prompt per salt won't fit on disk."""
+        per_salt: dict[str, int] = {}
+        for salt, n in prompts:
+            per_salt[salt] = max(per_salt.get(salt, 0), n)
+        need = sum(self.reg.num_chunks(n) for n in per_salt.values())
+        need *= self.reg.bytes_per_chunk_all_ranks
+        self.root.mkdir(parents=True, exist_ok=True)
+        l2 = self.root / "l2"
+        have = sum(f.stat().st_size for f in l2.iterdir()) if l2.is_dir() else 0
+        free = shutil.disk_usage(self.root).free
+        reserve = self.spec.storage.disk_reserve_bytes
+        if need - have + reserve > free:
+            raise BadInput(
+                f"storage.root_dir: L2 files need {need} B ({need / 2**30:.1f} GiB), "
+                f"{have} B already there, {free} B free at {self.root} (+ reserve {reserve} B); "
+                f"free disk, point root_dir elsewhere or shrink the sizes"
+            )
+
+    def fits(self, l1_bytes: int) -> tuple[bool, str]:
+        return l1_fits(l1_bytes * self.l1_ranks, self.spec.memory_reserve_bytes)
+
+    def deploy(self, l1_bytes: int, settings: RestoreSettings) -> None:
+        from bsrctl.stack.storage import StorageStackConfig, deploy
+
+        self.settings = settings
+        self.stack = deploy(
+            StorageStackConfig(
+                root_dir=self.root,
+                registration=self.reg,
+                l1_capacity_bytes=l1_bytes,
+                restore=settings,
+                destination=self.spec.storage.destination,
+            )
+        )
+
+    def describe(self) -> dict[str, Any]:
+        doc = self.stack.describe() if self.stack else {"kind": "storage"}
+        return {**doc, "root_dir": str(self.root), "registration": self.reg.to_dict()}
+
+    def store(self, prompts: list[Prompt]) -> None:
+        """Nothing to do: measure() seeds the L2 files itself (existing ones are reused)."""
+
+    def measure(self, prompt: Prompt, window_chunks: int, cold: bool = True) -> RestoreMeasures:
+        st, reg = self.stack, self.reg
+        tokens = prompt.tokens
+        seed = st.seed(tokens, prompt.salt)
+        st.forget()
+        if self.spec.storage.drop_page_cache:
+            st.drop_page_cache()
+        budget = self.settings.admission_budget_chunks
+        res = st.restore(window_chunks, budget, request_id=f"{prompt.salt}-{tokens}-w{window_chunks}")
+        healthy = st.health()
+        released = res.l1_usage_after_bytes == res.l1_usage_before_bytes
+        chunks = res.cached_tokens // reg.chunk_tokens
+        m = res.measures()
+        m.update(
+            tier="fs",
+            l1_bytes_before_restore=max(res.l1_usage_before_bytes.values(), default=0),
+            tier_bytes_read=res.bytes_restored,
+            bytes_per_chunk_expected=reg.bytes_per_chunk,
+            bytes_per_chunk_measured=exact_div(res.bytes_restored, chunks * reg.tp_size),
+            registration_digest_expected=reg.digest(),
+            rws_bound_bytes=reg.rws_bound_bytes(window_chunks) if window_chunks else 0,
+            healthy=healthy and released,
+            health_detail=(
+                f"StorageManagers healthy: {healthy}; L1 back to its start level after the "
+                f"restore: {released} ({res.l1_usage_after_bytes} vs {res.l1_usage_before_bytes})"
+            ),
+            seed_objects_written=seed.objects_written,
+            seed_s=round(seed.seed_s, 4),
+            restore_s=round(res.restore_s, 6),
+            probe_s=round(res.probe_s, 6),
+        )
+        return RestoreMeasures(**m)
+
+    def forget_salt_files(self) -> None:
+        """Remove every L2 file (bounds disk before seeding a new salt)."""
+        if self.stack is not None and self.stack.l2_dir.is_dir():
+            for f in self.stack.l2_dir.iterdir():
+                f.unlink(missing_ok=True)
+
+    def teardown(self) -> None:
+        if self.stack is not None:
+            self.stack.teardown()
+            self.stack = None
+
+    def cleanup(self) -> None:
+        """Remove the L2 files and the mmap destination unless storage.keep_files."""
+        self.teardown()
+        if not self.spec.storage.keep_files:
+            for sub in ("l2", "dest"):
+                shutil.rmtree(self.root / sub, ignore_errors=True)

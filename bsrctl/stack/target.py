@@ -1,0 +1,170 @@
+"""The contract between experiments and whatever runs a restore: a Target, and the typed
+measures of one restore point.
+
+    target.prepare(prompts)                        # canonical outputs (serving), disk (storage)
+    target.deploy(l1_bytes, settings)              # a fresh deployment with this L1, W and B
+    target.store(prompts)                          # seed prefixes for later deployments
+    measures = target.measure(prompt, window_chunks, cold)   # seed, forget, restore, health
+    target.teardown(); target.cleanup()
+
+Every target returns one ``RestoreMeasures`` per point; acceptance reads its attributes,
+evidence stores ``to_json()`` and re-judging a point reads it back with ``from_json``, which
+refuses a key it does not know (a renamed measure fails loudly instead of reading None).
+A stack failure raises StackFailed; the experiment decides what that means for its run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any, NamedTuple, Protocol
+
+from bsrctl.registration import Registration
+from bsrctl.settings import RestoreSettings
+
+
+class Prompt(NamedTuple):
+    """A deterministic prompt: token ids drawn from (salt, tokens)."""
+
+    salt: str
+    tokens: int
+
+
+@dataclass(frozen=True)
+class SeedRecord:
+    """How a prompt's prefix reached the tier the restore reads (serving)."""
+
+    tier: str  # "fs" | "mooncake"
+    chunks: int  # whole chunks of the prompt
+    held_chunks: int  # chunks the tier held (per rank, the least) after the last attempt
+    attempts: tuple[dict[str, int], ...]  # per cold request: cached_tokens, held_chunks
+    seed_s: float
+
+
+@dataclass(frozen=True)
+class RestoreMeasures:
+    """One restore point, on any target. None means "not measured on this target"."""
+
+    tokens: int  # prefix tokens requested
+    window_chunks: int  # W (0 = whole plan)
+    l1_capacity_bytes: int  # L1 per LMCache instance (serving) / per rank (storage)
+    # -- restore pool and L1
+    restore_pool_peak_bytes: int | None = None  # the gauge's high-water, max over ranks
+    restore_pool_peak_bytes_by_rank: dict[str, int] | None = None
+    rws_bound_bytes: int | None = None  # W * c + aux (0 on the whole-plan path)
+    l1_used_peak_bytes: int | None = None  # serving: L1 occupancy sampled when staged
+    l1_peak_bytes_by_rank: dict[str, int] | None = None  # storage: absolute L1 high-water
+    gauge_peak_bytes_by_rank: dict[str, int] | None = None  # storage: core's accounting
+    l1_usage_before_bytes: dict[str, int] | None = None  # storage, per rank
+    l1_usage_after_bytes: dict[str, int] | None = None  # storage, per rank
+    l1_bytes_before_restore: int | None = None  # L1 occupancy right before the restore
+    # -- tokens
+    cached_tokens: int | None = None
+    external_hit_tokens: int | None = None  # serving: tokens vLLM got from the connector
+    expected_cached_tokens: int | None = None
+    cold_cached_tokens: int | None = None  # serving: cached tokens of the seeding request
+    # -- bytes and where they came from
+    tier: str | None = None  # "fs" | "mooncake"
+    tier_bytes_read: int | None = None
+    bytes_restored: int | None = None
+    bytes_restored_source: str | None = None  # serving: "bsr outcomes" | "whole-plan gauge"
+    bytes_per_chunk_expected: int | None = None
+    bytes_per_chunk_measured: int | None = None
+    registration_digest_expected: str | None = None
+    registration_digest: str | None = None  # storage: digest of the registration restored
+    # -- correctness
+    output_sha256: str | None = None  # serving
+    canonical_sha256: str | None = None  # serving
+    verify_ok: bool | None = None  # storage: every installed byte canonical
+    verify_mismatches: int | None = None  # storage
+    blocks_valid: int | None = None  # storage
+    blocks_total: int | None = None  # storage
+    # -- the restore itself
+    budget_chunks: int | None = None  # storage: B in effect
+    windows_done: int | None = None
+    restore_modes: tuple[str, ...] | None = None  # serving: "bsr" | "stock" per outcome
+    restore_failures: tuple[str, ...] | None = None  # serving: detail of each failed outcome
+    failure: str | None = None  # storage: "" when committed
+    forced_local: bool | None = None  # storage
+    # -- time
+    ttft_s: float | None = None  # serving: vLLM's own TTFT histogram delta
+    restore_s: float | None = None
+    probe_s: float | None = None  # storage
+    # -- setup
+    seed_chunks_expected: int | None = None
+    seed_chunks_held: int | None = None
+    seed: SeedRecord | None = None  # serving
+    seed_objects_written: int | None = None  # storage
+    seed_s: float | None = None  # storage
+    # -- after the request
+    healthy: bool | None = None
+    health_detail: str = ""
+    error: str | None = None  # the stack failed: what was raised
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> RestoreMeasures:
+        """Read back a point's measures; an unknown key is an error, not a silent None."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(doc) - known)
+        if unknown:
+            raise ValueError(f"unknown restore measure(s) {unknown}; known: {sorted(known)}")
+        d = dict(doc)
+        for name in ("restore_modes", "restore_failures"):
+            if d.get(name) is not None:
+                d[name] = tuple(d[name])
+        if d.get("seed") is not None:
+            s = dict(d["seed"])
+            s["attempts"] = tuple(s["attempts"])
+            d["seed"] = SeedRecord(**s)
+        return cls(**d)
+
+
+def exact_div(a: int | None, b: int) -> int | None:
+    """a / b when both say something (a > 0, b > 0) and it divides exactly, else None."""
+    return a // b if a and b > 0 and a % b == 0 else None
+
+
+class Target(Protocol):
+    """What ladder, sweep and law drive: the serving stack, the storage stack, an attached
+    deployment. One instance per run."""
+
+    kind: str  # "serving" | "storage" | ...
+    reg: Registration  # the geometry restored: c and the digest are checked against it
+
+    def prepare(self, prompts: list[Prompt]) -> None:
+        """Before any deployment: canonical outputs, disk room; BadInput when impossible."""
+
+    def fits(self, l1_bytes: int) -> tuple[bool, str]:
+        """Whether an L1 of this size fits the machine, and the numbers behind the answer."""
+
+    def deploy(self, l1_bytes: int, settings: RestoreSettings) -> None:
+        """A fresh deployment with this L1 and these restore settings."""
+
+    def describe(self) -> dict[str, Any]:
+        """The evidence's `stack` block: kind, versions, registration, endpoints."""
+
+    def store(self, prompts: list[Prompt]) -> None:
+        """Seed every prompt's prefix into the L2 tier (later deployments restore it)."""
+
+    def measure(self, prompt: Prompt, window_chunks: int, cold: bool = True) -> RestoreMeasures:
+        """One restore point: seed (when cold), forget locally, restore with W, check health."""
+
+    def teardown(self) -> None:
+        """Stop this deployment (every process by PID); the run's files stay."""
+
+    def cleanup(self) -> None:
+        """After the run: teardown, and remove what the run no longer needs."""
+
+
+def make_target(kind: str, spec: Any, run_dir: Path) -> Target:
+    """The target of an experiment spec on stack `kind` ("serving" | "storage")."""
+    if kind == "storage":
+        from bsrctl.stack.storage_target import StorageTarget
+
+        return StorageTarget(spec, run_dir)
+    from bsrctl.stack.serving_target import ServingTarget
+
+    return ServingTarget(spec, run_dir)
