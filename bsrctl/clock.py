@@ -115,7 +115,7 @@ class VirtualClock(_EventLoop):
         super().__init__()
         self._now_s = start_s
         self._sleepers: list[_Sleeper] = []
-        # Guards the time and the sleepers; notified whenever a thread starts waiting.
+        # Guards the sleepers; notified whenever a thread starts waiting (for settle).
         self._lock = threading.Condition(threading.Lock())
 
     def now(self) -> float:
@@ -123,10 +123,14 @@ class VirtualClock(_EventLoop):
 
     def run(self, until_s: float | None = None) -> None:
         while (timer := self._pop_due(until_s)) is not None:
-            self._set_now(max(self._now_s, timer.at_s))
+            self._now_s = max(self._now_s, timer.at_s)
+            if self._sleepers:
+                self._wake_due()
             timer.fn()
         if until_s is not None:
-            self._set_now(max(self._now_s, until_s))
+            self._now_s = max(self._now_s, until_s)
+            if self._sleepers:
+                self._wake_due()
 
     def advance(self, delay_s: float) -> None:
         """Move time on by ``delay_s``: fire the events and wake the waiters due by then."""
@@ -135,11 +139,12 @@ class VirtualClock(_EventLoop):
     def advance_to(self, at_s: float) -> None:
         self.run(until_s=at_s)
 
-    def _set_now(self, at_s: float) -> None:
+    def _wake_due(self) -> None:
+        # run() sets the time first, then looks for sleepers; a new sleeper appends first,
+        # then reads the time (wait_until): one of the two sees the other, so no wake-up is
+        # lost, and an event loop with no thread waiting takes no lock.
         with self._lock:
-            self._now_s = at_s
-            if not self._sleepers:
-                return
+            at_s = self._now_s
             due = [s for s in self._sleepers if s.deadline_s <= at_s]
             # A woken thread no longer counts as waiting, so settle() waits for its next wait.
             self._sleepers = [s for s in self._sleepers if s.deadline_s > at_s]
@@ -150,10 +155,11 @@ class VirtualClock(_EventLoop):
     def wait_until(self, cond: threading.Condition, deadline_s: float | None) -> bool:
         deadline = math.inf if deadline_s is None else deadline_s
         with self._lock:
-            if deadline <= self._now_s:
-                return False
             me = _Sleeper(deadline, cond)
             self._sleepers.append(me)
+            if deadline <= self._now_s:
+                self._sleepers.remove(me)
+                return False
             self._lock.notify_all()
         try:
             cond.wait()  # the caller holds cond, so no wake-up is lost before this
