@@ -39,7 +39,8 @@ from pydantic import Field, ValidationError, model_validator
 
 from bsrctl.errors import BadInput
 from bsrctl.settings import RestoreSettings, RestoreTuning
-from bsrctl.specs import StackSpec, Strict, describe_error, read_yaml
+from bsrctl.spec_io import Strict, describe_error, read_yaml
+from bsrctl.specs import StackSpec
 
 Point_ = Literal["before_request", "during_window", "between_windows"]
 Expect = Literal["lower_tier", "recompute", "closed"]

@@ -18,7 +18,8 @@ from bsrctl.experiments.run import sigterm_interrupts
 from bsrctl.prompts import expected_external_tokens, prompt_ids, tokens_sha256
 from bsrctl.report.markdown import write_summary
 from bsrctl.settings import RestoreSettings
-from bsrctl.specs import RoundTripSpec, load_spec
+from bsrctl.spec_io import load_spec
+from bsrctl.specs import RoundTripSpec
 from bsrctl.stack import tinymodel
 from bsrctl.stack.canonical import canonical_outputs
 from bsrctl.stack.serving import Completion, ServingStack, check_ports

@@ -28,7 +28,8 @@ from typing import Annotated, Any
 from pydantic import BaseModel, Field, ValidationError, field_validator
 
 from bsrctl.errors import BadInput
-from bsrctl.specs import ByteSize, Strict, TargetSpec, describe_error, read_yaml
+from bsrctl.spec_io import ByteSize, Strict, describe_error, read_yaml
+from bsrctl.specs import TargetSpec
 
 COMMANDS = ("ladder", "sweep", "law")
 STACKS = ("serving", "storage")

@@ -10,11 +10,11 @@ from pathlib import Path
 from typing import Any
 
 from bsrctl import __version__
+from bsrctl.clock import VirtualClock
 from bsrctl.errors import BadInput
 from bsrctl.evidence import EvidenceWriter, Point, Verdict, merge
 from bsrctl.evidence.verdict import Check, check
 from bsrctl.tempokv.claims import TERMINAL, ClaimState
-from bsrctl.tempokv.clocks import VirtualClock
 from bsrctl.tempokv.controller import Controller
 from bsrctl.tempokv.kv import GIB, Manifest, prefix_manifest
 from bsrctl.tempokv.policies import QueueK

@@ -1,4 +1,5 @@
-"""BSR, bounded-state restoration: the core, independent of LMCache's RPC layer.
+"""BSR, bounded-state restoration: the pure core. It imports nothing of LMCache, torch or
+the rest of bsrctl but ``bsrctl.clock`` (import-linter contracts in pyproject.toml).
 
 Public API (see each module):
 
@@ -7,20 +8,26 @@ Public API (see each module):
 - ``protocols``: RestoreStorage (probe / stage / wait / read / release) and
   RestoreDestination (install / sync / mark_invalid).
 - ``plan``: confirm_plan (HMA/TP composition), split_windows, complete_prefix.
-- ``restorer``: RestoreConfig(W, B, timeouts), BoundedRestorer(storage, config).probe /
-  .restore / .on_admitted / .on_teardown.
+- ``restorer``: RestoreConfig(W, B, timeouts), BoundedRestorer(storage, config, clock=)
+  .probe / .restore / .on_admitted / .on_teardown. Every timeout reads the injected
+  ``bsrctl.clock.Clock`` (default: wall), so tests run them in virtual time.
 - ``admission``: AdmissionBudget (B chunks, FIFO, no hold-and-wait).
 - ``gauge``: RestorePoolGauge (per-rank exact high-water mark of restore staging bytes).
 - ``markers``: ForceLocalMarkers.
-- ``lmcache_storage`` (imports lmcache): LMCacheRestoreStorage over a StorageManager.
+- ``stall``: StallWatch (process-stall ticker on a clock) and its install guard.
+- ``errors``: RestoreConfigError (a ValueError), the core's only error type.
+
+The storage over LMCache's StorageManager lives in ``bsrctl.lmcache_ext``.
 """
 
 from bsrctl.restore.admission import AdmissionBudget
+from bsrctl.restore.errors import RestoreConfigError
 from bsrctl.restore.gauge import RestorePoolGauge
 from bsrctl.restore.markers import ForceLocalMarkers, MarkerState
 from bsrctl.restore.plan import complete_prefix, confirm_plan, split_windows
 from bsrctl.restore.protocols import RestoreDestination, RestoreStorage
 from bsrctl.restore.restorer import BoundedRestorer, RestoreConfig
+from bsrctl.restore.stall import StallWatch
 from bsrctl.restore.types import (
     EventKind,
     FailureKind,
@@ -43,6 +50,7 @@ __all__ = [
     "ForceLocalMarkers",
     "MarkerState",
     "RestoreConfig",
+    "RestoreConfigError",
     "RestoreDestination",
     "RestoreEvent",
     "RestoreOutcome",
@@ -53,6 +61,7 @@ __all__ = [
     "RestoreStorage",
     "RowId",
     "RowKeys",
+    "StallWatch",
     "StageResult",
     "Window",
     "complete_prefix",

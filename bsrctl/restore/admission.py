@@ -13,23 +13,28 @@ jumps ahead of a blocked acquirer.
 from __future__ import annotations
 
 import threading
-import time
 from collections import deque
 
-from bsrctl.errors import BadInput
+from bsrctl.clock import Clock, WallClock
+from bsrctl.restore.errors import RestoreConfigError
 
 
 class AdmissionBudget:
-    """Counting semaphore over chunks with FIFO waiters and an in-use high-water mark."""
+    """Counting semaphore over chunks with FIFO waiters and an in-use high-water mark.
 
-    def __init__(self, budget_chunks: int) -> None:
+    Waits run on ``clock`` (default: wall), so an admission timeout fires at an exact
+    virtual time in tests.
+    """
+
+    def __init__(self, budget_chunks: int, clock: Clock | None = None) -> None:
         if budget_chunks < 1:
-            raise BadInput(f"admission_budget_chunks must be >= 1, got {budget_chunks}")
+            raise RestoreConfigError(f"admission_budget_chunks must be >= 1, got {budget_chunks}")
         self.budget_chunks = budget_chunks
         self._in_use = 0
         self._peak_in_use = 0
         self._waiters: deque[object] = deque()
         self._cv = threading.Condition()
+        self._clock: Clock = clock if clock is not None else WallClock()
 
     @property
     def in_use_chunks(self) -> int:
@@ -47,7 +52,7 @@ class AdmissionBudget:
 
     def _check(self, chunks: int) -> None:
         if not 1 <= chunks <= self.budget_chunks:
-            raise BadInput(
+            raise RestoreConfigError(
                 f"a window of {chunks} chunks cannot be admitted under a budget of "
                 f"{self.budget_chunks} chunks: set admission_budget_chunks >= window_chunks"
             )
@@ -68,16 +73,16 @@ class AdmissionBudget:
     def acquire(self, chunks: int, timeout_s: float | None = None) -> bool:
         """Block (FIFO) until ``chunks`` fit; False if ``timeout_s`` passed first."""
         self._check(chunks)
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        clock = self._clock
+        deadline = None if timeout_s is None else clock.now() + timeout_s
         me = object()
         with self._cv:
             self._waiters.append(me)
             try:
                 while self._waiters[0] is not me or self._in_use + chunks > self.budget_chunks:
-                    left = None if deadline is None else deadline - time.monotonic()
-                    if left is not None and left <= 0:
+                    if deadline is not None and clock.now() >= deadline:
                         return False
-                    self._cv.wait(left)
+                    clock.wait_until(self._cv, deadline)
                 self._take(chunks)
                 return True
             finally:

@@ -45,10 +45,6 @@ class ForceLocalMarkers:
         with self._lock:
             return self._marks.get(request_id)
 
-    def external_tokens(self, request_id: str, probed_tokens: int) -> int:
-        """What an admission pass may report: 0 while forced, else the probed tokens."""
-        return 0 if self.state(request_id) == MarkerState.FORCED else probed_tokens
-
     def on_admitted(self, request_id: str) -> None:
         """Successful RUNNING admission: clear."""
         with self._lock:

@@ -37,11 +37,9 @@ def confirm_plan(
     for row, bm in zip(request.rows, bitmaps, strict=False):
         if len(bm) != n and row.row not in collapsed:
             collapsed.append(row.row)
-    frozen = tuple(tuple(bool(x) for x in bm) for bm in bitmaps)
-    prefix = 0 if (collapsed or forced_local) else complete_prefix(frozen, n)
+    prefix = 0 if (collapsed or forced_local) else complete_prefix(bitmaps, n)
     return RestorePlan(
         request=request,
-        hit_bitmaps=frozen,
         prefix_chunks=prefix,
         collapsed_rows=tuple(sorted(set(collapsed))),
         forced_local=forced_local,

@@ -15,13 +15,11 @@ The core (``restorer.py``) never sees anything else of either side. A ticket is 
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol
 
 from bsrctl.restore.types import RestoreRequest, RowId, StageResult, Window
-
-K = TypeVar("K", bound=Hashable)
 
 
 class RestoreStorage(Protocol):
@@ -43,7 +41,11 @@ class RestoreStorage(Protocol):
         ...
 
     def wait(self, ticket: Any, timeout_s: float) -> StageResult | None:
-        """Block until the window's prefetch finished; None if ``timeout_s`` passed first."""
+        """Block until the window's prefetch finished; None if ``timeout_s`` passed first.
+
+        ``timeout_s`` is what the restorer's clock allows (window timeout, capped by the
+        retrieve deadline); a storage that cannot wait on that clock waits in wall time.
+        """
         ...
 
     def read(

@@ -17,14 +17,14 @@ it exposes the hit prefix it got (0 when the plan does not fit the staging pool)
 from __future__ import annotations
 
 import logging
-import time
 from collections import deque
-from collections.abc import Callable, Collection
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
-from bsrctl.errors import BadInput
+from bsrctl.clock import Clock, WallClock
 from bsrctl.restore.admission import AdmissionBudget
+from bsrctl.restore.errors import RestoreConfigError
 from bsrctl.restore.gauge import RestorePoolGauge
 from bsrctl.restore.markers import ForceLocalMarkers
 from bsrctl.restore.plan import confirm_plan, split_windows
@@ -59,16 +59,16 @@ class RestoreConfig:
 
     def __post_init__(self) -> None:
         if self.window_chunks < 0:
-            raise BadInput(f"window_chunks must be >= 0, got {self.window_chunks}")
+            raise RestoreConfigError(f"window_chunks must be >= 0, got {self.window_chunks}")
         if self.window_chunks and self.budget_chunks < self.window_chunks:
-            raise BadInput(
+            raise RestoreConfigError(
                 f"admission_budget_chunks={self.admission_budget_chunks} is below "
                 f"window_chunks={self.window_chunks}: set it >= W (or 0 for B = W)"
             )
         if self.window_timeout_s <= 0:
-            raise BadInput(f"window_timeout_s must be > 0, got {self.window_timeout_s}")
+            raise RestoreConfigError(f"window_timeout_s must be > 0, got {self.window_timeout_s}")
         if self.retrieve_deadline_s < 0:
-            raise BadInput(
+            raise RestoreConfigError(
                 f"retrieve_deadline_s must be >= 0 (0 = none), got {self.retrieve_deadline_s}"
             )
 
@@ -135,14 +135,17 @@ class BoundedRestorer:
         config: RestoreConfig,
         gauge: RestorePoolGauge | None = None,
         markers: ForceLocalMarkers | None = None,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Clock | None = None,
     ) -> None:
         self.storage = storage
         self.config = config
-        self.clock = clock
+        # Every timeout and the retrieve deadline read this clock (default: wall).
+        self.clock: Clock = clock if clock is not None else WallClock()
         self.gauge = gauge if gauge is not None else RestorePoolGauge()
         self.markers = markers if markers is not None else ForceLocalMarkers()
-        self.budget = AdmissionBudget(config.budget_chunks) if config.window_chunks else None
+        self.budget = (
+            AdmissionBudget(config.budget_chunks, self.clock) if config.window_chunks else None
+        )
 
     # ---- probe --------------------------------------------------------------------------
 
@@ -188,14 +191,14 @@ class BoundedRestorer:
 
     def _new_run(self, plan: RestorePlan[Any]) -> _Run:
         limit = self.config.retrieve_deadline_s
-        return _Run(plan, self.clock() + limit if limit else None)
+        return _Run(plan, self.clock.now() + limit if limit else None)
 
     def _within_deadline(self, run: _Run, cap_s: float, what: str) -> float:
         """``cap_s`` shortened to the time left before the retrieve's deadline; raises
         DEADLINE once it has passed."""
         if run.deadline is None:
             return cap_s
-        left = run.deadline - self.clock()
+        left = run.deadline - self.clock.now()
         if left <= 0:
             raise RestoreFailed(
                 FailureKind.DEADLINE,

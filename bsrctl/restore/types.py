@@ -16,11 +16,8 @@ K = TypeVar("K", bound=Hashable)
 
 
 class RestoreState(IntEnum):
-    """Where one restore is, in order. A restore only moves forward; FAILED is terminal."""
+    """How one restore ended (values kept from when it also named the steps before)."""
 
-    PROBED = 0  # hit bitmaps known, nothing staged, no lock held
-    PLANNED = 1  # complete advertised prefix fixed, destination allocated by the caller
-    RESTORING = 2  # windows in flight
     COMMITTED = 3  # every window installed and released: prefix exposed as valid
     FAILED = 4  # fail-closed: every destination block invalid, nothing staged
 
@@ -29,7 +26,6 @@ class FailureKind(IntEnum):
     """Why a restore failed. Ordered by where in a window it happens."""
 
     NONE = 0  # no failure
-    BAD_PLAN = 1  # plan/destination mismatch detected before anything was staged
     ADMISSION_TIMEOUT = 2  # the admission budget did not grant a window in time
     STAGE_ERROR = 3  # the storage raised while submitting a window's prefetch
     TIMEOUT = 4  # a window was not complete within window_timeout_s
@@ -99,14 +95,9 @@ class RestorePlan(Generic[K]):
     """The confirmed plan: decided from a probe before any byte is staged."""
 
     request: RestoreRequest[K]  # the request probed
-    hit_bitmaps: tuple[tuple[bool, ...], ...]  # per row (request order), per chunk: present
     prefix_chunks: int  # complete advertised prefix: every required row hits chunks < this
     collapsed_rows: tuple[RowId, ...]  # rows that were invalid (missing/forced) -> prefix 0
     forced_local: bool  # a force-local marker was set: prefix reported as 0
-
-    @property
-    def prefix_tokens(self) -> int:
-        return self.prefix_chunks * self.request.chunk_tokens
 
 
 @dataclass(frozen=True)

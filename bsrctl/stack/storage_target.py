@@ -83,7 +83,9 @@ class StorageTarget:
         if self.spec.storage.drop_page_cache:
             st.drop_page_cache()
         budget = self.settings.admission_budget_chunks
-        res = st.restore(window_chunks, budget, request_id=f"{prompt.salt}-{tokens}-w{window_chunks}")
+        res = st.restore(
+            window_chunks, budget, request_id=f"{prompt.salt}-{tokens}-w{window_chunks}"
+        )
         healthy = st.health()
         released = res.l1_usage_after_bytes == res.l1_usage_before_bytes
         chunks = res.cached_tokens // reg.chunk_tokens

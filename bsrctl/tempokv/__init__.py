@@ -4,8 +4,8 @@ Engine-independent: the same claims, estimators, controller and provider run aga
 simulated engine and device (`sim/`) and, later, the real serving stack.
 """
 
+from bsrctl.clock import Clock, VirtualClock, WallClock
 from bsrctl.tempokv.claims import Claim, ClaimState, Transition
-from bsrctl.tempokv.clocks import Clock, VirtualClock, WallClock
 from bsrctl.tempokv.controller import Controller, RetrievalGrant
 from bsrctl.tempokv.kv import GIB, KvObject, Manifest
 from bsrctl.tempokv.policies import POLICY_NAMES, Policy, make_policy

@@ -9,8 +9,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
 
+from bsrctl.clock import Clock, Timer
 from bsrctl.tempokv.claims import Claim, ClaimState
-from bsrctl.tempokv.clocks import Clock, Timer
 from bsrctl.tempokv.kv import Manifest
 from bsrctl.tempokv.policies import EvalContext, Policy
 from bsrctl.tempokv.provider import CommitRefusal, StagingProvider

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Protocol
 
-from bsrctl.tempokv.clocks import Clock
+from bsrctl.clock import Clock
 from bsrctl.tempokv.fasttier import ByteTimeMeter, FastTier
 from bsrctl.tempokv.kv import KvObject, Manifest
 from bsrctl.tempokv.ttr import OpView, RateMeter, TtrQuery, project_finish_s

@@ -10,7 +10,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from bsrctl.specs import Strict, load_spec
+from bsrctl.spec_io import Strict, load_spec
 from bsrctl.tempokv.policies import POLICY_NAMES
 from bsrctl.tempokv.sim.models import CATALOGUE
 

@@ -66,7 +66,9 @@ def test_missing_evidence_is_unknown_never_pass() -> None:
     checks = acc.judge(RestoreMeasures(4096, 4, C), "serving")
     assert {c.verdict for c in checks} == {Verdict.UNKNOWN}
     assert all("not measured" in c.detail or "health" in c.detail for c in checks)
-    assert {c.verdict for c in acc.judge(RestoreMeasures(4096, 0, C), "storage")} == {Verdict.UNKNOWN}
+    assert {c.verdict for c in acc.judge(RestoreMeasures(4096, 0, C), "storage")} == {
+        Verdict.UNKNOWN
+    }
 
 
 @pytest.mark.parametrize(

@@ -8,7 +8,7 @@ import pytest
 
 from bsrctl.errors import BadInput
 from bsrctl.experiments.specs import load_experiment
-from bsrctl.specs import parse_bytes
+from bsrctl.spec_io import parse_bytes
 
 LADDERS = Path(__file__).parents[2] / "ladders"
 

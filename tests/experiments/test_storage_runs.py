@@ -16,11 +16,11 @@ pytest.importorskip("lmcache")
 
 from bsrctl.errors import StackFailed  # noqa: E402
 from bsrctl.evidence import Verdict, load_evidence  # noqa: E402
-from bsrctl.stack import storage_target  # noqa: E402
-from bsrctl.stack.target import Prompt, RestoreMeasures  # noqa: E402
 from bsrctl.experiments.ladder import run_ladder  # noqa: E402
 from bsrctl.experiments.law import fit_line, run_law  # noqa: E402
 from bsrctl.experiments.sweep import run_sweep  # noqa: E402
+from bsrctl.stack import storage_target  # noqa: E402
+from bsrctl.stack.target import Prompt, RestoreMeasures  # noqa: E402
 
 C = 262_144
 MIB = 1 << 20

@@ -1,18 +1,17 @@
 """The core alone: plan composition, windows, budget, gauge, markers, exact traces.
 
 The storage here is an in-memory fake that records every call, so traces are exact.
+Timeouts and the retrieve deadline, in virtual time, are in test_timeouts.py.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import pytest
 
-from bsrctl.errors import BadInput
+from bsrctl.clock import VirtualClock
 from bsrctl.restore import (
     AdmissionBudget,
     BoundedRestorer,
@@ -21,87 +20,17 @@ from bsrctl.restore import (
     ForceLocalMarkers,
     MarkerState,
     RestoreConfig,
+    RestoreConfigError,
     RestorePoolGauge,
-    RestoreRequest,
     RestoreState,
     RowId,
-    RowKeys,
-    StageResult,
     Window,
     complete_prefix,
     confirm_plan,
     split_windows,
 )
 
-ROWS = (RowId(0, 0), RowId(0, 1), RowId(1, 0), RowId(1, 1))
-
-
-def request(n: int, rid: str = "r") -> RestoreRequest[str]:
-    rows = tuple(RowKeys(r, tuple(f"{r.rank}/{r.group}/{i}" for i in range(n)), 100) for r in ROWS)
-    return RestoreRequest(rid, rows, 16)
-
-
-class FakeStorage:
-    """Everything present unless listed in ``missing``; records calls in order."""
-
-    def __init__(self, missing: set[str] = frozenset(), timeout_windows: set[int] = frozenset()):
-        self.missing = set(missing)
-        self.timeout_windows = set(timeout_windows)
-        self.calls: list[tuple[str, int]] = []
-        self.live: set[int] = set()
-        self.lock = threading.Lock()
-
-    def probe(self, req: RestoreRequest[str]) -> list[list[bool]]:
-        return [[k not in self.missing for k in r.keys] for r in req.rows]
-
-    def stage(self, req: RestoreRequest[str], w: Window) -> tuple[RestoreRequest[str], Window]:
-        with self.lock:
-            self.calls.append(("stage", w.index))
-            self.live.add(w.index)
-        return (req, w)
-
-    def wait(self, ticket: Any, timeout_s: float) -> StageResult | None:
-        req, w = ticket
-        self.calls.append(("wait", w.index))
-        if w.index in self.timeout_windows:
-            return None
-        hits = tuple(
-            tuple(k not in self.missing for k in r.keys[w.chunk_start : w.chunk_stop])
-            for r in req.rows
-        )
-        return StageResult(hits, {})
-
-    @contextmanager
-    def read(self, ticket: Any, n: int) -> Iterator[dict[RowId, list[str]]]:
-        req, w = ticket
-        yield {r.row: list(r.keys[w.chunk_start : w.chunk_start + n]) for r in req.rows}
-
-    def release(self, ticket: Any) -> None:
-        with self.lock:
-            self.calls.append(("release", ticket[1].index))
-            self.live.discard(ticket[1].index)
-
-
-class FakeDest:
-    def __init__(self, fail_window: int = -1) -> None:
-        self.fail_window = fail_window
-        self.installed: list[str] = []
-        self.invalidated = 0
-
-    def install(self, rid: str, w: Window, objects: Any, n: int) -> int:
-        if w.index == self.fail_window:
-            raise RuntimeError("boom")
-        for objs in objects.values():
-            self.installed.extend(objs[:n])
-        return 100 * n * len(objects)
-
-    def sync(self, rid: str) -> None:
-        pass
-
-    def mark_invalid(self, rid: str) -> None:
-        self.invalidated += 1
-        self.installed.clear()
-
+from .fakes import ROWS, FakeDest, FakeStorage, Worker, request
 
 # ---- plan ---------------------------------------------------------------------------------
 
@@ -142,28 +71,31 @@ def test_split_windows_covers_the_prefix_in_order() -> None:
 
 
 def test_config_rejects_a_budget_below_the_window() -> None:
-    with pytest.raises(BadInput, match="admission_budget_chunks=3 is below window_chunks=4"):
+    with pytest.raises(
+        RestoreConfigError, match="admission_budget_chunks=3 is below window_chunks=4"
+    ):
         RestoreConfig(window_chunks=4, admission_budget_chunks=3)
+    assert issubclass(RestoreConfigError, ValueError)
     assert RestoreConfig(window_chunks=4).budget_chunks == 4
     assert RestoreConfig(window_chunks=4, admission_budget_chunks=7).pipeline_depth == 1
     assert RestoreConfig(window_chunks=4, admission_budget_chunks=8).pipeline_depth == 2
 
 
 def test_budget_is_fifo_and_try_acquire_never_jumps_the_queue() -> None:
-    b = AdmissionBudget(4)
+    clock = VirtualClock()
+    b = AdmissionBudget(4, clock)
     assert b.try_acquire(3)
-    order: list[str] = []
-    t = threading.Thread(target=lambda: (b.acquire(4), order.append("waiter")))
-    t.start()
-    while not b._waiters:  # noqa: SLF001 - wait until the thread queued
-        pass
+    waiter = Worker(lambda: b.acquire(4))
+    clock.settle(1)  # the waiter is queued and blocked
     assert not b.try_acquire(1)  # fits (3 + 1 <= 4) but someone is queued
     b.release(3)
-    t.join(5)
-    assert order == ["waiter"] and b.in_use_chunks == 4 and b.peak_in_use_chunks == 4
-    assert not b.acquire(1, timeout_s=0.01)
-    with pytest.raises(BadInput):
+    assert waiter.result() is True
+    assert b.in_use_chunks == 4 and b.peak_in_use_chunks == 4
+    assert not b.acquire(1, timeout_s=0.0)  # full, no time to wait: refused at once
+    with pytest.raises(RestoreConfigError, match="cannot be admitted under a budget of 4"):
         b.try_acquire(5)
+    with pytest.raises(RestoreConfigError, match="admission_budget_chunks must be >= 1, got 0"):
+        AdmissionBudget(0)
 
 
 def test_gauge_high_water_per_rank_and_reset() -> None:
@@ -178,9 +110,9 @@ def test_gauge_high_water_per_rank_and_reset() -> None:
 
 def test_marker_lifecycle() -> None:
     m = ForceLocalMarkers()
-    assert m.state("a") == MarkerState.CLEAR and m.external_tokens("a", 512) == 512
+    assert m.state("a") == MarkerState.CLEAR and m.record("a") is None
     m.set("a", "TIMEOUT")
-    assert m.state("a") == MarkerState.FORCED and m.external_tokens("a", 512) == 0
+    assert m.state("a") == MarkerState.FORCED and m.record("a").reason == "TIMEOUT"
     m.on_admitted("a")
     assert m.state("a") == MarkerState.CLEAR
     m.set("a", "x")
@@ -284,57 +216,3 @@ def test_concurrent_requests_never_exceed_the_budget() -> None:
     assert len(outs) == 4 and all(o.ok and o.cached_chunks == 9 for o in outs)
     assert r.budget is not None and r.budget.peak_in_use_chunks <= 5
     assert r.gauge.peak_max_bytes() <= 5 * 200 and r.gauge.level_bytes() == {0: 0, 1: 0}
-
-
-class SlowStorage(FakeStorage):
-    """Every window takes ``wait_s`` of (fake) clock time to become complete."""
-
-    def __init__(self, wait_s: float) -> None:
-        super().__init__()
-        self.now = 0.0
-        self.wait_s = wait_s
-        self.timeouts: list[float] = []
-
-    def wait(self, ticket: Any, timeout_s: float) -> StageResult | None:
-        self.timeouts.append(timeout_s)
-        if self.wait_s > timeout_s:  # the window is not complete in time
-            self.now += timeout_s
-            self.calls.append(("wait", ticket[1].index))
-            return None
-        self.now += self.wait_s
-        return super().wait(ticket, timeout_s)
-
-
-@pytest.mark.parametrize(("wait_s", "windows_done"), [(10.0, 2), (30.0, 0)])
-def test_the_whole_retrieve_has_a_deadline(wait_s, windows_done) -> None:
-    # Windows of 2 chunks, each 10 s to complete, deadline 25 s: windows 0 and 1 install
-    # (waits capped at 25 and 15 s), window 2's wait is capped at the 5 s left and the
-    # retrieve fails closed with DEADLINE, not after three 30 s window timeouts. One 30 s
-    # window: the 25 s cap runs out first.
-    st, dest = SlowStorage(wait_s), FakeDest()
-    cfg = RestoreConfig(window_chunks=2, retrieve_deadline_s=25.0)
-    r = BoundedRestorer(st, cfg, clock=lambda: st.now)
-    out = r.restore(r.probe(request(6)), dest)
-    assert (out.state, out.failure, out.windows_done) == (
-        RestoreState.FAILED,
-        FailureKind.DEADLINE,
-        windows_done,
-    )
-    assert st.timeouts == ([25.0, 15.0, 5.0] if wait_s == 10.0 else [25.0])
-    assert "retrieve deadline 25.0s passed" in out.detail
-    assert dest.invalidated == 1 and st.live == set() and r.gauge.level_bytes() == {0: 0, 1: 0}
-    assert r.budget is not None and r.budget.in_use_chunks == 0
-
-
-def test_a_retrieve_within_its_deadline_is_unchanged() -> None:
-    st, dest = SlowStorage(10.0), FakeDest()
-    r = BoundedRestorer(
-        st, RestoreConfig(window_chunks=2, retrieve_deadline_s=35.0), clock=lambda: st.now
-    )
-    out = r.restore(r.probe(request(6)), dest)
-    assert out.ok and out.cached_chunks == 6 and st.timeouts == [30.0, 25.0, 15.0]
-
-
-def test_a_negative_deadline_is_refused() -> None:
-    with pytest.raises(BadInput, match="retrieve_deadline_s must be >= 0"):
-        RestoreConfig(window_chunks=2, retrieve_deadline_s=-1.0)

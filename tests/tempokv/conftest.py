@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bsrctl.tempokv.clocks import VirtualClock
+from bsrctl.clock import VirtualClock
 from bsrctl.tempokv.kv import GIB, KvObject, Manifest
 from bsrctl.tempokv.provider import StagingProvider
 from bsrctl.tempokv.sim.device import DeviceConfig, SimStagingDevice

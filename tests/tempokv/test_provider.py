@@ -107,7 +107,7 @@ def test_lru_evicts_only_unprotected_oldest_first(clock):
     )
 )
 def test_budget_never_exceeded_over_random_workloads(ops):
-    from bsrctl.tempokv.clocks import VirtualClock
+    from bsrctl.clock import VirtualClock
 
     clock = VirtualClock()
     p = make_provider(clock, capacity_gib=12, budget_gib=8)

@@ -3,7 +3,7 @@ asserting state order (never timing)."""
 
 import pytest
 
-from bsrctl.tempokv.clocks import VirtualClock, WallClock
+from bsrctl.clock import VirtualClock, WallClock
 from bsrctl.tempokv.kv import GIB
 from bsrctl.tempokv.sim.device import DeviceConfig
 from bsrctl.tempokv.sim.models import make_profile

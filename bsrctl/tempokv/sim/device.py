@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from bsrctl.tempokv.clocks import Clock, Timer
+from bsrctl.clock import Clock, Timer
 from bsrctl.tempokv.kv import GIB
 
 

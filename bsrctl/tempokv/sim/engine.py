@@ -38,7 +38,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import IntEnum
 
-from bsrctl.tempokv.clocks import Clock, Timer
+from bsrctl.clock import Clock, Timer
 from bsrctl.tempokv.controller import Controller, RetrievalGrant
 from bsrctl.tempokv.sim.workload import Request
 from bsrctl.tempokv.ttu import (

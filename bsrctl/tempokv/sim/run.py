@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from bsrctl.tempokv.clocks import Clock, VirtualClock
+from bsrctl.clock import Clock, VirtualClock
 from bsrctl.tempokv.controller import Controller
 from bsrctl.tempokv.kv import GIB
 from bsrctl.tempokv.policies import make_policy

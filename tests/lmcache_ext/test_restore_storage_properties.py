@@ -1,6 +1,10 @@
 """Properties of the BSR core over LMCache's real StorageManager (real L1, real FS L2).
 
 Every figure is exact (bytes, chunks, tokens), measured from the L1 allocator; no timings.
+
+Geometry: TP = 2, two groups, 16-token chunks, one 4 KiB object per (chunk, rank, group)
+(16 x 64 float32), so c = 8192 B per rank and L1 allocations (4 KiB-aligned) are exact.
+(The pure-core tests, which need no LMCache, are in tests/restore.)
 """
 
 from __future__ import annotations
@@ -8,17 +12,81 @@ from __future__ import annotations
 import itertools
 import math
 import threading
+from collections.abc import Iterator
+from pathlib import Path
 
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+import pytest
 
-from bsrctl.registration import Registration
-from bsrctl.restore import MarkerState, RestoreConfig
-from bsrctl.stack.storage import FAULT_KINDS, CanonicalKV, FaultSpec, StorageStack
+pytest.importorskip("lmcache")
 
-CHUNK_TOKENS = 16  # conftest's small registration
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from bsrctl.registration import GroupSpec, Registration, TensorSpec  # noqa: E402
+from bsrctl.restore import MarkerState, RestoreConfig  # noqa: E402
+from bsrctl.settings import RestoreSettings  # noqa: E402
+from bsrctl.stack.storage import (  # noqa: E402
+    FAULT_KINDS,
+    CanonicalKV,
+    FaultSpec,
+    StorageStack,
+    StorageStackConfig,
+    deploy,
+)
+
+CHUNK_TOKENS = 16
 
 _ids = itertools.count()
+
+
+def small_registration(tp_size: int = 2, aux_bytes: int = 0) -> Registration:
+    tensors = (
+        TensorSpec("layers.0.kv", (CHUNK_TOKENS, 64), "float32", 0),
+        TensorSpec("layers.0.index", (CHUNK_TOKENS, 64), "float32", 1),
+    )
+    groups = (GroupSpec(0, "attention"), GroupSpec(1, "indexer"))
+    return Registration("bsr-test", tensors, groups, tp_size, CHUNK_TOKENS, aux_bytes)
+
+
+@pytest.fixture(scope="module")
+def reg() -> Registration:
+    return small_registration()
+
+
+def make_stack(root: Path, reg: Registration, l1_chunks: int) -> StorageStack:
+    return deploy(
+        StorageStackConfig(
+            root_dir=root,
+            registration=reg,
+            l1_capacity_bytes=l1_chunks * reg.bytes_per_chunk,
+            restore=RestoreSettings(window_timeout_s=10.0),
+        )
+    )
+
+
+@pytest.fixture
+def stack_factory(tmp_path: Path, reg: Registration) -> Iterator[object]:
+    """make(l1_chunks) -> a stack under tmp_path; torn down after the test."""
+    made: list[StorageStack] = []
+
+    def make(l1_chunks: int) -> StorageStack:
+        made.append(make_stack(tmp_path / f"s{len(made)}", reg, l1_chunks))
+        return made[-1]
+
+    yield make
+    for s in made:
+        s.teardown()
+
+
+@pytest.fixture(scope="module")
+def big_stack(
+    tmp_path_factory: pytest.TempPathFactory, reg: Registration
+) -> Iterator[StorageStack]:
+    """L1 of 64 chunks per rank: room for any window/budget the properties draw."""
+    stack = make_stack(tmp_path_factory.mktemp("bsr-big"), reg, 64)
+    yield stack
+    stack.teardown()
+
 
 faults = st.one_of(st.none(), st.tuples(st.sampled_from(FAULT_KINDS), st.integers(0, 30)))
 

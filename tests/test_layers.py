@@ -1,0 +1,127 @@
+"""The layer rules (import-linter contracts in pyproject.toml) hold, and breaking one fails.
+
+``lint-imports`` runs in a subprocess of this interpreter on the very tree under test
+(grimp reads the sources; nothing is imported, no server runs).
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+import bsrctl
+
+PACKAGE = Path(bsrctl.__file__).resolve().parent
+ROOT = PACKAGE.parent
+PYPROJECT = ROOT / "pyproject.toml"
+
+
+def _lint(root: Path) -> subprocess.CompletedProcess[str]:
+    """``lint-imports`` over ``root``/bsrctl with ``root``/pyproject.toml."""
+    return subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from importlinter.cli import lint_imports_command as c; sys.exit(c())",
+            "--no-cache",
+            "--no-logo",
+            str(root / "pyproject.toml"),
+        ],
+        cwd=root,
+        env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def _contracts() -> dict[str, dict]:
+    cfg = tomllib.loads(PYPROJECT.read_text())["tool"]["importlinter"]
+    return {c["id"]: c for c in cfg["contracts"]}
+
+
+def _top_level() -> set[str]:
+    """bsrctl's top-level modules and subpackages, as dotted names."""
+    names = {p.stem for p in PACKAGE.glob("*.py") if p.stem != "__init__"}
+    names |= {p.parent.name for p in PACKAGE.glob("*/__init__.py")}
+    return {f"bsrctl.{n}" for n in names}
+
+
+def test_every_layer_contract_is_kept() -> None:
+    res = _lint(ROOT)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert f"Contracts: {len(_contracts())} kept, 0 broken." in res.stdout
+
+
+@pytest.mark.parametrize(
+    ("contract", "sources", "exempt"),
+    [
+        ("restore-core-pure", "forbidden_modules", {"bsrctl.restore", "bsrctl.clock"}),
+        ("evidence-leaf", "forbidden_modules", {"bsrctl.evidence", "bsrctl.errors"}),
+        ("typer-only-in-cli", "source_modules", {"bsrctl.cli"}),
+        ("clock-bottom", "forbidden_modules", {"bsrctl.clock"}),
+        (
+            "settings-low",
+            "forbidden_modules",
+            {"bsrctl.settings", "bsrctl.restore", "bsrctl.clock"},
+        ),
+    ],
+)
+def test_the_contracts_name_every_top_level_module(contract, sources, exempt) -> None:
+    # A new module under bsrctl/ must be placed in the layers, not slip past them.
+    named = {m for m in _contracts()[contract][sources] if m.startswith("bsrctl.")}
+    missing = sorted(_top_level() - exempt - named)
+    assert not missing, f"add {missing} to {sources} of contract {contract!r} in pyproject.toml"
+    assert named <= _top_level(), f"{contract}: no such module {sorted(named - _top_level())}"
+
+
+# (module, line appended to it, contracts it breaks (indirect imports count), the import named)
+BREAKS = [
+    ("restore/plan.py", "import lmcache", {"restore-core-pure"}, "bsrctl.restore.plan -> lmcache"),
+    (
+        "restore/admission.py",
+        "from bsrctl.errors import BadInput",
+        {"restore-core-pure", "settings-low"},  # settings imports the core
+        "bsrctl.restore.admission -> bsrctl.errors",
+    ),
+    (
+        "tempokv/kv.py",
+        "import bsrctl.stack",
+        {"tempokv-no-stack"},
+        "bsrctl.tempokv.kv -> bsrctl.stack",
+    ),
+    (
+        "evidence/verdict.py",
+        "import bsrctl.settings",
+        {"evidence-leaf"},
+        "bsrctl.evidence.verdict -> bsrctl.settings",
+    ),
+    ("stack/process.py", "import typer", {"typer-only-in-cli"}, "bsrctl.stack.process -> typer"),
+    (
+        "report/markdown.py",
+        "import tests",
+        {"no-tests-in-production"},
+        "bsrctl.report.markdown -> tests",
+    ),
+]
+
+
+@pytest.mark.parametrize(("module", "line", "broken", "chain"), BREAKS)
+def test_breaking_a_layer_fails_its_contract(tmp_path, module, line, broken, chain) -> None:
+    shutil.copytree(PACKAGE, tmp_path / "bsrctl", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(PYPROJECT, tmp_path / "pyproject.toml")
+    target = tmp_path / "bsrctl" / module
+    target.write_text(target.read_text() + f"\n{line}  # a deliberate layer break\n")
+    res = _lint(tmp_path)
+    assert res.returncode == 1, res.stdout + res.stderr
+    contracts = _contracts()
+    for cid, c in contracts.items():
+        verdict = "BROKEN" if cid in broken else "KEPT"
+        assert f"{c['name']} {verdict}" in res.stdout, res.stdout
+    assert chain in res.stdout, res.stdout
+    assert f"Contracts: {len(contracts) - len(broken)} kept, {len(broken)} broken." in res.stdout
