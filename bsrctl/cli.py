@@ -58,14 +58,6 @@ def quiet_libraries(quiet: bool) -> None:
         os.environ.setdefault("LMCACHE_LOG_LEVEL", "WARNING")
 
 
-def progress_printer(quiet: bool) -> Callable[[str], None]:
-    def say(msg: str) -> None:
-        if not quiet:
-            err.print(f"[dim]·[/dim] {msg}", highlight=False)
-
-    return say
-
-
 def finish(verdict: Verdict, out_dir: Path) -> None:
     colour = {"PASS": "green", "FAIL": "red", "UNKNOWN": "yellow"}[str(verdict)]
     out.print(f"verdict: [{colour}]{verdict}[/{colour}]  (reports under {out_dir})")
@@ -82,11 +74,13 @@ def run_experiment(quiet: bool, out_dir: Path, run: Callable[[], Verdict]) -> No
 @app.command()
 def roundtrip(spec: SpecArg, out_dir: OutOpt = Path("reports"), quiet: QuietOpt = False) -> None:
     """Store a prompt's KV, make vLLM forget it, reload it from each tier; check the output."""
-    quiet_libraries(quiet)
-    from bsrctl.experiments.roundtrip import run_roundtrip
 
-    verdict = guarded(lambda: run_roundtrip(spec, out_dir, progress_printer(quiet)))
-    finish(verdict, out_dir)
+    def run() -> Verdict:
+        from bsrctl.experiments.roundtrip import run_roundtrip
+
+        return run_roundtrip(spec, out_dir, quiet)
+
+    run_experiment(quiet, out_dir, run)
 
 
 @app.command()
@@ -99,7 +93,7 @@ def ladder(
     """Whole-plan capacity ladder (W = 0): the first L1 rung that passes per prefix size."""
 
     def run() -> Verdict:
-        from bsrctl.experiments.ladder import run_ladder
+        from bsrctl.experiments.restore.ladder import run_ladder
 
         return run_ladder(spec, out_dir, stack, quiet)
 
@@ -119,7 +113,7 @@ def sweep(
     """Window sweep: one deployment, W fixed, prefix sizes in a list (run id br-e1-...)."""
 
     def run() -> Verdict:
-        from bsrctl.experiments.sweep import run_sweep
+        from bsrctl.experiments.restore.sweep import run_sweep
 
         return run_sweep(spec, out_dir, stack, quiet, repeat_new_salt)
 
@@ -136,7 +130,7 @@ def law(
     """Capacity law: restore-pool peak against W, least-squares fit; slope must be c."""
 
     def run() -> Verdict:
-        from bsrctl.experiments.law import run_law
+        from bsrctl.experiments.restore.law import run_law
 
         return run_law(spec, out_dir, stack, quiet)
 
@@ -180,7 +174,7 @@ def tempokv(
 @app.command()
 def report(run_dir: Annotated[Path, typer.Argument(help="reports/<run_id>")]) -> None:
     """Re-render summary.md from a run's evidence.json."""
-    from bsrctl.report.markdown import write_summary
+    from bsrctl.report import write_summary
 
     def go() -> Path:
         if not (run_dir / "evidence.json").is_file():

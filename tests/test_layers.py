@@ -103,10 +103,10 @@ BREAKS = [
     ),
     ("stack/process.py", "import typer", {"typer-only-in-cli"}, "bsrctl.stack.process -> typer"),
     (
-        "report/markdown.py",
+        "report/restore.py",
         "import tests",
         {"no-tests-in-production"},
-        "bsrctl.report.markdown -> tests",
+        "bsrctl.report.restore -> tests",
     ),
 ]
 

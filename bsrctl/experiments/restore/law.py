@@ -11,8 +11,9 @@ from typing import Any
 
 from bsrctl.evidence import EvidenceWriter, Verdict
 from bsrctl.evidence.verdict import Check, check
-from bsrctl.experiments.run import execute, progress, restore_point
-from bsrctl.experiments.specs import load_experiment
+from bsrctl.experiments.restore.acceptance import restore_point
+from bsrctl.experiments.restore.spec import load_experiment
+from bsrctl.experiments.run import execute, progress
 from bsrctl.stack.target import Prompt, make_target
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from bsrctl.evidence.verdict import Check, Verdict
-from bsrctl.experiments.ladder import rung_outcome
+from bsrctl.experiments.restore.ladder import rung_outcome
 
 P, F, U = Verdict.PASS, Verdict.FAIL, Verdict.UNKNOWN
 NAMES = ("cached_token_accounting", "tier_isolation", "registration_identity",

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.e2e
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory: pytest.TempPathFactory):
     require_server_module()
-    from bsrctl.experiments.sweep import run_sweep
+    from bsrctl.experiments.restore.sweep import run_sweep
 
     out = tmp_path_factory.mktemp("sweep")
     verdict = run_sweep(SMOKE, out, "serving", quiet=True, repeat_new_salt=True)

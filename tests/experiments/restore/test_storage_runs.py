@@ -16,9 +16,9 @@ pytest.importorskip("lmcache")
 
 from bsrctl.errors import StackFailed  # noqa: E402
 from bsrctl.evidence import Verdict, load_evidence  # noqa: E402
-from bsrctl.experiments.ladder import run_ladder  # noqa: E402
-from bsrctl.experiments.law import fit_line, run_law  # noqa: E402
-from bsrctl.experiments.sweep import run_sweep  # noqa: E402
+from bsrctl.experiments.restore.ladder import run_ladder  # noqa: E402
+from bsrctl.experiments.restore.law import fit_line, run_law  # noqa: E402
+from bsrctl.experiments.restore.sweep import run_sweep  # noqa: E402
 from bsrctl.stack import storage_target  # noqa: E402
 from bsrctl.stack.target import Prompt, RestoreMeasures  # noqa: E402
 
@@ -208,7 +208,7 @@ def test_interrupted_sweep_leaves_valid_incomplete_evidence(
 
 @pytest.fixture
 def target(small_spec, tmp_path: Path):
-    from bsrctl.experiments.specs import load_experiment
+    from bsrctl.experiments.restore.spec import load_experiment
 
     spec, _ = load_experiment(small_spec(), "sweep", "storage")
     t = storage_target.StorageTarget(spec, tmp_path / "run")
@@ -218,7 +218,7 @@ def target(small_spec, tmp_path: Path):
 
 
 def checks_of(m: RestoreMeasures) -> dict[str, tuple[str, str]]:
-    from bsrctl.experiments.acceptance import judge
+    from bsrctl.experiments.restore.acceptance import judge
 
     return {c.name: (str(c.verdict), c.detail) for c in judge(m, "storage")}
 
@@ -294,3 +294,26 @@ def test_unhealthy_stack_fails_post_request_health(target, monkeypatch) -> None:
     got = checks_of(target.measure(Prompt("s", 2048), 2))
     assert got["post_request_health"][0] == "FAIL"
     assert "StorageManagers healthy: False" in got["post_request_health"][1]
+
+
+# ---- `bsrctl report` reproduces what the run wrote, from the evidence alone ----------------
+
+
+@pytest.mark.parametrize("command", ["sweep", "law", "ladder"])
+def test_report_reproduces_the_summary_byte_for_byte(small_spec, tmp_path: Path, command) -> None:
+    from typer.testing import CliRunner
+
+    from bsrctl.cli import app
+
+    run = {"sweep": run_sweep, "law": run_law, "ladder": run_ladder}[command]
+    out = tmp_path / "out"
+    run(small_spec(), out, "storage", quiet=True)
+    (run_dir,) = out.iterdir()
+    written = (run_dir / "summary.md").read_text()
+    assert written.startswith(f"# {run_dir.name} ({command}): ")
+    table = [line for line in written.splitlines() if line.startswith("|")]
+    assert table and not any("None" in line for line in table)  # unmeasured: no column
+    (run_dir / "summary.md").unlink()
+    res = CliRunner().invoke(app, ["report", str(run_dir)])
+    assert res.exit_code == 0, res.output
+    assert (run_dir / "summary.md").read_text() == written

@@ -1,11 +1,8 @@
-"""Markdown summary of one run, rendered from its evidence.json alone."""
+"""summary.md of a restore run (ladder, sweep, law, round trip), from its evidence alone."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
-
-from bsrctl.evidence import load_evidence
 
 MEASURE_ORDER = (
     "tokens", "window_chunks", "l1_capacity_bytes", "restore_pool_peak_bytes",
@@ -15,6 +12,8 @@ MEASURE_ORDER = (
 
 
 def _cell(value: Any) -> str:
+    if value is None:
+        return ""
     if isinstance(value, str) and len(value) == 64:
         return value[:12]  # a sha256: its prefix is enough to compare by eye
     if isinstance(value, float):
@@ -24,8 +23,10 @@ def _cell(value: Any) -> str:
 
 def render(doc: dict[str, Any]) -> str:
     points = doc.get("points", [])
-    keys = [k for k in MEASURE_ORDER if any(k in p["measures"] for p in points)]
-    keys += sorted({k for p in points for k in p["measures"]} - set(keys))
+    # A measure no point has (None: not measured on this stack) gets no column.
+    present = {k for p in points for k, v in p["measures"].items() if v is not None}
+    keys = [k for k in MEASURE_ORDER if k in present]
+    keys += sorted(present - set(keys))
     lines = [
         f"# {doc['run_id']} ({doc['kind']}): {doc['verdict']}",
         "",
@@ -52,10 +53,3 @@ def render(doc: dict[str, Any]) -> str:
         lines += ["", "## Not passing", ""]
         lines += [f"- {pid} / {c['name']}: {c['verdict']}: {c['detail']}" for pid, c in bad]
     return "\n".join(lines) + "\n"
-
-
-def write_summary(run_dir: Path) -> Path:
-    run_dir = Path(run_dir)
-    out = run_dir / "summary.md"
-    out.write_text(render(load_evidence(run_dir / "evidence.json")))
-    return out

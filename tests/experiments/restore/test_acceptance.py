@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from bsrctl.evidence import Verdict
-from bsrctl.experiments import acceptance as acc
+from bsrctl.experiments.restore import acceptance as acc
 from bsrctl.stack.target import RestoreMeasures
 
 SHA_A = "a" * 64

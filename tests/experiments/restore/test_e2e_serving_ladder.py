@@ -15,7 +15,7 @@ pytestmark = pytest.mark.e2e
 @pytest.fixture(scope="module")
 def ladder(tmp_path_factory: pytest.TempPathFactory):
     require_server_module()
-    from bsrctl.experiments.ladder import run_ladder
+    from bsrctl.experiments.restore.ladder import run_ladder
 
     out = tmp_path_factory.mktemp("ladder")
     return run_ladder(SMOKE, out, "serving", quiet=True), out, only_run(out)

@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 
 from bsrctl.errors import BadInput
-from bsrctl.experiments.specs import load_experiment
+from bsrctl.experiments.restore.spec import load_experiment
 from bsrctl.spec_io import parse_bytes
 
-LADDERS = Path(__file__).parents[2] / "ladders"
+LADDERS = Path(__file__).parents[3] / "ladders"
 
 
 def bad(tmp_path: Path, text: str, command: str = "sweep", stack: str = "storage") -> str:

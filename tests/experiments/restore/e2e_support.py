@@ -12,7 +12,7 @@ import pytest
 from bsrctl.evidence import load_evidence
 from bsrctl.stack.process import pids_alive
 
-LADDERS = Path(__file__).parents[2] / "ladders"
+LADDERS = Path(__file__).parents[3] / "ladders"
 SMOKE = LADDERS / "cpu-smoke.yaml"
 C = 262_144
 

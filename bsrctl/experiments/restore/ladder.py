@@ -25,9 +25,9 @@ from typing import Any
 from bsrctl.errors import StackFailed
 from bsrctl.evidence import EvidenceWriter, Point, Verdict, merge
 from bsrctl.evidence.verdict import Check, check
-from bsrctl.experiments.acceptance import judge
+from bsrctl.experiments.restore.acceptance import judge
+from bsrctl.experiments.restore.spec import ExperimentSpec, load_experiment
 from bsrctl.experiments.run import Progress, execute, progress
-from bsrctl.experiments.specs import ExperimentSpec, load_experiment
 from bsrctl.stack.target import Prompt, RestoreMeasures, Target, make_target
 
 

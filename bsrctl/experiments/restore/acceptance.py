@@ -13,7 +13,9 @@ On the storage stack there is no model: ``canonical_output`` is replaced by
 
 from __future__ import annotations
 
-from bsrctl.evidence.verdict import Check, Verdict, check
+from typing import Any
+
+from bsrctl.evidence.verdict import Check, Point, Verdict, check
 from bsrctl.stack.target import RestoreMeasures
 
 
@@ -211,3 +213,10 @@ def judge(m: RestoreMeasures, stack: str) -> tuple[Check, ...]:
             )
         )
     return tuple(checks)
+
+
+def restore_point(
+    point_id: str, params: dict[str, Any], measures: RestoreMeasures, stack: str, **extra: Any
+) -> Point:
+    """An evidence point judged by the acceptance checks from its own measures."""
+    return Point(point_id, params, measures.to_json(), judge(measures, stack), extra)

@@ -14,7 +14,7 @@ pytestmark = pytest.mark.e2e
 @pytest.fixture(scope="module")
 def law(tmp_path_factory: pytest.TempPathFactory):
     require_server_module()
-    from bsrctl.experiments.law import run_law
+    from bsrctl.experiments.restore.law import run_law
 
     out = tmp_path_factory.mktemp("law")
     return run_law(SMOKE, out, "serving", quiet=True), out, only_run(out)

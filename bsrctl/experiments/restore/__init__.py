@@ -1,0 +1,1 @@
+"""Restore experiments on any Target: capacity ladder, window sweep, capacity law."""
