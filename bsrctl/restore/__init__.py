@@ -12,7 +12,6 @@ Public API (see each module):
 - ``admission``: AdmissionBudget (B chunks, FIFO, no hold-and-wait).
 - ``gauge``: RestorePoolGauge (per-rank exact high-water mark of restore staging bytes).
 - ``markers``: ForceLocalMarkers.
-- ``lmcache_storage`` (imports lmcache): LMCacheRestoreStorage over a StorageManager.
 """
 
 from bsrctl.restore.admission import AdmissionBudget
