@@ -50,7 +50,9 @@ MODULE_DIR = Path(__file__).resolve().parent
 
 def server_pythonpath() -> str:
     """PYTHONPATH for an LMCache server process that must import MODULE_PATH."""
-    return os.pathsep.join(p for p in (str(MODULE_DIR), os.environ.get("PYTHONPATH")) if p)
+    rest = os.environ.get("PYTHONPATH", "").split(os.pathsep)
+    return os.pathsep.join([str(MODULE_DIR), *(p for p in rest if p and p != str(MODULE_DIR))])
+
 
 MUTATIONS = (
     "skip_invalidation",
