@@ -48,7 +48,7 @@ GIB = 1 << 30
 
 def have_bsr_fs() -> bool:
     try:
-        import bsrctl.lmcache_ext.fs_adapter  # noqa: F401
+        import bsrctl.lmcache_ext.adapters.fs  # noqa: F401
     except ImportError:
         return False
     return True
@@ -187,7 +187,7 @@ def main() -> int:
                     s2.teardown()
         else:
             fs_rows.append(
-                ("fs load concurrency: bsrctl.lmcache_ext.fs_adapter missing", 0.0, 0, 0)
+                ("fs load concurrency: bsrctl.lmcache_ext.adapters.fs missing", 0.0, 0, 0)
             )
     finally:
         root_ctx.cleanup()

@@ -27,7 +27,7 @@ from bsrctl.experiments.failmatrix_spec import CellSpec, FailMatrixSpec, load_ma
 from bsrctl.experiments.failmatrix_storage import run_storage_cell
 from bsrctl.experiments.faults import INJECTORS, Injector, L1Exhausted, run_bounded
 from bsrctl.experiments.run import execute, progress
-from bsrctl.lmcache_ext.fault_adapter import write_control_file
+from bsrctl.lmcache_ext.faults.control import write_control_file
 from bsrctl.prompts import expected_external_tokens, prompt_ids, tokens_sha256
 from bsrctl.settings import RestoreSettings
 from bsrctl.stack import tinymodel
@@ -38,7 +38,6 @@ from bsrctl.stack.serving import ServingStack, check_ports
 from bsrctl.stack.tiers import chunk_hashes_hex, fault_stats, fs_objects, wait_tiers_hold
 
 Say = Callable[[str], None]
-MUTANT_MODULE = "bsrctl.lmcache_ext.failmatrix_mutants"
 RECOVERED = "Recovered from KV load failure"
 HEALTH_TOKENS = 320
 SEED_ATTEMPTS = 2  # a cold request, then one retry for the chunks a tier still misses
@@ -54,22 +53,27 @@ def relied_tiers(cell: CellSpec) -> tuple[str, ...]:
 
 
 class FailmatrixStack(ServingStack):
-    """The serving stack; with `mutations` set, LMCache loads the TEST-ONLY mutant module."""
+    """The serving stack; with `mutations` set, LMCache loads the TEST-ONLY mutant module
+    `mutant_module` (a dotted path the LMCache server process can import; tests own it)."""
 
     def __init__(
         self,
         spec: Any,
         run_dir: Path,
         mutations: list[str] | None = None,
+        mutant_module: str | None = None,
         restore: RestoreSettings | None = None,
     ) -> None:
+        if mutations is not None and not mutant_module:
+            raise BadInput("mutations need the mutant server module's path (tests only)")
         super().__init__(spec, run_dir, restore)
         self.mutations = mutations
+        self.mutant_module = mutant_module
 
     def _server_module_arg(self) -> dict[str, Any]:
         arg = super()._server_module_arg()
         if self.mutations is not None:
-            arg["module_path"] = MUTANT_MODULE
+            arg["module_path"] = self.mutant_module
             arg["config"]["mutations"] = list(self.mutations)
         return arg
 
@@ -146,12 +150,19 @@ class ServingRig:
     """One deployment shared by the serving cells, and what each cell does on it."""
 
     def __init__(
-        self, spec: FailMatrixSpec, run_dir: Path, say: Say, mutations: list[str] | None
+        self,
+        spec: FailMatrixSpec,
+        run_dir: Path,
+        say: Say,
+        mutations: list[str] | None,
+        mutant_module: str | None = None,
     ) -> None:
         self.spec = spec
         self.say = say
         self.run_dir = run_dir
-        self.stack = FailmatrixStack(spec.stack, run_dir, mutations, spec.settings())
+        self.stack = FailmatrixStack(
+            spec.stack, run_dir, mutations, mutant_module, spec.settings()
+        )
         self.client: BsrModuleClient | None = None
         self.canonical: dict[str, tuple[int, ...]] = {}
         self.vocab = 0

@@ -24,7 +24,7 @@ from typing import Any
 
 from bsrctl.errors import StackFailed
 from bsrctl.experiments.failmatrix_spec import CellSpec
-from bsrctl.lmcache_ext.fault_adapter import write_control_file
+from bsrctl.lmcache_ext.faults.control import write_control_file
 from bsrctl.stack.serving import ServingStack
 from bsrctl.stack.tiers import (
     chunk_hashes_hex,

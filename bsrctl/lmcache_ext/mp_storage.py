@@ -1,7 +1,7 @@
 """The two sides of a bounded restore inside the LMCache MP server.
 
 - ``ServerRestoreStorage``: the storage side (``bsrctl.restore.protocols.RestoreStorage``)
-  is the core's ``bsrctl.restore.lmcache_storage.LMCacheRestoreStorage`` over the server's
+  is ``bsrctl.lmcache_ext.storage.LMCacheRestoreStorage`` over the server's
   own ``StorageManager`` (L1 = staging pool, L2 adapters = the tier restored from),
   one instance per registration (model, world size), with the layouts taken from the
   server's layout registry, an L1 sampling hook when a window is fully staged, and a
@@ -25,7 +25,7 @@ from typing import Any
 from lmcache.logging import init_logger
 from lmcache.v1.distributed.api import MemoryLayoutDesc, ObjectKey
 
-from bsrctl.restore.lmcache_storage import LMCacheRestoreStorage
+from bsrctl.lmcache_ext.storage import LMCacheRestoreStorage
 from bsrctl.restore.types import RestoreRequest, RowId, StageResult, Window
 
 log = init_logger(__name__)

@@ -17,7 +17,7 @@ Public API (see each module):
 - ``stall``: StallWatch (process-stall ticker on a clock) and its install guard.
 - ``errors``: RestoreConfigError (a ValueError), the core's only error type.
 
-The storage over LMCache's StorageManager lives in ``bsrctl.lmcache_ext``.
+The storage over LMCache's StorageManager lives in ``bsrctl.lmcache_ext.storage``.
 """
 
 from bsrctl.restore.admission import AdmissionBudget

@@ -1,6 +1,6 @@
 """Reading BSR's restore pool on the serving stack: the server module's ``bsr.*`` handlers.
 
-The LMCache server loads ``bsrctl.lmcache_ext.server_module``; its handlers are reachable
+The LMCache server loads ``bsrctl.lmcache_ext.server``; its handlers are reachable
 through LMCache's own ``server_module_call`` RPC (JSON in, JSON out) on the server's MQ port,
 and its ``status()`` also appears under ``"bsr"`` in LMCache's HTTP ``/status``.
 

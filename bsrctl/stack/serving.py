@@ -35,7 +35,7 @@ from bsrctl.stack.process import (
 )
 
 VENV_BIN = Path(sys.executable).parent
-SERVER_MODULE = "bsrctl.lmcache_ext.server_module"
+SERVER_MODULE = "bsrctl.lmcache_ext.server"
 # vLLM's connector gives up on a server request after this; BSR's whole retrieve must end
 # (installed or failed closed) well before it, or a late window overwrites the recompute.
 MQ_TIMEOUT_S = 60.0
@@ -539,7 +539,7 @@ def fault_wrapped(
         params.update(verify=True, checksum_dir=str(control.parent / f"checksums-{name}"))
     return {
         "type": "plugin",
-        "module_path": "bsrctl.lmcache_ext.fault_adapter",
+        "module_path": "bsrctl.lmcache_ext.faults.adapter",
         "class_name": "BsrFaultL2Adapter",
         "adapter_params": params,
     }

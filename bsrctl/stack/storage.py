@@ -62,6 +62,7 @@ from lmcache.v1.distributed.l2_adapters.fs_l2_adapter import (
 from lmcache.v1.distributed.storage_manager import StorageManager
 
 from bsrctl.errors import BadInput
+from bsrctl.lmcache_ext.storage import LMCacheRestoreStorage, layout_descs
 from bsrctl.registration import Registration
 from bsrctl.restore import (
     BoundedRestorer,
@@ -74,7 +75,6 @@ from bsrctl.restore import (
     StageResult,
     Window,
 )
-from bsrctl.restore.lmcache_storage import LMCacheRestoreStorage, layout_descs
 from bsrctl.settings import RestoreSettings
 
 DESTINATIONS = ("verify", "mmap", "null")
@@ -477,7 +477,7 @@ class StorageStack:
                 )
             return FSL2AdapterConfig(base_path=str(self.l2_dir), use_odirect=c.use_odirect)
         try:
-            from bsrctl.lmcache_ext.fs_adapter import BsrFSL2AdapterConfig
+            from bsrctl.lmcache_ext.adapters.fs import BsrFSL2AdapterConfig
         except ImportError as e:
             raise BadInput(f"l2_adapter 'bsr_fs' unavailable ({e}); use l2_adapter 'stock'") from e
         return BsrFSL2AdapterConfig(

@@ -35,19 +35,24 @@ BREAKS = {
 @pytest.fixture(scope="module")
 def rig(tmp_path_factory: pytest.TempPathFactory):
     try:
+        import failmatrix_mutants
         import mooncake  # noqa: F401
-
-        import bsrctl.lmcache_ext.failmatrix_mutants  # noqa: F401
     except Exception as exc:
         pytest.skip(f"mutant module or mooncake unavailable ({exc!r})")
     spec, _ = load_matrix(MATRICES / "cpu.yaml")
     run_dir = tmp_path_factory.mktemp("failmatrix-e2e")
-    r = ServingRig(spec, run_dir, lambda _: None, mutations=[])
+    mp = pytest.MonkeyPatch()
+    # the LMCache server process (it inherits this environment) imports the mutant module
+    mp.setenv("PYTHONPATH", failmatrix_mutants.server_pythonpath())
+    r = ServingRig(
+        spec, run_dir, lambda _: None, mutations=[], mutant_module=failmatrix_mutants.MODULE_PATH
+    )
     try:
         r.prepare([c for c in spec.cells if c.stack == "serving"])
         yield r
     finally:
         r.close()
+        mp.undo()
         pids = [p for part in r.stack.launched for p in [part.pid, *part._children] if p]
         assert pids_alive(pids) == [], f"left running: {pids_alive(pids)}"
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from failmatrix_mutants import MODULE_PATH, MUTATIONS, check_mutations
 
-from bsrctl.experiments.failmatrix import MUTANT_MODULE, FailmatrixStack
-from bsrctl.lmcache_ext.failmatrix_mutants import MUTATIONS, check_mutations
+from bsrctl.errors import BadInput
+from bsrctl.experiments.failmatrix import FailmatrixStack
 from bsrctl.settings import RestoreSettings
 from bsrctl.specs import StackSpec
 
@@ -26,9 +27,22 @@ def test_check_mutations() -> None:
 
 
 def test_real_module_unless_mutations_are_asked(tmp_path: Path) -> None:
-    real = FailmatrixStack(SPEC, tmp_path, None, SETTINGS)._server_module_arg()
-    assert real["module_path"] == "bsrctl.lmcache_ext.server_module"
+    real = FailmatrixStack(SPEC, tmp_path, None, None, SETTINGS)._server_module_arg()
+    assert real["module_path"] == "bsrctl.lmcache_ext.server"
     assert "mutations" not in real["config"]
-    mutant = FailmatrixStack(SPEC, tmp_path, ["ghost_hits"], SETTINGS)._server_module_arg()
-    assert mutant["module_path"] == MUTANT_MODULE
+    mutant = FailmatrixStack(
+        SPEC, tmp_path, ["ghost_hits"], MODULE_PATH, SETTINGS
+    )._server_module_arg()
+    assert mutant["module_path"] == MODULE_PATH == "failmatrix_mutants"
     assert mutant["config"] == {**real["config"], "mutations": ["ghost_hits"]}
+
+
+def test_mutations_need_the_mutant_module_from_the_caller(tmp_path: Path) -> None:
+    with pytest.raises(BadInput, match="mutant server module"):
+        FailmatrixStack(SPEC, tmp_path, ["ghost_hits"])
+
+
+def test_the_package_ships_no_mutant() -> None:
+    import importlib.util
+
+    assert importlib.util.find_spec("bsrctl.lmcache_ext.failmatrix_mutants") is None

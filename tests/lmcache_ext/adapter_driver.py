@@ -5,7 +5,7 @@ stdin: {"op": "init", "adapters": [spec...], "l1_bytes": N, "chunk_bytes": C}
        {"op": "store", "salt": s, "n": n} | {"op": "forget", "salt": s, "n": n}
        {"op": "prefetch", "salt": s, "n": n, "timeout_s": t}
        {"op": "lookup" | "load", "salt": s, "n": n}: adapter-level, bypassing L1
-       {"op": "fault", "control": {...}}: fault_adapter.handle_control in this process
+       {"op": "fault", "control": {...}}: faults.control.handle_control in this process
        {"op": "mc_corrupt", "salt": s, "n": n, "index": i}: flip a byte inside Mooncake
        {"op": "status"} | {"op": "close"}
 stdout: one JSON reply per command: {"ok": true, ...} or {"ok": false, "error": "..."}.
@@ -22,8 +22,9 @@ from dataclasses import asdict
 import lmcext_kv as kv
 from lmcache.v1.distributed.l2_adapters.config import get_l2_adapter_config_class
 
-from bsrctl.lmcache_ext import fault_adapter  # registers bsr_fs, bsr_mooncake, bsr_fault
-from bsrctl.lmcache_ext.mooncake_adapter import mooncake_key
+import bsrctl.lmcache_ext.faults.adapter  # noqa: F401  registers bsr_fs, bsr_mooncake, bsr_fault
+from bsrctl.lmcache_ext.adapters.mooncake import mooncake_key
+from bsrctl.lmcache_ext.faults.control import handle_control
 
 
 def main() -> None:
@@ -68,7 +69,7 @@ def main() -> None:
                 loaded, exact, elapsed = kv.adapter_load(kv.adapters(sm)[0], keys, chunk_bytes)
                 reply = {"loaded": loaded, "exact": exact, "elapsed_s": elapsed}
             elif op == "fault":  # run-time control of a bsr_fault adapter in this process
-                reply = json.loads(fault_adapter.handle_control(json.dumps(req["control"])))
+                reply = json.loads(handle_control(json.dumps(req["control"])))
                 if not reply.pop("ok"):
                     raise RuntimeError(reply["error"])
             elif op == "mc_corrupt":  # flip one byte of a stored object inside Mooncake itself

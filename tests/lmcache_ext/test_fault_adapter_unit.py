@@ -14,12 +14,9 @@ import pytest
 from lmcache.lmcache_native import Bitmap
 from lmcache.v1.distributed.api import ObjectKey
 
-from bsrctl.lmcache_ext.fault_adapter import (
-    BsrFaultL2Adapter,
-    BsrFaultL2AdapterConfig,
-    FaultRule,
-    write_control_file,
-)
+from bsrctl.lmcache_ext.faults.adapter import BsrFaultL2Adapter, BsrFaultL2AdapterConfig
+from bsrctl.lmcache_ext.faults.control import fault_stats, write_control_file
+from bsrctl.lmcache_ext.faults.rules import FaultRule
 
 
 class FakeInner:
@@ -177,7 +174,7 @@ def test_a_control_file_change_arms_once_under_concurrent_submits(make, tmp_path
     adapter, _ = make("race", control_path=str(control))
     # a slow reload: an unlocked check in the other thread still sees the old signature
     spy = SpyPath(control, read_delay_s=0.1)
-    adapter._control_path = spy  # type: ignore[assignment]
+    adapter._control.path = spy  # type: ignore[union-attr,assignment]
     armed = adapter.stats()["rules_armed"]
     write_control_file(control, [{"action": "drop", "phase": "lookup", "tasks": [0]}])
     got: dict[int, list] = {}
@@ -198,7 +195,7 @@ def test_control_file_stat_is_throttled_yet_prompt(make, tmp_path: Path) -> None
     control = tmp_path / "faults.json"
     adapter, _ = make("throttle", control_path=str(control))
     spy = SpyPath(control, stat_delay_s=0.02)
-    adapter._control_path = spy  # type: ignore[assignment]
+    adapter._control.path = spy  # type: ignore[union-attr,assignment]
     burst = [submit(adapter, "lookup", keys(1, f"b{i}")) for i in range(20)]
     assert [result(adapter, "lookup", t) for t in burst] == [[0]] * 20
     assert spy.stats <= 5  # not one per task
@@ -240,3 +237,14 @@ def test_a_lookup_failing_after_the_inner_locked_unlocks_its_hits(make) -> None:
     assert result(adapter, "lookup", submit(adapter, "lookup", ks)) == []
     assert inner.unlocked == [ks[1], ks[2]]  # position 0's unlock is the one that raised
     assert adapter.stats()["inner_errors"] == 1
+
+
+def test_close_twice_is_a_no_op(make) -> None:
+    # LMCache's own adapters tolerate a second close(); this one raised ValueError from its
+    # closed wake eventfd (found by LMCache 0.5.6's L2-adapter checks).
+    adapter, _ = make("close-twice")
+    adapter.close()
+    adapter.close()
+    assert not adapter._pump_thread.is_alive()
+    with pytest.raises(KeyError, match="close-twice"):
+        fault_stats("close-twice")  # no longer reachable by name

@@ -14,7 +14,8 @@ from lmcache.v1.distributed.l2_adapters.fs_l2_adapter import (
 )
 from lmcache.v1.distributed.l2_adapters.plugin_l2_adapter import PluginL2AdapterConfig
 
-from bsrctl.lmcache_ext.fs_adapter import (
+from bsrctl.lmcache_ext.adapters.fileio import read_odirect
+from bsrctl.lmcache_ext.adapters.fs import (
     ENV_LOAD_CONCURRENCY,
     BsrFSL2Adapter,
     BsrFSL2AdapterConfig,
@@ -154,12 +155,12 @@ def test_odirect_read_aligned_and_bounced(tmp_path, size):
     payload = os.urandom(size)
     path.write_bytes(payload)
     dst = bytearray(size)  # heap buffer: unaligned address, so the bounce buffer is used
-    assert BsrFSL2Adapter._read_odirect(path, dst) == size
+    assert read_odirect(path, dst) == size
     assert bytes(dst) == payload
     with mmap.mmap(-1, size) as aligned:  # page-aligned destination
-        assert BsrFSL2Adapter._read_odirect(path, aligned) == size
+        assert read_odirect(path, aligned) == size
         assert aligned[:] == payload
-    assert BsrFSL2Adapter._read_odirect(path, bytearray(size + 1)) == -1  # size mismatch
+    assert read_odirect(path, bytearray(size + 1)) == -1  # size mismatch
 
 
 def test_load_concurrency_from_env_and_validation(tmp_path, monkeypatch):
@@ -181,7 +182,7 @@ def test_loads_through_the_stock_plugin_type(tmp_path):
     """The server's path: --l2-adapter '{"type": "plugin", ...}' builds our adapter."""
     spec = {
         "type": "plugin",
-        "module_path": "bsrctl.lmcache_ext.fs_adapter",
+        "module_path": "bsrctl.lmcache_ext.adapters.fs",
         "class_name": "BsrFSL2Adapter",
         "adapter_params": {"base_path": str(tmp_path), "load_concurrency": 4, "checksum": True},
     }
@@ -197,3 +198,10 @@ def test_loads_through_the_stock_plugin_type(tmp_path):
         assert kv.prefetch(sm, keys, CHUNK).exact == [0, 1, 2, 3]
     finally:
         sm.close()
+
+
+def test_close_twice_is_a_no_op(tmp_path):
+    adapter = BsrFSL2Adapter(fs_config(tmp_path / "l2", load_concurrency=2))
+    adapter.close()
+    adapter.close()  # as LMCache's stock FS adapter tolerates it
+    assert adapter._load_pool._shutdown

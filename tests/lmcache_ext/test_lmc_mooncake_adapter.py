@@ -9,7 +9,11 @@ from __future__ import annotations
 
 import pytest
 
-from bsrctl.lmcache_ext.mooncake_adapter import BsrMooncakeL2AdapterConfig, mooncake_key
+from bsrctl.lmcache_ext.adapters.mooncake import (
+    BsrMooncakeL2Adapter,
+    BsrMooncakeL2AdapterConfig,
+    mooncake_key,
+)
 
 CHUNK = 256 * 1024
 N = 8
@@ -147,3 +151,19 @@ def test_fault_adapter_over_mooncake_drops_a_rank_and_verifies(mooncake, driver_
     assert got["l1_used_after"] == 0
     final = d.request(op="fault", control={"op": "stats", "name": "mc"})["stats"]
     assert (final["dropped_keys"], final["verify_mismatch"]) == (2, 2)
+
+
+def test_close_twice_is_a_no_op():
+    pytest.importorskip("mooncake.store")
+
+    class Store:  # the adapter's only use of it here is close()
+        closes = 0
+
+        def close(self) -> None:
+            Store.closes += 1
+
+    cfg = BsrMooncakeL2AdapterConfig.from_dict({"master_server_address": "127.0.0.1:5"})
+    adapter = BsrMooncakeL2Adapter(cfg, store=Store())
+    adapter.close()
+    adapter.close()
+    assert Store.closes == 1

@@ -12,7 +12,9 @@
 - release: drain a prefetch still in flight, then ``finish_read_prefetched`` of every
   hit it locked.
 
-The server module can use this class over the MP server's own ``StorageManager``.
+The server module uses it over the MP server's own ``StorageManager`` (``mp_storage``); the
+in-process storage stack over its own. Lives here, not in the core: it imports lmcache and
+torch.
 """
 
 from __future__ import annotations

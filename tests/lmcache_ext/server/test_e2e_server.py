@@ -1,14 +1,9 @@
-"""bsrctl's LMCache MP-server module: probe-only lookup, windowed fail-closed retrieve.
-
-Fast tests drive the module's real handlers over LMCache's real StorageManager (real L1,
-real filesystem L2 behind bsrctl's fault adapter), in process, with no vLLM. The e2e tests
-start the real ``lmcache server`` with the module and a real vLLM OpenAI server over the
-tiny Llama (``-m e2e``).
+"""e2e: the real ``lmcache server`` with the BSR module and a real vLLM OpenAI server over
+the tiny Llama (``-m e2e``): window peaks, canonical outputs, faults by real means, TP = 2.
 """
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
@@ -21,409 +16,11 @@ from typing import Any
 
 import pytest
 
-torch = pytest.importorskip("torch")
+pytest.importorskip("torch")
 pytest.importorskip("lmcache")
 
-from lmcache.v1.distributed.api import AttnWindowDesc, MemoryLayoutDesc, ObjectKey  # noqa: E402
-from lmcache.v1.distributed.config import (  # noqa: E402
-    add_storage_manager_args,
-    parse_args_to_config,
-)
+from bsr_inprocess import private_dir  # noqa: E402
 from lmcache.v1.multiprocess.custom_types import IPCCacheServerKey  # noqa: E402
-from lmcache.v1.multiprocess.engine_context import MPCacheServerContext  # noqa: E402
-from lmcache.v1.multiprocess.ext_server_module import (  # noqa: E402
-    ExtServerModuleBuildContext,
-    iter_server_module_handlers,
-)
-from lmcache.v1.multiprocess.modules.lmcache_driven_transfer import (  # noqa: E402
-    LMCacheDrivenTransferModule,
-)
-from lmcache.v1.multiprocess.modules.lookup import LookupModule  # noqa: E402
-from lmcache.v1.multiprocess.request_handler import iter_request_handlers  # noqa: E402
-
-from bsrctl.errors import BadInput  # noqa: E402
-from bsrctl.lmcache_ext import fault_adapter  # noqa: E402
-from bsrctl.lmcache_ext.server_module import (  # noqa: E402
-    BsrServerConfig,
-    BsrServerModule,
-    build_server_modules,
-)
-from bsrctl.restore.plan import confirm_plan  # noqa: E402
-from bsrctl.restore.types import FailureKind, RestoreRequest, RowId, RowKeys, Window  # noqa: E402
-
-# ---------------------------------------------------------------------------------------
-# fast tests: config and handler registration
-# ---------------------------------------------------------------------------------------
-
-REPLACED = {
-    "lookup",
-    "query_prefetch_status",
-    "wait_prefetch_status",
-    "free_lookup_locks",
-    "retrieve",
-    "store",
-    "end_session",
-}
-
-
-def test_config_defaults_and_validation() -> None:
-    assert BsrServerConfig.from_dict({}) == BsrServerConfig()
-    cfg = BsrServerConfig.from_dict({"window_chunks": 2, "admission_budget_chunks": 4})
-    assert (cfg.window_chunks, cfg.admission_budget_chunks) == (2, 4)
-    with pytest.raises(BadInput, match="unknown config key"):
-        BsrServerConfig.from_dict({"window": 2})
-    with pytest.raises(BadInput, match="B >= W"):
-        BsrServerConfig.from_dict({"window_chunks": 4, "admission_budget_chunks": 2})
-    with pytest.raises(BadInput, match="integer"):
-        BsrServerConfig.from_dict({"window_chunks": 1.5})
-    with pytest.raises(BadInput, match="> 0"):
-        BsrServerConfig.from_dict({"window_timeout_s": 0})
-    assert BsrServerConfig().retrieve_deadline_s == 45.0  # below vLLM's 60 s mq_timeout
-    with pytest.raises(BadInput, match="retrieve_deadline_s must be >= 0"):
-        BsrServerConfig.from_dict({"retrieve_deadline_s": -1})
-
-
-def test_handlers_match_the_rpc_contract_and_replace_the_builtins() -> None:
-    # iter_request_handlers validates every signature against LMCache's RPC specs, as the
-    # server does when it registers them; a mismatch would raise here.
-    ops = {h.operation: h for h in iter_request_handlers(BsrServerModule)}
-    assert set(ops) == REPLACED
-    builtin = {
-        h.operation: h
-        for cls in (LookupModule, LMCacheDrivenTransferModule)
-        for h in iter_request_handlers(cls)
-    }
-    for op in REPLACED:  # same thread pool as the built-in they shadow
-        assert ops[op].options == builtin[op].options, op
-    methods = [h.method for h in iter_server_module_handlers(BsrServerModule)]
-    assert methods == sorted(
-        ["bsr.configure", "bsr.fault", "bsr.forget", "bsr.markers", "bsr.peak"]
-        + ["bsr.reset_peak", "bsr.status"]
-    )
-
-
-# ---------------------------------------------------------------------------------------
-# fast tests: the module's handlers over a real StorageManager, in process
-# ---------------------------------------------------------------------------------------
-
-CHUNK = 16  # tokens per chunk
-MODEL = "bsr-unit-model"
-LAYOUT = MemoryLayoutDesc(shapes=[torch.Size([2, 2, CHUNK, 64])], dtypes=[torch.float32])
-C_BYTES = 2 * 2 * CHUNK * 64 * 4  # one chunk of the single row (rank 0, group 0)
-
-
-class _InProcessServer:
-    """A real MPCacheServerContext + built-in modules + the BSR module, no transport."""
-
-    def __init__(self, tmp: Path, l1_bytes: int, config: dict[str, Any], name: str) -> None:
-        self.fault_name = name
-        self.l2_dir = tmp / "l2"
-        adapter = {
-            "type": "bsr_fault",
-            "name": name,
-            "inner": {"type": "bsr_fs", "base_path": str(self.l2_dir)},
-        }
-        parser = argparse.ArgumentParser()
-        add_storage_manager_args(parser)
-        args = parser.parse_args(
-            [
-                "--l1-size-gb",
-                str(l1_bytes / 2**30),
-                "--eviction-policy",
-                "LRU",
-                "--l2-adapter",
-                json.dumps(adapter),
-            ]
-        )
-        self.ctx = MPCacheServerContext(parse_args_to_config(args), chunk_size=CHUNK)
-        self.sm = self.ctx.storage_manager
-        self.lookup_mod = LookupModule(self.ctx)
-        self.transfer_mod = LMCacheDrivenTransferModule(self.ctx)
-        self.ctx.layout_desc_registry.register(
-            MODEL, 1, LAYOUT, AttnWindowDesc([-1]), group_layout_descs={0: LAYOUT}
-        )
-        build = ExtServerModuleBuildContext(
-            server_context=self.ctx,
-            mp_config=None,  # type: ignore[arg-type]
-            coordinator_config=None,  # type: ignore[arg-type]
-            modules=(self.lookup_mod, self.transfer_mod),
-            config=config,
-        )
-        self.module = build_server_modules(build)
-
-    def close(self) -> None:
-        self.transfer_mod.close()
-        self.ctx.close()
-
-    def l1_used(self) -> int:
-        return int(self.sm.get_l1_usage()[0])
-
-    def keys_for(self, tokens: list[int]) -> list[ObjectKey]:
-        hashes = self.ctx.token_hasher.compute_chunk_hashes(tokens)
-        rank = ObjectKey.ComputeKVRank(1, 0, 1, 0)
-        return [ObjectKey(h, MODEL, rank, 0) for h in hashes]
-
-    def seed(self, tokens: list[int]) -> list[bytes]:
-        """Store every chunk (L1 + L2 write-through) one at a time, then empty L1."""
-        keys = self.keys_for(tokens)
-        payloads = []
-        for i, key in enumerate(keys):
-            obj = self.sm.reserve_write([key], LAYOUT)[key]
-            raw = obj.raw_tensor.view(torch.uint8)
-            raw.copy_(torch.randint(0, 256, raw.shape, dtype=torch.uint8))
-            payloads.append(bytes(raw.numpy().tobytes()))
-            self.sm.finish_write([key])
-            deadline = time.monotonic() + 20
-            while self._l2_files() < i + 1 and time.monotonic() < deadline:
-                time.sleep(0.02)
-            assert self._l2_files() == i + 1, "L2 write-through did not complete"
-            self.forget()
-        return payloads
-
-    def _l2_files(self) -> int:
-        return len(list(self.l2_dir.glob("*.data")))
-
-    def forget(self) -> None:
-        out = json.loads(self.module.bsr_forget(b'{"wait_s": 10}'))
-        assert out["l1_used_bytes_after"] == 0, out
-
-    def lookup(self, tokens: list[int], rid: str) -> int:
-        key = IPCCacheServerKey(
-            model_name=MODEL,
-            world_size=1,
-            worker_id=None,
-            token_ids=tuple(tokens),
-            start=0,
-            end=len(tokens) // CHUNK * CHUNK,
-            request_id=rid,
-            num_kv_readers=1,
-        )
-        self.module.lookup(key, 1)
-        got = self.module.wait_prefetch_status(rid, 10.0)
-        assert got is not None
-        return int(got)
-
-
-class _VerifyingDestination:
-    """Installs nothing; checks each window's bytes against what was stored."""
-
-    def __init__(self, payloads: list[bytes], fail_window: int = -1) -> None:
-        self.payloads = payloads
-        self.fail_window = fail_window
-        self.installed: list[int] = []
-        self.invalid = False
-
-    def install(self, request_id: str, window: Window, objects: Any, num_chunks: int) -> int:
-        if window.index == self.fail_window:
-            raise RuntimeError("install fault")
-        total = 0
-        for objs in objects.values():
-            for i, obj in enumerate(objs[:num_chunks]):
-                chunk = window.chunk_start + i
-                got = obj.raw_tensor.view(torch.uint8).numpy().tobytes()
-                assert got == self.payloads[chunk], f"chunk {chunk} differs"
-                self.installed.append(chunk)
-                total += obj.get_size()
-        return total
-
-    def sync(self, request_id: str) -> None:
-        return None
-
-    def mark_invalid(self, request_id: str) -> None:
-        self.invalid = True
-
-
-def _restore(server: _InProcessServer, tokens: list[int], rid: str, dest: Any) -> Any:
-    keys = server.keys_for(tokens)
-    req = RestoreRequest(rid, (RowKeys(RowId(0, 0), tuple(keys), C_BYTES),), CHUNK)
-    plan = confirm_plan(req, [(True,) * len(keys)])
-    return server.module.restorer.restore(plan, dest)
-
-
-@pytest.fixture
-def bsr_sm_server():
-    import shutil
-
-    tmp_path = _private_dir("bsr-sm-unit-")
-    made: list[_InProcessServer] = []
-
-    def make(l1_bytes: int, **config: Any) -> _InProcessServer:
-        name = f"bsr-unit-{len(made)}-{time.monotonic_ns()}"
-        server = _InProcessServer(tmp_path / name, l1_bytes, config, name)
-        made.append(server)
-        return server
-
-    yield make
-    for s in made:
-        s.close()
-    shutil.rmtree(tmp_path, ignore_errors=True)
-
-
-def _tokens(num_chunks: int, salt: int = 0) -> list[int]:
-    return [(7 * i + salt) % 1000 + 2 for i in range(num_chunks * CHUNK + 5)]
-
-
-def test_probe_only_lookup_counts_the_whole_prefix_and_stages_nothing(bsr_sm_server) -> None:
-    server = bsr_sm_server(8 * C_BYTES, window_chunks=2)
-    tokens = _tokens(12)
-    server.seed(tokens)
-    assert server.l1_used() == 0
-    assert server.lookup(tokens, "r-probe") == 12  # 12 chunks > L1's 8: still the full count
-    assert server.l1_used() == 0
-    status = server.module.status()
-    assert status["counters"]["lookups_probe_only"] == 1
-    assert status["l1_used_after_last_probe_bytes"] == 0
-    server.module.free_lookup_locks(
-        IPCCacheServerKey(MODEL, 1, None, tuple(tokens), 0, 12 * CHUNK, "r-probe"), 1
-    )
-    assert server.module.status()["counters"]["free_lookup_locks_noop"] == 1
-
-
-@pytest.mark.parametrize("w", [1, 2, 4])
-def test_windows_restore_byte_exact_with_peak_exactly_w_chunks(bsr_sm_server, w: int) -> None:
-    server = bsr_sm_server(8 * C_BYTES, window_chunks=w)
-    tokens = _tokens(12, salt=w)
-    payloads = server.seed(tokens)
-    server.module.bsr_reset_peak(b"")
-    dest = _VerifyingDestination(payloads)
-    outcome = _restore(server, tokens, f"r-w{w}", dest)
-    assert outcome.ok, outcome.detail
-    assert dest.installed == list(range(12))
-    peak = json.loads(server.module.bsr_peak(b""))
-    assert peak["restore_pool_peak_bytes"] == w * C_BYTES
-    assert peak["l1_used_peak_bytes"] == w * C_BYTES  # measured in L1, not computed
-    assert server.l1_used() == 0  # every window released
-
-
-def test_budget_2w_pipelines_two_windows_within_b(bsr_sm_server) -> None:
-    server = bsr_sm_server(8 * C_BYTES, window_chunks=2, admission_budget_chunks=4)
-    tokens = _tokens(12, salt=11)
-    payloads = server.seed(tokens)
-    server.module.bsr_reset_peak(b"")
-    dest = _VerifyingDestination(payloads)
-    outcome = _restore(server, tokens, "r-pipe", dest)
-    assert outcome.ok, outcome.detail
-    assert dest.installed == list(range(12))
-    peak = json.loads(server.module.bsr_peak(b""))
-    assert peak["restore_pool_peak_bytes"] == 4 * C_BYTES  # window j+1 staged with j
-    assert 2 * C_BYTES <= peak["l1_used_peak_bytes"] <= 4 * C_BYTES
-    status = server.module.status()
-    assert status["effective_budget_chunks"] == 4 and status["budget_peak_in_use_chunks"] == 4
-    assert server.l1_used() == 0
-
-
-def test_dropped_key_in_window_k_fails_closed_and_forces_local(bsr_sm_server) -> None:
-    server = bsr_sm_server(8 * C_BYTES, window_chunks=2)
-    tokens = _tokens(10, salt=3)
-    payloads = server.seed(tokens)
-    assert server.lookup(tokens, "r-fault") == 10
-    # Real means: the L2 adapter drops the first key of its third load task (window 2).
-    fault_adapter.set_fault_rules(
-        [{"action": "drop", "tasks": [2], "positions": [0]}], server.fault_name
-    )
-    dest = _VerifyingDestination(payloads)
-    outcome = _restore(server, tokens, "r-fault", dest)
-    assert not outcome.ok and outcome.failure == FailureKind.MISSING_KEY
-    assert outcome.cached_chunks == 0 and outcome.windows_done == 2
-    assert dest.invalid
-    assert server.l1_used() == 0
-    assert fault_adapter.fault_stats(server.fault_name)["dropped_keys"] == 1
-    fault_adapter.clear_fault_rules(server.fault_name)
-    # Force-local: the next lookup of that request reports 0 until it is torn down.
-    assert server.lookup(tokens, "r-fault") == 0
-    assert server.module.status()["counters"]["lookups_forced_local"] == 1
-    server.module.end_session("r-fault")
-    assert server.lookup(tokens, "r-fault") == 10
-    events = [e["event"] for e in json.loads(server.module.bsr_markers(b""))["events"]]
-    assert events == ["set", "forced_lookup", "cleared_teardown"]
-
-
-def test_install_error_and_timeout_fail_closed(bsr_sm_server) -> None:
-    server = bsr_sm_server(8 * C_BYTES, window_chunks=2, window_timeout_s=0.5, drain_timeout_s=0.1)
-    tokens = _tokens(6, salt=5)
-    payloads = server.seed(tokens)
-    out = _restore(server, tokens, "r-install", _VerifyingDestination(payloads, fail_window=1))
-    assert not out.ok and out.failure == FailureKind.INSTALL_ERROR and out.windows_done == 1
-    assert server.l1_used() == 0
-    fault_adapter.set_fault_rules(
-        [{"action": "delay", "tasks": [1], "delay_s": 2.0}], server.fault_name
-    )
-    out = _restore(server, tokens, "r-timeout", _VerifyingDestination(payloads))
-    assert not out.ok and out.failure == FailureKind.TIMEOUT and out.windows_done == 1
-    deadline = time.monotonic() + 10  # the late window is drained in the background
-    while server.l1_used() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert server.l1_used() == 0
-    fault_adapter.clear_fault_rules(server.fault_name)
-
-
-def test_handlers_fail_closed_and_never_raise(bsr_sm_server, monkeypatch) -> None:
-    server = bsr_sm_server(8 * C_BYTES, window_chunks=2)
-    m = server.module
-    key = IPCCacheServerKey("not-registered", 1, None, tuple(range(40)), 0, 32, "r-x")
-    m.lookup(key, 1)
-    assert m.query_prefetch_status("r-x") == 0  # unregistered model: answered at once
-    assert m.wait_prefetch_status("never-looked-up", 0.1) == 0
-    wkey = IPCCacheServerKey("not-registered", 1, 0, tuple(range(40)), 0, 32, "r-x")
-    assert m.retrieve(wkey, 12345, [[1, 2]], b"", 0) == (b"", False)
-    assert m.store(wkey, 12345, [[1, 2]], b"") == (b"", False)
-    m.free_lookup_locks(key, 1)
-    m.end_session("r-x")
-    # A storage that raises inside the probe: the lookup answers 0, nothing escapes.
-    tokens = _tokens(4, salt=9)
-    server.seed(tokens)
-
-    def boom(*_a: Any, **_k: Any) -> Any:
-        raise RuntimeError("storage exploded")
-
-    monkeypatch.setattr(m.restorer.storage, "probe", boom)
-    assert server.lookup(tokens, "r-boom") == 0
-    monkeypatch.setattr(m, "_windowed_retrieve", boom)
-    assert m.retrieve(wkey, 12345, [[1, 2]], b"", 0) == (b"", False)
-    assert m.markers.record("r-x") is not None  # every failed retrieve forces local
-
-
-def test_stall_guard_refuses_installs_after_a_process_stall() -> None:
-    from bsrctl.lmcache_ext.mp_storage import InstallRefused, MPBlockDestination
-
-    dest = MPBlockDestination(
-        cache_context=None,
-        event_backend=None,
-        block_ids=[[1, 2]],
-        chunk_tokens=CHUNK,
-        skip_first_n_tokens=0,
-        transfer_key="k",
-        guard=lambda: "stalled 12.0s",
-    )
-    with pytest.raises(InstallRefused, match="stalled"):  # refused before any copy
-        dest.install("r", Window(0, 0, 1), {}, 1)
-
-
-def test_configure_switches_window_at_run_time(bsr_sm_server) -> None:
-    server = bsr_sm_server(8 * C_BYTES, window_chunks=2)
-    out = json.loads(server.module.bsr_configure(json.dumps({"window_chunks": 4}).encode()))
-    assert out["ok"] and server.module.window_chunks == 4
-    out = json.loads(server.module.bsr_configure(b'{"admission_budget_chunks": 1}'))
-    assert not out["ok"] and "B >= W" in out["error"]
-    assert server.module.window_chunks == 4
-
-
-def test_configure_is_refused_while_a_retrieve_is_inside_a_restore(bsr_sm_server) -> None:
-    # The in-flight count and the swap share the module lock: a retrieve that took the old
-    # restorer keeps the swap out until it ends (else two budgets, B exceeded across them).
-    server = bsr_sm_server(8 * C_BYTES, window_chunks=2)
-    module = server.module
-    old = module.restorer
-    with module._lock:
-        module._restoring = 1  # as retrieve() holds it between taking and leaving restore()
-    out = json.loads(module.bsr_configure(json.dumps({"window_chunks": 4}).encode()))
-    assert not out["ok"] and out["error"] == "1 retrieve(s) in flight: retry when idle"
-    assert module.restorer is old and module.window_chunks == 2
-    with module._lock:
-        module._restoring = 0
-    out = json.loads(module.bsr_configure(json.dumps({"window_chunks": 4}).encode()))
-    assert out["ok"] and module.restorer is not old and module.window_chunks == 4
-
 
 # ---------------------------------------------------------------------------------------
 # e2e: the real `lmcache server` with this module + a real vLLM over the tiny Llama
@@ -490,7 +87,7 @@ class _Stack:
         self.mq_port, self.lmc_http = free_port(), free_port()
         self.vllm_port = free_port()
         env = _e2e_env(root / "vllm-cache")
-        module = {"module_path": "bsrctl.lmcache_ext.server_module", "config": cfg}
+        module = {"module_path": "bsrctl.lmcache_ext.server", "config": cfg}
         venv_bin = Path(sys.executable).parent
         self.server_argv = [
             str(venv_bin / "lmcache"),
@@ -634,7 +231,7 @@ def _fault_l2(base: Path) -> dict:
     """bsrctl's FS L2 behind bsrctl's fault adapter (no rules armed: a plain FS tier)."""
     return {
         "type": "plugin",
-        "module_path": "bsrctl.lmcache_ext.fault_adapter",
+        "module_path": "bsrctl.lmcache_ext.faults.adapter",
         "class_name": "BsrFaultL2Adapter",
         "adapter_params": {"name": "fs", "inner": {"type": "bsr_fs", "base_path": str(base)}},
     }
@@ -667,18 +264,11 @@ class _E2E:
         (self.root / "figures.jsonl").open("a").write(json.dumps(figures, sort_keys=True) + "\n")
 
 
-def _private_dir(prefix: str) -> Path:
-    """A directory of our own: pytest's basetemp is rotated by concurrent pytest runs."""
-    import tempfile
-
-    return Path(tempfile.mkdtemp(prefix=prefix))
-
-
 @pytest.fixture(scope="module")
 def bsr_e2e(request):
     import shutil
 
-    env = _E2E(_private_dir("bsr-sm-e2e-"))
+    env = _E2E(private_dir("bsr-sm-e2e-"))
     failed0 = request.session.testsfailed
     try:
         env.stack.start()

@@ -28,7 +28,7 @@ runs in one private network namespace, so start ``lmcache server`` with the name
       --host 127.0.0.1 --port 5555 --l1-size-gb 1 --eviction-policy LRU --chunk-size 256 \\
       --http-host 127.0.0.1 --http-port 8766 --disable-observability \\
       --supported-transfer-mode auto \\
-      --l2-adapter '{"type": "plugin", "module_path": "bsrctl.lmcache_ext.mooncake_adapter",
+      --l2-adapter '{"type": "plugin", "module_path": "bsrctl.lmcache_ext.adapters.mooncake",
                      "class_name": "BsrMooncakeL2Adapter",
                      "adapter_params": {"master_server_address": "127.0.0.1:50051"}}'
 

@@ -30,7 +30,7 @@ module and finds ``BsrFSL2AdapterConfig`` by the ``<class_name>Config`` conventi
       --l1-size-gb 1 --eviction-policy LRU --chunk-size 256 \\
       --http-host 127.0.0.1 --http-port 8766 --disable-observability \\
       --supported-transfer-mode auto \\
-      --l2-adapter '{"type": "plugin", "module_path": "bsrctl.lmcache_ext.fs_adapter",
+      --l2-adapter '{"type": "plugin", "module_path": "bsrctl.lmcache_ext.adapters.fs",
                      "class_name": "BsrFSL2Adapter",
                      "adapter_params": {"base_path": "/run/l2", "load_concurrency": 4,
                                         "checksum": true, "use_odirect": false}}'
@@ -43,10 +43,6 @@ in a process that imported this module first.
 from __future__ import annotations
 
 import asyncio
-import ctypes
-import errno
-import hashlib
-import mmap
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -65,49 +61,24 @@ from lmcache.v1.distributed.l2_adapters.config import (
 from lmcache.v1.distributed.l2_adapters.factory import register_l2_adapter_factory
 from lmcache.v1.distributed.l2_adapters.fs_l2_adapter import FSL2Adapter, FSL2AdapterConfig
 
+from bsrctl.lmcache_ext.adapters.checksum import (
+    format_checksum,
+    parse_checksum,
+    sha256_hex,
+    write_atomic,
+)
+from bsrctl.lmcache_ext.adapters.fileio import (
+    check_odirect_supported,
+    odirect_aligned,
+    read_buffered,
+    read_odirect,
+)
+
 logger = init_logger(__name__)
 
 TYPE_NAME = "bsr_fs"
 ENV_LOAD_CONCURRENCY = "LMCACHE_FS_LOAD_CONCURRENCY"
 SIDECAR_SUFFIX = ".sha256"
-ODIRECT_ALIGN_BYTES = 4096  # logical-block alignment that every O_DIRECT device accepts
-
-
-# ---------------------------------------------------------------------------
-# checksums: shared with fault_adapter.py
-# ---------------------------------------------------------------------------
-
-
-def sha256_hex(buf: Any) -> str:
-    """sha256 of a buffer (hashlib releases the GIL, so threads hash in parallel)."""
-    return hashlib.sha256(buf).hexdigest()
-
-
-def format_checksum(digest_hex: str, size_bytes: int) -> str:
-    return f"{digest_hex} {size_bytes}\n"
-
-
-def parse_checksum(text: str) -> tuple[str, int] | None:
-    parts = text.split()
-    if len(parts) != 2 or len(parts[0]) != 64:
-        return None
-    try:
-        return parts[0], int(parts[1])
-    except ValueError:
-        return None
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
-
-
-def buffer_address(buf: Any) -> int:
-    """Address of a writable buffer (memoryview of an L1 object)."""
-    mv = buf if isinstance(buf, memoryview) else memoryview(buf)
-    return ctypes.addressof(ctypes.c_char.from_buffer(mv))
 
 
 # ---------------------------------------------------------------------------
@@ -206,8 +177,9 @@ class BsrFSL2Adapter(FSL2Adapter):
 
     def __init__(self, config: BsrFSL2AdapterConfig, l1_memory_desc: Any = None) -> None:
         if config.use_odirect:
-            _check_odirect_supported(Path(config.base_path))
+            check_odirect_supported(Path(config.base_path))
         super().__init__(config)
+        self._closed = False
         self._load_concurrency = config.load_concurrency
         self._checksum = config.checksum
         self._load_pool = ThreadPoolExecutor(
@@ -257,6 +229,9 @@ class BsrFSL2Adapter(FSL2Adapter):
         return status
 
     def close(self) -> None:
+        if self._closed:  # idempotent, as the stock adapters are
+            return
+        self._closed = True
         super().close()
         self._load_pool.shutdown(wait=True, cancel_futures=True)
         self._store_pool.shutdown(wait=True, cancel_futures=True)
@@ -319,9 +294,9 @@ class BsrFSL2Adapter(FSL2Adapter):
                 return False
         try:
             if self._use_odirect:
-                num_read = self._read_odirect(path, dst)
+                num_read = read_odirect(path, dst)
             else:
-                num_read = self._read_buffered(path, dst)
+                num_read = read_buffered(path, dst)
         except FileNotFoundError:
             self._count("missing")
             return False
@@ -348,48 +323,6 @@ class BsrFSL2Adapter(FSL2Adapter):
                 return False
         self._count("loaded")
         return True
-
-    @staticmethod
-    def _read_buffered(path: Path, dst: Any) -> int:
-        """Bytes read, or -1 when the file's size is not len(dst)."""
-        with open(path, "rb", buffering=0) as f:
-            if os.fstat(f.fileno()).st_size != len(dst):
-                return -1
-            mv = memoryview(dst).cast("B")
-            total = 0
-            while total < len(mv):
-                n = f.readinto(mv[total:])
-                if not n:
-                    break
-                total += n
-            return total
-
-    @staticmethod
-    def _read_odirect(path: Path, dst: Any) -> int:
-        """O_DIRECT read; a page-aligned bounce buffer when dst or its size is unaligned."""
-        size = len(dst)
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
-        try:
-            if os.fstat(fd).st_size != size:
-                return -1
-            mv = memoryview(dst).cast("B")
-            aligned = size % ODIRECT_ALIGN_BYTES == 0 and (
-                buffer_address(mv) % ODIRECT_ALIGN_BYTES == 0
-            )
-            if aligned:
-                return _preadv_full(fd, mv, size)
-            padded = -(-size // ODIRECT_ALIGN_BYTES) * ODIRECT_ALIGN_BYTES
-            with mmap.mmap(-1, padded) as bounce:  # anonymous mmap: page aligned
-                bmv = memoryview(bounce)
-                try:
-                    n = _preadv_full(fd, bmv, padded)
-                    if n >= size:
-                        mv[:size] = bmv[:size]
-                    return min(n, size)
-                finally:
-                    bmv.release()
-        finally:
-            os.close(fd)
 
     # ---- store ---------------------------------------------------------
 
@@ -428,7 +361,7 @@ class BsrFSL2Adapter(FSL2Adapter):
             write_atomic(sidecar, format_checksum(sha256_hex(buf), size).encode())
         try:
             mv = memoryview(buf).cast("B")
-            if self._use_odirect and _odirect_aligned(mv):
+            if self._use_odirect and odirect_aligned(mv):
                 self._write_with_odirect(tmp, mv)
             else:
                 with open(tmp, "wb") as f:
@@ -453,39 +386,6 @@ class BsrFSL2Adapter(FSL2Adapter):
 
 def _sidecar(data_path: Path) -> Path:
     return data_path.with_name(data_path.name + SIDECAR_SUFFIX)
-
-
-def _odirect_aligned(mv: memoryview) -> bool:
-    return len(mv) % ODIRECT_ALIGN_BYTES == 0 and buffer_address(mv) % ODIRECT_ALIGN_BYTES == 0
-
-
-def _preadv_full(fd: int, mv: memoryview, length: int) -> int:
-    total = 0
-    while total < length:
-        n = os.preadv(fd, [mv[total:length]], total)
-        if n <= 0:
-            break
-        total += n
-        if total % ODIRECT_ALIGN_BYTES:  # short read at EOF
-            break
-    return total
-
-
-def _check_odirect_supported(base_path: Path) -> None:
-    base_path.mkdir(parents=True, exist_ok=True)
-    probe = base_path / ".odirect-probe"
-    try:
-        fd = os.open(probe, os.O_CREAT | os.O_WRONLY | os.O_DIRECT, 0o644)
-        os.close(fd)
-    except OSError as exc:
-        if exc.errno == errno.EINVAL:
-            raise ValueError(
-                f"use_odirect: the filesystem of {base_path} does not take O_DIRECT "
-                "(tmpfs?); put base_path on a disk filesystem or set use_odirect false"
-            ) from None
-        raise
-    finally:
-        probe.unlink(missing_ok=True)
 
 
 # ---------------------------------------------------------------------------

@@ -1,10 +1,16 @@
 """TEST ONLY: deliberately broken builds of the BSR server module, so the failure matrix can
 be seen to FAIL ("the matrix can fail"). Never load this in a real deployment.
 
-Loaded instead of ``bsrctl.lmcache_ext.server_module`` by the failure matrix's own stack
-(``--server-module '{"module_path": "bsrctl.lmcache_ext.failmatrix_mutants",
-"config": {..., "mutations": ["skip_invalidation"]}}'``); with no mutation it behaves exactly
-like the real module. ``bsr.mutation`` ``{"mutations": [...]}`` switches them at run time.
+Loaded instead of ``bsrctl.lmcache_ext.server`` by the failure matrix's own stack
+(``FailmatrixStack(..., mutations, mutant_module=MODULE_PATH)``: ``--server-module
+'{"module_path": "failmatrix_mutants", "config": {..., "mutations": ["skip_invalidation"]}}'``);
+with no mutation it behaves exactly like the real module. ``bsr.mutation``
+``{"mutations": [...]}`` switches them at run time.
+
+Importable as the top-level module ``failmatrix_mutants`` from ``MODULE_DIR`` (this folder):
+the tests' conftest puts it on ``sys.path``, and the LMCache server process needs it on its
+``PYTHONPATH`` (``server_pythonpath()``). Not ``tests.failmatrix...``: a wheel in the venv
+ships a top-level ``tests`` package that would shadow this repository's.
 
 Mutations (each breaks one rule of the protocol):
 
@@ -22,6 +28,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+from pathlib import Path
 from typing import Any
 
 from lmcache.v1.multiprocess.custom_types import IPCCacheServerKey
@@ -31,14 +39,20 @@ from lmcache.v1.multiprocess.ext_server_module import (
 )
 from lmcache.v1.multiprocess.request_handler import HandlerType, request_handler
 
-from bsrctl.lmcache_ext.server_module import (
-    BsrServerConfig,
-    BsrServerModule,
-    Mode,
-    _LookupResult,
-    _RecordingMarkers,
-)
+from bsrctl.lmcache_ext.server import BsrServerModule, ServerModuleConfig
+from bsrctl.lmcache_ext.server.markers import RecordingMarkers
+from bsrctl.lmcache_ext.server.state import Mode
 from bsrctl.restore.types import RestoreOutcome
+
+MODULE_PATH = "failmatrix_mutants"
+MODULE_DIR = Path(__file__).resolve().parent
+
+
+def server_pythonpath() -> str:
+    """PYTHONPATH for an LMCache server process that must import MODULE_PATH."""
+    rest = os.environ.get("PYTHONPATH", "").split(os.pathsep)
+    return os.pathsep.join([str(MODULE_DIR), *(p for p in rest if p and p != str(MODULE_DIR))])
+
 
 MUTATIONS = (
     "skip_invalidation",
@@ -58,7 +72,7 @@ def check_mutations(names: Any) -> frozenset[str]:
     return frozenset(names)
 
 
-class _MutantMarkers(_RecordingMarkers):
+class _MutantMarkers(RecordingMarkers):
     def __init__(self, module: MutantBsrServerModule) -> None:
         super().__init__()
         self._module = module
@@ -75,7 +89,7 @@ class MutantBsrServerModule(BsrServerModule):
         self._partial: dict[str, int] = {}  # request -> chunks of its completed windows
         super().__init__(build_ctx)
 
-    def _apply_config(self, cfg: BsrServerConfig, only_when_idle: bool = False) -> None:
+    def _apply_config(self, cfg: ServerModuleConfig, only_when_idle: bool = False) -> None:
         if not isinstance(self.markers, _MutantMarkers):
             self.markers = _MutantMarkers(self)
         super()._apply_config(cfg, only_when_idle)
@@ -95,7 +109,7 @@ class MutantBsrServerModule(BsrServerModule):
             chunks = self._partial.pop(request_id)
             with self._lock:
                 self._modes[request_id] = Mode.BSR
-                self._results[request_id] = _LookupResult(chunks=chunks, forced_local=False)
+                self._results[request_id] = chunks
             self.markers.on_admitted(request_id)
             return True
         return super()._forced(request_id)

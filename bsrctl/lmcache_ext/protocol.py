@@ -1,0 +1,338 @@
+"""The replies of the server module's ``bsr.*`` methods: one typed definition for both sides.
+
+The server's handlers build these and send ``to_json()`` (``json.dumps(..., sort_keys=True)``);
+a client reads them back with ``from_json()``, which raises ``ProtocolError`` on a missing,
+unexpected or mistyped key, so a measure renamed on one side fails loudly instead of
+reading as absent. Pure: no lmcache or torch import, usable wherever the client runs.
+
+Each field names its JSON reader (and, where the wire differs from the value, its writer)
+in its metadata. Rank-keyed maps are ``dict[int, int]`` here, string-keyed on the wire.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any, ClassVar, Self
+
+SCHEMA = "bsrctl.lmcache_ext/1"
+
+
+class ProtocolError(ValueError):
+    """A reply that does not have the shape its type defines."""
+
+
+# ---- readers: (JSON value, where) -> value ----------------------------------------------
+
+
+def _int(v: Any, w: str) -> int:
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise ProtocolError(f"{w}: expected an integer, got {v!r}")
+    return v
+
+
+def _opt_int(v: Any, w: str) -> int | None:
+    return None if v is None else _int(v, w)
+
+
+def _float(v: Any, w: str) -> float:
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        raise ProtocolError(f"{w}: expected a number, got {v!r}")
+    return float(v)
+
+
+def _str(v: Any, w: str) -> str:
+    if not isinstance(v, str):
+        raise ProtocolError(f"{w}: expected a string, got {v!r}")
+    return v
+
+
+def _bool(v: Any, w: str) -> bool:
+    if not isinstance(v, bool):
+        raise ProtocolError(f"{w}: expected a boolean, got {v!r}")
+    return v
+
+
+def _obj(v: Any, w: str) -> dict[str, Any]:
+    if not isinstance(v, Mapping):
+        raise ProtocolError(f"{w}: expected a JSON object, got {v!r}")
+    return dict(v)
+
+
+def _counts(v: Any, w: str) -> dict[str, int]:
+    return {str(k): _int(n, f"{w}.{k}") for k, n in _obj(v, w).items()}
+
+
+def _by_rank(v: Any, w: str) -> dict[int, int]:
+    out = {}
+    for k, n in _obj(v, w).items():
+        try:
+            out[int(k)] = _int(n, f"{w}.{k}")
+        except ValueError:
+            raise ProtocolError(f"{w}: rank key {k!r} is not an integer") from None
+    return out
+
+
+def _list_of(read: Callable[[Any], Any]) -> Callable[[Any, str], tuple[Any, ...]]:
+    def read_list(v: Any, w: str) -> tuple[Any, ...]:
+        if not isinstance(v, list):
+            raise ProtocolError(f"{w}: expected a list, got {v!r}")
+        return tuple(read(x) for x in v)
+
+    return read_list
+
+
+def _reply(cls: type[Reply]) -> Callable[[Any, str], Any]:
+    return lambda v, _w: cls.from_json(v)
+
+
+# ---- writers: value -> JSON value --------------------------------------------------------
+
+
+def _ranked(by_rank: Mapping[int, int]) -> dict[str, int]:
+    return {str(r): b for r, b in sorted(by_rank.items())}
+
+
+def _plain(v: Any) -> Any:
+    if isinstance(v, Reply):
+        return v.to_json()
+    if isinstance(v, tuple):
+        return [_plain(x) for x in v]
+    if isinstance(v, dict):
+        return dict(v)
+    return v
+
+
+def _f(read: Callable[[Any, str], Any], write: Callable[[Any], Any] = _plain, **kw: Any) -> Any:
+    """A field read (and written) by these functions."""
+    return field(metadata={"read": read, "write": write}, **kw)
+
+
+class Reply:
+    """to_json / from_json over the fields' readers and writers. A reply has exactly its
+    fields as keys; ``OPTIONAL`` names those that may be absent (then their default)."""
+
+    WHAT: ClassVar[str] = "reply"
+    OPTIONAL: ClassVar[frozenset[str]] = frozenset()
+
+    def to_json(self) -> dict[str, Any]:
+        return {f.name: f.metadata["write"](getattr(self, f.name)) for f in fields(self)}
+
+    @classmethod
+    def from_json(cls, raw: Any) -> Self:
+        w = cls.WHAT
+        raw = _obj(raw, w)
+        names = {f.name for f in fields(cls)}
+        missing = sorted(names - cls.OPTIONAL - set(raw))
+        extra = sorted(set(raw) - names)
+        if missing or extra:
+            raise ProtocolError(f"{w}: missing keys {missing}, unexpected keys {extra}")
+        return cls(
+            **{
+                f.name: f.metadata["read"](raw[f.name], f"{w}.{f.name}")
+                for f in fields(cls)
+                if f.name in raw
+            }
+        )
+
+
+# ---- bsr.peak / bsr.reset_peak ----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PeakReply(Reply):
+    """``bsr.peak``: the restore pool gauge (per TP rank) and L1's measured occupancy."""
+
+    WHAT: ClassVar[str] = "bsr.peak"
+
+    restore_pool_peak_bytes_by_rank: dict[int, int] = _f(_by_rank, _ranked)  # high-water mark
+    restore_pool_peak_bytes: int = _f(_int)  # max over ranks
+    restore_pool_level_bytes_by_rank: dict[int, int] = _f(_by_rank, _ranked)  # level now
+    l1_used_peak_bytes: int = _f(_int)  # L1 usage sampled whenever a window was staged
+    l1_used_bytes: int = _f(_int)  # L1 usage now
+    l1_capacity_bytes: int = _f(_int)
+
+
+@dataclass(frozen=True)
+class ResetPeakReply(Reply):
+    """``bsr.reset_peak``: the peak before, and the new period's start (the current level)."""
+
+    WHAT: ClassVar[str] = "bsr.reset_peak"
+
+    before: PeakReply = _f(_reply(PeakReply))
+    after: PeakReply = _f(_reply(PeakReply))
+
+
+# ---- restore outcomes (bsr.status's recent_outcomes) ------------------------------------
+
+
+@dataclass(frozen=True)
+class RestoreOutcomeSummary(Reply):
+    """One retrieve of one rank. A stock (W = 0) retrieve has only the first seven fields
+    (on the wire too); a BSR one also the restore core's outcome."""
+
+    WHAT: ClassVar[str] = "restore outcome"
+    BSR_ONLY: ClassVar[frozenset[str]] = frozenset(
+        {"failure", "detail", "cached_chunks", "windows_done", "bytes_restored"}
+        | {"peak_staged_bytes_by_rank"}
+    )
+    OPTIONAL: ClassVar[frozenset[str]] = BSR_ONLY
+
+    request_id: str = _f(_str)
+    rank: int | None = _f(_opt_int)  # the worker's TP rank
+    mode: str = _f(_str)  # "bsr" | "stock"
+    ok: bool = _f(_bool)
+    start_token: int = _f(_int)
+    end_token: int = _f(_int)
+    restore_s: float = _f(_float)  # wall time of the retrieve
+    failure: str | None = _f(_str, default=None)  # FailureKind name ("NONE" when ok)
+    detail: str | None = _f(_str, default=None)  # why it failed ("" when ok)
+    cached_chunks: int | None = _f(_int, default=None)  # 0 on failure
+    windows_done: int | None = _f(_int, default=None)
+    bytes_restored: int | None = _f(_int, default=None)
+    # int keys on the wire as in the core's outcome (json.dumps sorts them as numbers)
+    peak_staged_bytes_by_rank: dict[int, int] | None = _f(_by_rank, default=None)
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("bsr", "stock"):
+            raise ProtocolError(f"{self.WHAT}: mode {self.mode!r}, expected bsr or stock")
+        present = {k for k in self.BSR_ONLY if getattr(self, k) is not None}
+        if present != (self.BSR_ONLY if self.mode == "bsr" else frozenset()):
+            raise ProtocolError(
+                f"{self.WHAT} ({self.mode}): {sorted(self.BSR_ONLY)} are all present for "
+                f"mode bsr and all absent for mode stock; present: {sorted(present)}"
+            )
+
+    def to_json(self) -> dict[str, Any]:
+        out = super().to_json()
+        return {k: v for k, v in out.items() if k not in self.BSR_ONLY or self.mode == "bsr"}
+
+
+# ---- bsr.status -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LastProbe(Reply):
+    """The last probe-only lookup that completed (``{}`` on the wire before any)."""
+
+    WHAT: ClassVar[str] = "bsr.status.last_probe"
+
+    request_id: str = _f(_str)
+    model_name: str = _f(_str)
+    world_size: int = _f(_int)
+    end_token: int = _f(_int)
+    chunks: int = _f(_int)  # complete advertised prefix
+
+
+def _last_probe(v: Any, _w: str) -> LastProbe | None:
+    return None if v == {} else LastProbe.from_json(v)
+
+
+def _schema(v: Any, w: str) -> str:
+    if v != SCHEMA:
+        raise ProtocolError(f"{w}: {v!r}, this client reads {SCHEMA!r}")
+    return v
+
+
+@dataclass(frozen=True)
+class StatusReply(Reply):
+    """``bsr.status`` (also under ``"bsr"`` in the server's HTTP ``/status``)."""
+
+    WHAT: ClassVar[str] = "bsr.status"
+
+    config: dict[str, Any] = _f(_obj)  # the module's config (ServerModuleConfig's fields)
+    effective_window_chunks: int = _f(_int)  # W in effect (0 when degraded)
+    effective_budget_chunks: int = _f(_int)  # B in effect (0 for W = 0)
+    budget_in_use_chunks: int = _f(_int)
+    budget_peak_in_use_chunks: int = _f(_int)
+    degraded: str = _f(_str)  # why the module runs W = 0 against its config ("" if not)
+    counters: dict[str, int] = _f(_counts)  # lookups, retrieves_ok, failures_<kind>, ...
+    force_local_markers: int = _f(_int)  # markers active now
+    force_local_events: dict[str, int] = _f(_counts)  # set / forced_lookup / cleared_*
+    l1_used_after_last_probe_bytes: int = _f(_int)  # -1 before any probe
+    last_probe: LastProbe | None = _f(_last_probe, lambda p: p.to_json() if p else {})
+    tracked_requests: int = _f(_int)
+    peak: PeakReply = _f(_reply(PeakReply))
+    recent_outcomes: tuple[RestoreOutcomeSummary, ...] = _f(
+        _list_of(RestoreOutcomeSummary.from_json)
+    )
+    schema: str = _f(_schema, default=SCHEMA)
+
+    def counter(self, name: str) -> int:
+        """A counter's value (a counter appears at its first event: absent means 0)."""
+        return self.counters.get(name, 0)
+
+
+# ---- bsr.markers ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MarkerEvent(Reply):
+    WHAT: ClassVar[str] = "bsr.markers event"
+
+    request_id: str = _f(_str)
+    event: str = _f(_str)  # set | forced_lookup | cleared_admitted | cleared_teardown
+    reason: str = _f(_str)  # the failure that set the marker ("" for the other events)
+    t: float = _f(_float)  # wall-clock time (time.time())
+
+
+@dataclass(frozen=True)
+class MarkersReply(Reply):
+    """``bsr.markers``: active force-local markers and their bounded history."""
+
+    WHAT: ClassVar[str] = "bsr.markers"
+
+    active: int = _f(_int)
+    counts: dict[str, int] = _f(_counts)  # events by kind since start
+    events: tuple[MarkerEvent, ...] = _f(_list_of(MarkerEvent.from_json))
+
+
+# ---- bsr.forget / bsr.configure ---------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ForgetReply(Reply):
+    """``bsr.forget``: L1 usage before and after the clear."""
+
+    WHAT: ClassVar[str] = "bsr.forget"
+
+    l1_used_bytes_before: int = _f(_int)
+    l1_used_bytes_after: int = _f(_int)
+    force: bool = _f(_bool)  # locked objects were dropped too
+    waited_s: float = _f(_float)
+
+
+@dataclass(frozen=True)
+class ConfigureReply(Reply):
+    """``bsr.configure``: the config in effect after the call; ``error`` iff refused."""
+
+    WHAT: ClassVar[str] = "bsr.configure"
+    OPTIONAL: ClassVar[frozenset[str]] = frozenset({"error"})
+
+    ok: bool = _f(_bool)
+    config: dict[str, Any] = _f(_obj)
+    error: str | None = _f(_str, default=None)
+
+    def __post_init__(self) -> None:
+        if self.ok != (self.error is None):
+            raise ProtocolError(f"{self.WHAT}: error is set exactly when ok is false")
+
+    def to_json(self) -> dict[str, Any]:
+        out = super().to_json()
+        return out if self.error is not None else {k: v for k, v in out.items() if k != "error"}
+
+
+__all__ = [
+    "SCHEMA",
+    "ConfigureReply",
+    "ForgetReply",
+    "LastProbe",
+    "MarkerEvent",
+    "MarkersReply",
+    "PeakReply",
+    "ProtocolError",
+    "Reply",
+    "ResetPeakReply",
+    "RestoreOutcomeSummary",
+    "StatusReply",
+]

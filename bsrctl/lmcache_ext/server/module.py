@@ -1,0 +1,47 @@
+"""``BsrServerModule``: the lookup, retrieve and control handlers on one engine module.
+
+LMCache discovers a module's handlers on its class (inherited ones included), so the
+module is the composition of the handler mixins over their shared ``ModuleState``.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import os
+import signal
+from typing import Any
+
+from lmcache.v1.multiprocess.ext_server_module import ExtServerModuleBuildContext
+
+from bsrctl.lmcache_ext.server.control import ControlHandlers
+from bsrctl.lmcache_ext.server.lookup import LookupHandlers
+from bsrctl.lmcache_ext.server.retrieve import RetrieveHandlers
+
+
+class BsrServerModule(LookupHandlers, RetrieveHandlers, ControlHandlers):
+    """The engine module: replaces the lookup/retrieve handlers, adds bsr.* methods."""
+
+    @property
+    def context(self) -> Any:
+        return self._ctx
+
+    def report_status(self) -> dict[str, Any]:
+        try:
+            return {"bsr": self.status().to_json()}
+        except Exception as e:  # status must never break the server's status page
+            return {"bsr": {"error": repr(e)}}
+
+    def close(self) -> None:
+        self._stall.stop()
+        self._probe_pool.shutdown(wait=False, cancel_futures=True)
+
+
+def build_server_modules(ctx: ExtServerModuleBuildContext) -> BsrServerModule:
+    """Factory named by ``--server-module`` (``factory_name`` defaults to this).
+
+    With ``BSRCTL_DUMP_STACKS=1`` in the server's environment, SIGUSR1 dumps every
+    thread's stack to stderr (diagnosing a stalled server without a debugger).
+    """
+    if os.environ.get("BSRCTL_DUMP_STACKS") == "1":
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
+    return BsrServerModule(ctx)

@@ -1,0 +1,172 @@
+"""An in-process BSR server module over LMCache's real StorageManager, for the fast tests.
+
+A real ``MPCacheServerContext`` (real L1, a real filesystem L2 behind bsrctl's fault
+adapter), the built-in lookup and transfer modules and the BSR module, no transport.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from lmcache.v1.distributed.api import AttnWindowDesc, MemoryLayoutDesc, ObjectKey
+from lmcache.v1.distributed.config import add_storage_manager_args, parse_args_to_config
+from lmcache.v1.multiprocess.custom_types import IPCCacheServerKey
+from lmcache.v1.multiprocess.engine_context import MPCacheServerContext
+from lmcache.v1.multiprocess.ext_server_module import ExtServerModuleBuildContext
+from lmcache.v1.multiprocess.modules.lmcache_driven_transfer import (
+    LMCacheDrivenTransferModule,
+)
+from lmcache.v1.multiprocess.modules.lookup import LookupModule
+
+import bsrctl.lmcache_ext.faults.adapter  # noqa: F401  registers bsr_fault, bsr_fs
+from bsrctl.lmcache_ext.server import build_server_modules
+from bsrctl.restore.plan import confirm_plan
+from bsrctl.restore.types import RestoreRequest, RowId, RowKeys, Window
+
+CHUNK = 16  # tokens per chunk
+MODEL = "bsr-unit-model"
+LAYOUT = MemoryLayoutDesc(shapes=[torch.Size([2, 2, CHUNK, 64])], dtypes=[torch.float32])
+C_BYTES = 2 * 2 * CHUNK * 64 * 4  # one chunk of the single row (rank 0, group 0)
+
+
+class InProcessServer:
+    """A real MPCacheServerContext + built-in modules + the BSR module, no transport."""
+
+    def __init__(self, tmp: Path, l1_bytes: int, config: dict[str, Any], name: str) -> None:
+        self.fault_name = name
+        self.l2_dir = tmp / "l2"
+        adapter = {
+            "type": "bsr_fault",
+            "name": name,
+            "inner": {"type": "bsr_fs", "base_path": str(self.l2_dir)},
+        }
+        parser = argparse.ArgumentParser()
+        add_storage_manager_args(parser)
+        args = parser.parse_args(
+            [
+                "--l1-size-gb",
+                str(l1_bytes / 2**30),
+                "--eviction-policy",
+                "LRU",
+                "--l2-adapter",
+                json.dumps(adapter),
+            ]
+        )
+        self.ctx = MPCacheServerContext(parse_args_to_config(args), chunk_size=CHUNK)
+        self.sm = self.ctx.storage_manager
+        self.lookup_mod = LookupModule(self.ctx)
+        self.transfer_mod = LMCacheDrivenTransferModule(self.ctx)
+        self.ctx.layout_desc_registry.register(
+            MODEL, 1, LAYOUT, AttnWindowDesc([-1]), group_layout_descs={0: LAYOUT}
+        )
+        build = ExtServerModuleBuildContext(
+            server_context=self.ctx,
+            mp_config=None,  # type: ignore[arg-type]
+            coordinator_config=None,  # type: ignore[arg-type]
+            modules=(self.lookup_mod, self.transfer_mod),
+            config=config,
+        )
+        self.module = build_server_modules(build)
+
+    def close(self) -> None:
+        self.transfer_mod.close()
+        self.ctx.close()
+
+    def l1_used(self) -> int:
+        return int(self.sm.get_l1_usage()[0])
+
+    def keys_for(self, tokens: list[int]) -> list[ObjectKey]:
+        hashes = self.ctx.token_hasher.compute_chunk_hashes(tokens)
+        rank = ObjectKey.ComputeKVRank(1, 0, 1, 0)
+        return [ObjectKey(h, MODEL, rank, 0) for h in hashes]
+
+    def seed(self, tokens: list[int]) -> list[bytes]:
+        """Store every chunk (L1 + L2 write-through) one at a time, then empty L1."""
+        keys = self.keys_for(tokens)
+        payloads = []
+        for i, key in enumerate(keys):
+            obj = self.sm.reserve_write([key], LAYOUT)[key]
+            raw = obj.raw_tensor.view(torch.uint8)
+            raw.copy_(torch.randint(0, 256, raw.shape, dtype=torch.uint8))
+            payloads.append(bytes(raw.numpy().tobytes()))
+            self.sm.finish_write([key])
+            deadline = time.monotonic() + 20
+            while self._l2_files() < i + 1 and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert self._l2_files() == i + 1, "L2 write-through did not complete"
+            self.forget()
+        return payloads
+
+    def _l2_files(self) -> int:
+        return len(list(self.l2_dir.glob("*.data")))
+
+    def forget(self) -> None:
+        out = json.loads(self.module.bsr_forget(b'{"wait_s": 10}'))
+        assert out["l1_used_bytes_after"] == 0, out
+
+    def lookup(self, tokens: list[int], rid: str) -> int:
+        key = IPCCacheServerKey(
+            model_name=MODEL,
+            world_size=1,
+            worker_id=None,
+            token_ids=tuple(tokens),
+            start=0,
+            end=len(tokens) // CHUNK * CHUNK,
+            request_id=rid,
+            num_kv_readers=1,
+        )
+        self.module.lookup(key, 1)
+        got = self.module.wait_prefetch_status(rid, 10.0)
+        assert got is not None
+        return int(got)
+
+
+class VerifyingDestination:
+    """Installs nothing; checks each window's bytes against what was stored."""
+
+    def __init__(self, payloads: list[bytes], fail_window: int = -1) -> None:
+        self.payloads = payloads
+        self.fail_window = fail_window
+        self.installed: list[int] = []
+        self.invalid = False
+
+    def install(self, request_id: str, window: Window, objects: Any, num_chunks: int) -> int:
+        if window.index == self.fail_window:
+            raise RuntimeError("install fault")
+        total = 0
+        for objs in objects.values():
+            for i, obj in enumerate(objs[:num_chunks]):
+                chunk = window.chunk_start + i
+                got = obj.raw_tensor.view(torch.uint8).numpy().tobytes()
+                assert got == self.payloads[chunk], f"chunk {chunk} differs"
+                self.installed.append(chunk)
+                total += obj.get_size()
+        return total
+
+    def sync(self, request_id: str) -> None:
+        return None
+
+    def mark_invalid(self, request_id: str) -> None:
+        self.invalid = True
+
+
+def restore(server: InProcessServer, tokens: list[int], rid: str, dest: Any) -> Any:
+    keys = server.keys_for(tokens)
+    req = RestoreRequest(rid, (RowKeys(RowId(0, 0), tuple(keys), C_BYTES),), CHUNK)
+    plan = confirm_plan(req, [(True,) * len(keys)])
+    return server.module.restorer.restore(plan, dest)
+
+
+def make_tokens(num_chunks: int, salt: int = 0) -> list[int]:
+    return [(7 * i + salt) % 1000 + 2 for i in range(num_chunks * CHUNK + 5)]
+
+
+def private_dir(prefix: str) -> Path:
+    """A directory of our own: pytest's basetemp is rotated by concurrent pytest runs."""
+    return Path(tempfile.mkdtemp(prefix=prefix))
