@@ -70,7 +70,7 @@ out; an empty payload means ``{}``):
 
 The replies' types are in ``bsrctl.lmcache_ext.protocol``. Layout of this package:
 ``config`` (ServerModuleConfig), ``state`` (what the handlers share), ``lookup``,
-``retrieve`` (+ ``stall``), ``control`` (the ``bsr.*`` methods), ``markers``, ``module``
+``retrieve``, ``control`` (the ``bsr.*`` methods), ``markers``, ``module``
 (BsrServerModule and the factory).
 """
 

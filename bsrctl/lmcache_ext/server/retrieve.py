@@ -12,7 +12,6 @@ reports every block of the request as a load error and vLLM recomputes.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 
 from lmcache import torch_dev
 from lmcache.v1.multiprocess.custom_types import IPCCacheServerKey
@@ -24,8 +23,6 @@ from bsrctl.lmcache_ext.protocol import RestoreOutcomeSummary
 from bsrctl.lmcache_ext.server.state import Mode, ModuleState, log, unsupported_reason
 from bsrctl.restore.plan import confirm_plan
 from bsrctl.restore.types import RestoreOutcome, RestoreRequest, RowId, RowKeys
-
-STALL_LOOKBACK_S = 15.0  # stalls this long before a retrieve began still trip its guard
 
 
 class RetrieveHandlers(ModuleState):
@@ -177,7 +174,11 @@ class RetrieveHandlers(ModuleState):
                 skip_first_n_tokens=skip,
                 transfer_key=f"bsr-{rid}-{rank}",
                 fail_install_window=self.config.test_only_fail_install_window,
-                guard=self._stall_guard(t0),
+                # vLLM's connector declares the server unhealthy when one PING (10 s) goes
+                # unanswered and recomputes into the same blocks: no install after a stall.
+                guard=self._stall.guard(
+                    self.config.stall_guard_s, on_trip=lambda: self._count("stall_guard_trips")
+                ),
             )
             with self._lock:
                 self._restoring += 1
@@ -190,28 +191,6 @@ class RetrieveHandlers(ModuleState):
             eb.record_event(event, cc.stream)
         self._after_restore(key, outcome, time.monotonic() - t0)
         return eb.export_event(event, cc.device), outcome.ok
-
-    def _stall_guard(self, t0: float) -> Callable[[], str]:
-        """Refuse an install after a process stall of ``stall_guard_s`` or more: vLLM's
-        connector declares the server unhealthy when one PING (10 s) goes unanswered and
-        recomputes into the same blocks, which a late window would overwrite."""
-        limit = self.config.stall_guard_s
-
-        def guard() -> str:
-            if limit <= 0:
-                return ""
-            # A stall just before this retrieve counts too: the request may have waited
-            # in the queue through it while the engine's PING was timing out.
-            gap = self._stall.max_gap_since(t0 - STALL_LOOKBACK_S)
-            if gap < limit:
-                return ""
-            self._count("stall_guard_trips")
-            return (
-                f"the server stalled {gap:.1f}s during this retrieve (>= stall_guard_s="
-                f"{limit}): the engine may have declared it unhealthy and be recomputing"
-            )
-
-        return guard
 
     def _after_restore(self, key: IPCCacheServerKey, outcome: RestoreOutcome, dt: float) -> None:
         rid = key.request_id

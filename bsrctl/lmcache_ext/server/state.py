@@ -26,9 +26,9 @@ from bsrctl.lmcache_ext.mp_storage import ServerRestoreStorage
 from bsrctl.lmcache_ext.protocol import LastProbe, RestoreOutcomeSummary
 from bsrctl.lmcache_ext.server.config import ServerConfigError, ServerModuleConfig
 from bsrctl.lmcache_ext.server.markers import RecordingMarkers
-from bsrctl.lmcache_ext.server.stall import StallWatch
 from bsrctl.restore.gauge import RestorePoolGauge
 from bsrctl.restore.restorer import BoundedRestorer
+from bsrctl.restore.stall import StallWatch
 
 log = init_logger("bsrctl.lmcache_ext.server")
 
@@ -89,7 +89,7 @@ class ModuleState:
         # Probes run off the request threads: the built-in normal pool (one thread by
         # default) also answers PING, which must never wait behind a slow L2 lookup.
         self._probe_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bsr-probe")
-        self._stall = StallWatch()
+        self._stall = StallWatch().start()
         self._stock_keys: dict[str, IPCCacheServerKey] = {}  # W=0: lookup key per request
         self._stock_staged: dict[str, dict[int, int]] = {}  # W=0: whole-plan bytes per rank
         self._counters: Counter[str] = Counter()
