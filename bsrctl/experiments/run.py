@@ -33,17 +33,16 @@ def progress(quiet: bool) -> Progress:
 
 
 class _TermGuard:
-    """While armed, the first SIGTERM raises Interrupted; disarmed, signals are only noted."""
+    """While armed, the first SIGTERM raises Interrupted; disarmed, signals are ignored (a
+    second signal must not cut a teardown short)."""
 
     def __init__(self) -> None:
         self.armed = True
-        self.received = 0
 
     def disarm(self) -> None:
         self.armed = False
 
     def handler(self, signum: int, _frame: Any) -> None:
-        self.received += 1
         if self.armed:
             self.armed = False
             raise Interrupted(f"signal {signal.Signals(signum).name}")
