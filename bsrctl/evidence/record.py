@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import secrets
-import tempfile
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from bsrctl.evidence.atomic import write_atomic
 from bsrctl.evidence.verdict import Point, Verdict, merge
 
 SCHEMA = "bsrctl.evidence/1"
@@ -33,19 +32,9 @@ def spec_sha256(spec: dict[str, Any]) -> str:
 
 
 def atomic_write_json(path: Path, doc: dict[str, Any]) -> None:
-    """Temp file in the same folder, fsync, rename: readers see old or new, never half."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".evidence-", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as fh:
-            json.dump(doc, fh, indent=2, sort_keys=False, default=str)
-            fh.write("\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """Readers see old or new, never half; fsync'd, so a crash keeps the last point."""
+    text = json.dumps(doc, indent=2, sort_keys=False, default=str) + "\n"
+    write_atomic(path, text.encode(), durable=True)
 
 
 class EvidenceWriter:

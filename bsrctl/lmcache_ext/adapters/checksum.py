@@ -6,8 +6,6 @@ A checksum line is ``"<sha256 hex> <size in bytes>\\n"``; files are replaced ato
 from __future__ import annotations
 
 import hashlib
-import os
-from pathlib import Path
 from typing import Any
 
 
@@ -28,10 +26,3 @@ def parse_checksum(text: str) -> tuple[str, int] | None:
         return parts[0], int(parts[1])
     except ValueError:
         return None
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)

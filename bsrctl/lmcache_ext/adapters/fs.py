@@ -61,11 +61,11 @@ from lmcache.v1.distributed.l2_adapters.config import (
 from lmcache.v1.distributed.l2_adapters.factory import register_l2_adapter_factory
 from lmcache.v1.distributed.l2_adapters.fs_l2_adapter import FSL2Adapter, FSL2AdapterConfig
 
+from bsrctl.evidence.atomic import write_atomic
 from bsrctl.lmcache_ext.adapters.checksum import (
     format_checksum,
     parse_checksum,
     sha256_hex,
-    write_atomic,
 )
 from bsrctl.lmcache_ext.adapters.fileio import (
     check_odirect_supported,

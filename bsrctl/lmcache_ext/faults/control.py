@@ -15,7 +15,7 @@ import weakref
 from pathlib import Path
 from typing import Any, Protocol
 
-from bsrctl.lmcache_ext.adapters.checksum import write_atomic
+from bsrctl.evidence.atomic import write_atomic
 from bsrctl.lmcache_ext.faults.rules import FaultRule, parse_rules, rules_of_control_doc
 
 

@@ -8,7 +8,8 @@ from pathlib import Path
 from lmcache.v1.distributed.api import ObjectKey
 from lmcache.v1.distributed.l2_adapters.fs_l2_adapter import _object_key_to_filename
 
-from bsrctl.lmcache_ext.adapters.checksum import parse_checksum, write_atomic
+from bsrctl.evidence.atomic import write_atomic
+from bsrctl.lmcache_ext.adapters.checksum import parse_checksum
 
 
 class Digests:
