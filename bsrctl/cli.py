@@ -6,6 +6,7 @@ import json
 import os
 import sys
 from collections.abc import Callable
+from importlib import import_module
 from pathlib import Path
 from typing import Annotated, TypeVar
 
@@ -83,21 +84,51 @@ def roundtrip(spec: SpecArg, out_dir: OutOpt = Path("reports"), quiet: QuietOpt 
     run_experiment(quiet, out_dir, run)
 
 
-@app.command()
-def ladder(
-    spec: SpecArg,
-    stack: StackOpt = "serving",
-    out_dir: OutOpt = Path("reports"),
-    quiet: QuietOpt = False,
-) -> None:
-    """Whole-plan capacity ladder (W = 0): the first L1 rung that passes per prefix size."""
+# Experiments that take SPEC --stack --out --quiet and nothing else: (run function, default
+# stack, help). The import happens when the command runs, so that vLLM/LMCache load only for it.
+EXPERIMENTS = {
+    "ladder": (
+        "bsrctl.experiments.restore.ladder:run_ladder",
+        "serving",
+        "Whole-plan capacity ladder (W = 0): the first L1 rung that passes per prefix size.",
+    ),
+    "law": (
+        "bsrctl.experiments.restore.law:run_law",
+        "serving",
+        "Capacity law: restore-pool peak against W, least-squares fit; slope must be c.",
+    ),
+    "failmatrix": (
+        "bsrctl.experiments.failmatrix:run_failmatrix",
+        "serving",
+        "Workload x fault matrix: every failed restore ends closed, correct and explained.",
+    ),
+    "tempokv": (
+        "bsrctl.experiments.tempokv:run_tempokv",
+        "sim",
+        "Run TempoKV and the baseline staging policies on identical seeded traces.",
+    ),
+}
 
-    def run() -> Verdict:
-        from bsrctl.experiments.restore.ladder import run_ladder
 
-        return run_ladder(spec, out_dir, stack, quiet)
+def _experiment_command(name: str, target: str, default_stack: str, doc: str) -> None:
+    def command(
+        spec: SpecArg,
+        stack: StackOpt = default_stack,
+        out_dir: OutOpt = Path("reports"),
+        quiet: QuietOpt = False,
+    ) -> None:
+        def run() -> Verdict:
+            module, function = target.split(":")
+            return getattr(import_module(module), function)(spec, out_dir, stack, quiet)
 
-    run_experiment(quiet, out_dir, run)
+        run_experiment(quiet, out_dir, run)
+
+    command.__doc__ = doc
+    app.command(name)(command)
+
+
+for _name, (_target, _stack, _doc) in EXPERIMENTS.items():
+    _experiment_command(_name, _target, _stack, _doc)
 
 
 @app.command()
@@ -116,57 +147,6 @@ def sweep(
         from bsrctl.experiments.restore.sweep import run_sweep
 
         return run_sweep(spec, out_dir, stack, quiet, repeat_new_salt)
-
-    run_experiment(quiet, out_dir, run)
-
-
-@app.command()
-def law(
-    spec: SpecArg,
-    stack: StackOpt = "serving",
-    out_dir: OutOpt = Path("reports"),
-    quiet: QuietOpt = False,
-) -> None:
-    """Capacity law: restore-pool peak against W, least-squares fit; slope must be c."""
-
-    def run() -> Verdict:
-        from bsrctl.experiments.restore.law import run_law
-
-        return run_law(spec, out_dir, stack, quiet)
-
-    run_experiment(quiet, out_dir, run)
-
-
-@app.command()
-def failmatrix(
-    spec: SpecArg,
-    stack: StackOpt = "serving",
-    out_dir: OutOpt = Path("reports"),
-    quiet: QuietOpt = False,
-) -> None:
-    """Workload x fault matrix: every failed restore ends closed, correct and explained."""
-
-    def run() -> Verdict:
-        from bsrctl.experiments.failmatrix import run_failmatrix
-
-        return run_failmatrix(spec, out_dir, stack, quiet)
-
-    run_experiment(quiet, out_dir, run)
-
-
-@app.command()
-def tempokv(
-    spec: SpecArg,
-    stack: StackOpt = "sim",
-    out_dir: OutOpt = Path("reports"),
-    quiet: QuietOpt = False,
-) -> None:
-    """Run TempoKV and the baseline staging policies on identical seeded traces."""
-
-    def run() -> Verdict:
-        from bsrctl.experiments.tempokv import run_tempokv
-
-        return run_tempokv(spec, out_dir, stack, quiet)
 
     run_experiment(quiet, out_dir, run)
 
