@@ -101,3 +101,18 @@ class BsrModuleClient:
 def bsr_status_over_http(stack: ServingStack) -> dict[str, Any] | None:
     """The module's status from LMCache's /status (None when the module is not loaded)."""
     return stack.lmcache_status().get("bsr")
+
+
+def outcomes_since(
+    before: list[dict[str, Any]], after: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """The restore outcomes recorded between two reads of ``recent_outcomes`` (``bsr.status``):
+    those of ``after`` whose (request id, rank) ``before`` did not hold, in server order.
+
+    Every outcome the module records carries its request's id and rank, and a request id
+    names one request, so this is exact with requests sent one at a time. A delta of the
+    ``retrieves`` counter is not: a retrieve refused before any restore (no transfer module,
+    an unregistered instance, a raised error) counts without recording an outcome, and the
+    last k outcomes then include an earlier request's."""
+    seen = {(o.get("request_id"), o.get("rank")) for o in before}
+    return [o for o in after if (o.get("request_id"), o.get("rank")) not in seen]

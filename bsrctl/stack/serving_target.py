@@ -4,7 +4,6 @@ every process by PID. W is switched per point over ``bsr.configure``."""
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from typing import Any
 
@@ -13,14 +12,13 @@ from bsrctl.prompts import expected_external_tokens, prompt_ids, tokens_sha256
 from bsrctl.registration import Registration
 from bsrctl.settings import RestoreSettings
 from bsrctl.specs import TargetSpec
+from bsrctl.stack.bsr_client import outcomes_since
 from bsrctl.stack.machine import l1_fits
+from bsrctl.stack.seeding import seed_tiers
 from bsrctl.stack.target import Prompt, RestoreMeasures, SeedRecord, exact_div
-from bsrctl.stack.tiers import wait_tiers_hold
 
 HEALTH_PROMPT_TOKENS = 64  # the follow-up request: shorter than any chunk, stores nothing
 HEALTH_MAX_TOKENS = 4
-SEED_ATTEMPTS = 2  # a cold request, then one more for the chunks the tier still misses
-SEED_WAIT_S = 20.0  # per attempt: how long the L2 write-through may take
 
 
 def _vocab(model_dir: Path) -> int:
@@ -120,26 +118,27 @@ class ServingTarget:
         """Cold request(s) until the L2 tier the restore reads holds all of the prompt's whole
         chunks (per rank), at most SEED_ATTEMPTS. vLLM answers before LMCache has the KV in
         L2: an L1 emptied too early loses the prefix and the point would measure a miss."""
-        st, lm = self.stack, self.spec.stack.lmcache
+        lm = self.spec.stack.lmcache
         tier = "fs" if lm.fs_l2 else "mooncake"
-        n = len(ids) // lm.chunk_size
-        t0 = time.monotonic()
-        attempts: list[dict[str, Any]] = []
-        for i in range(SEED_ATTEMPTS):
-            if i:
-                self.client.forget(wait_s=10.0)
-                st.forget_local()
-            cached = st.complete(ids, self.spec.max_tokens).cached_tokens
-            held = wait_tiers_hold(st, ids, lm.chunk_size, (tier,), SEED_WAIT_S, self.reg.tp_size)
-            attempts.append({"cached_tokens": cached, "held_chunks": held[tier]})
-            if held[tier] == n:
-                break
+        s = seed_tiers(
+            self.stack,
+            self.client,
+            ids,
+            chunk_tokens=lm.chunk_size,
+            tiers=(tier,),
+            max_tokens=self.spec.max_tokens,
+            forget_first=False,
+            forget_wait_s=10.0,
+            ranks=self.reg.tp_size,
+        )
         return SeedRecord(
             tier=tier,
-            chunks=n,
-            held_chunks=attempts[-1]["held_chunks"],
-            attempts=tuple(attempts),
-            seed_s=round(time.monotonic() - t0, 3),
+            chunks=s.chunks,
+            held_chunks=s.held[tier],
+            attempts=tuple(
+                {"cached_tokens": a.cached_tokens, "held_chunks": a.held[tier]} for a in s.attempts
+            ),
+            seed_s=s.seed_s,
         )
 
     def measure(self, prompt: Prompt, window_chunks: int, cold: bool = True) -> RestoreMeasures:
@@ -157,7 +156,7 @@ class ServingTarget:
         comp = st.complete(ids, self.spec.max_tokens)
         peak = c.peak()
         after = c.status()
-        outcomes = _new_outcomes(before, after)
+        outcomes = outcomes_since(before["recent_outcomes"], after["recent_outcomes"])
         m = self._measures(prompt, window_chunks, comp, peak, outcomes, l1_before)
         m["cold_cached_tokens"] = seed.attempts[0]["cached_tokens"] if cold and seed else None
         if seed is not None:
@@ -240,9 +239,3 @@ class ServingTarget:
 
     def cleanup(self) -> None:
         self.teardown()
-
-
-def _new_outcomes(before: dict[str, Any], after: dict[str, Any]) -> list[dict[str, Any]]:
-    """The restore outcomes the measured request produced (one per rank)."""
-    k = int(after["counters"].get("retrieves", 0)) - int(before["counters"].get("retrieves", 0))
-    return list(after["recent_outcomes"][-k:]) if k > 0 else []

@@ -6,13 +6,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from bsrctl.evidence.verdict import Point, Verdict
-from bsrctl.experiments.failmatrix_checks import (
-    CHECK_ORDER,
-    Observation,
-    render_table,
-    serving_checks,
-    table,
-)
+from bsrctl.experiments.failmatrix.checks import Observation, serving_checks, table
+from bsrctl.report.failmatrix import CHECK_ORDER, render
 
 RID = "cmpl-1-0-a"
 FAILED = {
@@ -176,7 +171,7 @@ def test_table_renders_cells_by_checks_with_reasons() -> None:
         "finished_at": "f", "salt": "s", "points": [good.to_json(), bad.to_json()],
         "summary": {"skipped_cells": ["c"]},
     }  # fmt: skip
-    md = render_table(doc)
+    md = render(doc)
     assert "| good | window_timeout | during_window k=1 | recompute | PASS | 11.23 | 0 |" in md
     assert "| bad | object_corrupted | before_request | recompute | FAIL |  | 1024 |" in md
     assert "- bad / cached_prefix_all_or_nothing: FAIL: cached 1024 (full 3840); partial" in md

@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 
 from bsrctl.evidence.verdict import Verdict
-from bsrctl.experiments.failmatrix import ServingRig
-from bsrctl.experiments.failmatrix_spec import load_matrix
+from bsrctl.experiments.failmatrix import ServingRig, load_matrix
 from bsrctl.stack.process import pids_alive
+
+from .serving_mutants import MUTANT_SERVER, set_mutations
 
 pytestmark = pytest.mark.e2e
 MATRICES = Path(__file__).parents[2] / "matrices"
@@ -35,24 +36,17 @@ BREAKS = {
 @pytest.fixture(scope="module")
 def rig(tmp_path_factory: pytest.TempPathFactory):
     try:
-        import failmatrix_mutants
         import mooncake  # noqa: F401
     except Exception as exc:
         pytest.skip(f"mutant module or mooncake unavailable ({exc!r})")
     spec, _ = load_matrix(MATRICES / "cpu.yaml")
     run_dir = tmp_path_factory.mktemp("failmatrix-e2e")
-    mp = pytest.MonkeyPatch()
-    # the LMCache server process (it inherits this environment) imports the mutant module
-    mp.setenv("PYTHONPATH", failmatrix_mutants.server_pythonpath())
-    r = ServingRig(
-        spec, run_dir, lambda _: None, mutations=[], mutant_module=failmatrix_mutants.MODULE_PATH
-    )
+    r = ServingRig(spec, run_dir, lambda _: None, MUTANT_SERVER)
     try:
         r.prepare([c for c in spec.cells if c.stack == "serving"])
         yield r
     finally:
         r.close()
-        mp.undo()
         pids = [p for part in r.stack.launched for p in [part.pid, *part._children] if p]
         assert pids_alive(pids) == [], f"left running: {pids_alive(pids)}"
 
@@ -62,7 +56,7 @@ def cell(rig: ServingRig, cid: str):
 
 
 def test_rig_is_fair_unmutated_cell_passes(rig: ServingRig) -> None:
-    rig.set_mutations([])
+    set_mutations(rig, [])
     point = rig.run_cell(cell(rig, "window-timeout"))
     assert point.verdict == Verdict.PASS, [c for c in point.checks if c.verdict != "PASS"]
     assert point.measures["cached_tokens"] == 0
@@ -72,11 +66,11 @@ def test_rig_is_fair_unmutated_cell_passes(rig: ServingRig) -> None:
 @pytest.mark.parametrize("cid", list(BREAKS))
 def test_cell_fails_against_a_broken_restore(rig: ServingRig, cid: str) -> None:
     mutations, must_fail = BREAKS[cid]
-    rig.set_mutations([])  # setup seeds with the real restore; the break comes after it
+    set_mutations(rig, [])  # setup seeds with the real restore; the break comes after it
     try:
-        point = rig.run_cell(cell(rig, cid), mutations=mutations)
+        point = rig.run_cell(cell(rig, cid), after_seed=lambda: set_mutations(rig, mutations))
     finally:
-        rig.set_mutations([])
+        set_mutations(rig, [])
     failed = {c.name: c.detail for c in point.checks if c.verdict == Verdict.FAIL}
     assert point.verdict == Verdict.FAIL
     assert must_fail in failed, {c.name: (c.verdict, c.detail) for c in point.checks}

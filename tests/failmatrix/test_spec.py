@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from bsrctl.errors import BadInput
-from bsrctl.experiments.failmatrix_spec import FAULTS, load_matrix
+from bsrctl.experiments.failmatrix import FAULTS, load_matrix, run_matrix
 
 MATRICES = Path(__file__).parents[2] / "matrices"
 
@@ -93,10 +93,24 @@ def test_empty_matrix_is_bad_input(tmp_path: Path) -> None:
 
 
 def test_run_refuses_unknown_stack_and_cell(tmp_path: Path) -> None:
-    from bsrctl.experiments.failmatrix import run_matrix
-
     with pytest.raises(BadInput, match="--stack"):
         run_matrix(MATRICES / "cpu.yaml", tmp_path, "sim", lambda _: None)
     with pytest.raises(BadInput, match="valid: window-timeout"):
         run_matrix(MATRICES / "cpu.yaml", tmp_path, "storage", lambda _: None, only=["nope"])
     assert list(tmp_path.iterdir()) == []  # nothing started, no run folder
+
+
+STORAGE_CELL = "  - {id: r, fault: rank_keys_dropped, window: %d, rank: 1, expect: recompute}"
+
+
+def test_storage_windows_follow_the_stacks_chunk_size(tmp_path: Path) -> None:
+    """4096 prefix tokens, W = 2: 8 windows of 256-token chunks, 16 of 128-token chunks."""
+    at_256, _ = load_matrix(write(tmp_path, STORAGE_CELL % 7))
+    base = BASE.replace(
+        "  mooncake: {{enabled: true}}\n",
+        "  mooncake: {{enabled: true}}\n  lmcache: {{chunk_size: 128}}\n",
+    )
+    at_128, _ = load_matrix(write(tmp_path, STORAGE_CELL % 15, base))
+    assert (at_256.storage_windows(), at_128.storage_windows()) == (8, 16)
+    with pytest.raises(BadInput, match="window 8 >= 8 windows of the storage prefix"):
+        load_matrix(write(tmp_path, STORAGE_CELL % 8))

@@ -10,9 +10,10 @@ import pytest
 
 from bsrctl.evidence import load_evidence
 from bsrctl.evidence.verdict import Verdict
-from bsrctl.experiments.failmatrix import run_matrix
-from bsrctl.experiments.failmatrix_spec import load_matrix
-from bsrctl.experiments.failmatrix_storage import run_storage_cell
+from bsrctl.experiments.failmatrix import load_matrix, run_matrix, run_storage_cell
+from bsrctl.report.failmatrix import render
+
+from .storage_mutants import mutant_stack
 
 os.environ.setdefault("LMCACHE_LOG_LEVEL", "WARNING")
 MATRICES = Path(__file__).parents[2] / "matrices"
@@ -27,12 +28,17 @@ EXTRA = """\
 """
 
 
-@pytest.fixture
-def spec(tmp_path: Path):
+def load(tmp_path: Path, chunk_size: int = 256):
     p = tmp_path / "m.yaml"
     text = (MATRICES / "cpu.yaml").read_text().replace("window_timeout_s: 5", "window_timeout_s: 1")
+    text = text.replace("  lmcache:\n", f"  lmcache:\n    chunk_size: {chunk_size}\n")
     p.write_text(text + EXTRA)
     return load_matrix(p)[0]
+
+
+@pytest.fixture
+def spec(tmp_path: Path):
+    return load(tmp_path)
 
 
 def cell(spec, cid: str):
@@ -63,7 +69,7 @@ def test_cell_passes_on_the_real_core(spec, tmp_path: Path, cid: str) -> None:
 def test_cell_fails_against_a_broken_restore(
     spec, tmp_path: Path, cid: str, mutation: str, check: str
 ) -> None:
-    point = run_storage_cell(spec, cell(spec, cid), tmp_path, [mutation])
+    point = run_storage_cell(spec, cell(spec, cid), tmp_path, mutant_stack(mutation))
     assert point.verdict == Verdict.FAIL
     bad = {c.name for c in point.checks if c.verdict == Verdict.FAIL}
     assert check in bad, point.checks
@@ -75,6 +81,19 @@ def test_one_rank_failure_names_the_rank(spec, tmp_path: Path) -> None:
     assert failed["failure"].startswith("MISSING_KEY")
     assert "rank 1" in failed["failure"] and "rank 0" not in failed["failure"]
     assert failed["blocks_valid"] == 0 and failed["windows_done"] == 1
+    assert failed["blocks_total"] == 2 * 16  # 2 ranks x 4096 / 256 chunks
+
+
+def test_storage_cells_use_the_stacks_chunk_size(tmp_path: Path) -> None:
+    """128-token chunks: twice the chunks and windows of the same prefix, and a window that
+    only exists at that size is where the fault strikes."""
+    spec = load(tmp_path, chunk_size=128)
+    assert spec.storage_windows() == 2 * load(tmp_path).storage_windows() == 16
+    rank = cell(spec, "one-rank-restore-fault").model_copy(update={"window": 9})
+    point = run_storage_cell(spec, rank, tmp_path)
+    assert point.verdict == Verdict.PASS, [c for c in point.checks if c.verdict != "PASS"]
+    failed = point.measures["failed_restore"]
+    assert (failed["windows_done"], failed["blocks_total"]) == (9, 2 * 32)
 
 
 def test_storage_run_writes_evidence_and_summary(tmp_path: Path) -> None:
@@ -89,3 +108,21 @@ def test_storage_run_writes_evidence_and_summary(tmp_path: Path) -> None:
     assert doc["summary"]["table"]["one-rank-remote-restore-fault"]["force_local"] == "PASS"
     md = (run / "summary.md").read_text()
     assert "| one-rank-remote-restore-fault | rank_keys_dropped | during_window k=1 |" in md
+    assert render(doc) == md  # the report re-renders it from the evidence alone
+
+
+def test_report_renders_a_failing_run_byte_for_byte(tmp_path: Path) -> None:
+    """A storage stack broken on purpose: FAIL rows and "Not passing" lines, the substitute
+    recorded in the summary, and summary.md still rendered from the evidence alone."""
+    out = tmp_path / "out"
+    verdict = run_matrix(
+        MATRICES / "paper.yaml", out, "storage", lambda _: None,
+        storage_stack=mutant_stack("skip_force_local"),
+    )  # fmt: skip
+    assert verdict == Verdict.FAIL
+    (run,) = out.iterdir()
+    doc = load_evidence(run / "evidence.json")
+    assert doc["summary"]["substitutes_test_only"]["storage_stack"].endswith("make")
+    md = (run / "summary.md").read_text()
+    assert "- one-rank-remote-restore-fault / force_local: FAIL: " in md
+    assert render(doc) == md

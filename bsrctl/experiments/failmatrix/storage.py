@@ -4,81 +4,37 @@ The CPU engine cannot serve TP = 2 with the connector cheaply, so the one-rank c
 here: two ranks, one StorageManager each; the chosen rank's object of window k is deleted
 from its L2 and L1 after the probe (a real missing key), the restore runs, then the same
 request is admitted again (force-local must report 0 external tokens and clear), then a
-follow-up restore of a reseeded prefix must commit in full with canonical bytes.
-
-TEST ONLY mutations (the matrix can fail) break the core the same ways as the serving
-mutant module: ``skip_invalidation`` (destination blocks stay valid), ``partial_after_failure``
-(the completed windows are exposed), ``skip_force_local`` (no marker).
+follow-up restore of a reseeded prefix must commit in full with canonical bytes. Chunks are
+``stack.lmcache.chunk_size`` tokens, as on the serving stack.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from bsrctl.evidence import Point
 from bsrctl.evidence.verdict import Check, check
-from bsrctl.experiments.failmatrix_spec import CellSpec, FailMatrixSpec
+from bsrctl.experiments.failmatrix.spec import CellSpec, FailMatrixSpec
 from bsrctl.registration import tiny_llama_cpu
-from bsrctl.restore import BoundedRestorer, RestoreConfig
 from bsrctl.settings import RestoreSettings
 from bsrctl.stack.storage import FaultSpec, StorageRestoreResult, StorageStack, StorageStackConfig
 
-STORAGE_MUTATIONS = ("skip_invalidation", "partial_after_failure", "skip_force_local")
-
-
-class _KeepValid:
-    """A destination whose mark_invalid does nothing (skip_invalidation)."""
-
-    def __init__(self, inner: Any) -> None:
-        self._inner = inner
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
-
-    def mark_invalid(self, request_id: str) -> None:
-        return None
-
-
-class MutantRestorer(BoundedRestorer):
-    mutations: frozenset[str] = frozenset()
-
-    def _fail(self, run, inflight, destination, kind, detail):  # type: ignore[no-untyped-def]
-        if "skip_invalidation" in self.mutations:
-            destination = _KeepValid(destination)
-        out = super()._fail(run, inflight, destination, kind, detail)
-        rid = run.plan.request.request_id
-        if "skip_force_local" in self.mutations:
-            self.markers.on_teardown(rid)
-        if "partial_after_failure" in self.mutations:
-            out = dataclasses.replace(
-                out, cached_chunks=run.windows_done * self.config.window_chunks
-            )
-        return out
-
-
-class MutantStorageStack(StorageStack):
-    def __init__(self, config: StorageStackConfig, mutations: frozenset[str]) -> None:
-        super().__init__(config)
-        self.mutations = mutations
-
-    def make_restorer(
-        self, config: RestoreConfig, fault: FaultSpec | None = None
-    ) -> BoundedRestorer:
-        base = super().make_restorer(config, fault)
-        mutant = MutantRestorer(base.storage, base.config, base.gauge, base.markers)
-        mutant.mutations = self.mutations
-        return mutant
+StorageStackFactory = Callable[[StorageStackConfig], StorageStack]
 
 
 def run_storage_cell(
-    spec: FailMatrixSpec, cell: CellSpec, run_dir: Path, mutations: list[str] | None = None
+    spec: FailMatrixSpec,
+    cell: CellSpec,
+    run_dir: Path,
+    make_stack: StorageStackFactory = StorageStack,
 ) -> Point:
+    """`make_stack` builds the stack from its config (the tests pass one whose restore is
+    broken on purpose, to see the cell FAIL)."""
     s = spec.storage
     t_cell = time.monotonic()
-    reg = tiny_llama_cpu(chunk_tokens=256, tp_size=s.tp_ranks)
+    reg = tiny_llama_cpu(chunk_tokens=spec.stack.lmcache.chunk_size, tp_size=s.tp_ranks)
     config = StorageStackConfig(
         root_dir=Path(run_dir) / "storage" / cell.id,
         registration=reg,
@@ -86,8 +42,7 @@ def run_storage_cell(
         restore=RestoreSettings.of(spec.restore, 0),
         destination="verify",
     )
-    muts = frozenset(m for m in (mutations or []) if m in STORAGE_MUTATIONS)
-    stack = MutantStorageStack(config, muts)
+    stack = make_stack(config)
     salt = f"{spec.workload.salt}/{cell.id}"
     rid = f"fm-{cell.id}"
     try:

@@ -10,8 +10,8 @@ Layout::
       prompt_tokens: 4000        # prefix seeded then restored (one fresh prompt per cell)
       max_tokens: 8
       salt: fm-cpu
-    storage:                     # cells with `stack: storage` (in-process, TP ranks, no model)
-      tp_ranks: 2
+    storage:                     # cells with `stack: storage` (in-process, TP ranks, no model;
+      tp_ranks: 2                #   chunks of stack.lmcache.chunk_size tokens, as served)
       prefix_tokens: 4096
       window_chunks: 2           # W of the storage cells
       l1_capacity_bytes: 8388608
@@ -131,8 +131,10 @@ class FailMatrixSpec(Strict):
         return math.ceil(chunks / self.workload.window_chunks)
 
     def storage_windows(self) -> int:
+        """Windows of the storage cells' prefix, in chunks of ``stack.lmcache.chunk_size``."""
         s = self.storage
-        return math.ceil(math.ceil(s.prefix_tokens / 256) / s.window_chunks)
+        chunks = math.ceil(s.prefix_tokens / self.stack.lmcache.chunk_size)
+        return math.ceil(chunks / s.window_chunks)
 
 
 def _check_cell(spec: FailMatrixSpec, c: CellSpec) -> None:

@@ -1,4 +1,5 @@
-"""The failure matrix's checks, as pure functions over what a cell recorded, and its table.
+"""The failure matrix's checks, as pure functions over what a cell recorded, and its table
+(cell -> check -> verdict, kept in the evidence; ``bsrctl.report.failmatrix`` renders it).
 
 Each serving cell records an `Observation` (measured before, during and after the request);
 `serving_checks` turns it into the named checks of the issue. Keeping them pure makes them
@@ -11,17 +12,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bsrctl.evidence.verdict import Check, check
-
-CHECK_ORDER = (
-    "cached_prefix_all_or_nothing",
-    "no_valid_block_after_failure",
-    "canonical_output",
-    "force_local",
-    "corruption_caught_before_install",
-    "post_request_health",
-    "bounded_time",
-    "processes_accounted",
-)
 
 
 @dataclass
@@ -205,52 +195,6 @@ def serving_checks(o: Observation) -> list[Check]:
     return out
 
 
-# ---- the table -------------------------------------------------------------------------
-
-
 def table(points: list[dict[str, Any]]) -> dict[str, dict[str, str]]:
     """cell -> check -> verdict."""
     return {p["id"]: {c["name"]: c["verdict"] for c in p["checks"]} for p in points}
-
-
-def render_table(doc: dict[str, Any]) -> str:
-    """Markdown: cells x checks with the time to the fallback result, then every non-PASS."""
-    points = doc.get("points", [])
-    names = [n for n in CHECK_ORDER if any(n in {c["name"] for c in p["checks"]} for p in points)]
-    lines = [
-        f"# {doc['run_id']} (failmatrix): {doc['verdict']}",
-        "",
-        f"- complete: {doc['complete']}; started {doc['started_at']}; finished "
-        f"{doc.get('finished_at')}; salt `{doc['salt']}`",
-    ]
-    if doc.get("summary", {}).get("aborted"):
-        lines.append(f"- aborted: {doc['summary']['aborted']}")
-    head = ["cell", "fault", "at", "expect", "verdict", "fallback_s", "cached", *names]
-    lines += ["", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for p in points:
-        by = {c["name"]: c["verdict"] for c in p["checks"]}
-        m, prm = p["measures"], p["params"]
-        t = m.get("time_to_fallback_s")
-        row = [
-            p["id"],
-            prm.get("fault", ""),
-            _at(prm),
-            prm.get("expect", ""),
-            p["verdict"],
-            "" if t is None else f"{t:.2f}",
-            str(m.get("cached_tokens", "")),
-        ]
-        lines.append("| " + " | ".join(row + [by.get(n, "") for n in names]) + " |")
-    bad = [(p["id"], c) for p in points for c in p["checks"] if c["verdict"] != "PASS"]
-    if bad:
-        lines += ["", "## Not passing", ""]
-        lines += [f"- {pid} / {c['name']}: {c['verdict']}: {c['detail']}" for pid, c in bad]
-    skipped = doc.get("summary", {}).get("skipped_cells")
-    if skipped:
-        lines += ["", f"Cells not run on this stack: {', '.join(skipped)}"]
-    return "\n".join(lines) + "\n"
-
-
-def _at(params: dict[str, Any]) -> str:
-    at = params.get("at", "")
-    return at if at == "before_request" else f"{at} k={params.get('window')}"

@@ -15,15 +15,15 @@ miss through its fault wrapper (a lookup-phase drop looks like absence); ``all``
 from __future__ import annotations
 
 import shutil
-import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from bsrctl.errors import StackFailed
-from bsrctl.experiments.failmatrix_spec import CellSpec
+from bsrctl.experiments.failmatrix.spec import CellSpec
+
+# The failure matrix's one import of the fault wrapper's control file.
 from bsrctl.lmcache_ext.faults.control import write_control_file
 from bsrctl.stack.serving import ServingStack
 from bsrctl.stack.tiers import (
@@ -35,7 +35,16 @@ from bsrctl.stack.tiers import (
     wait_held,
 )
 
-Say = Callable[[str], None]
+
+def write_rules(stack: ServingStack, tier: str, rules: list[dict[str, Any]]) -> None:
+    """Arm `rules` in `tier`'s fault wrapper (it re-reads its control file per task)."""
+    write_control_file(stack.fault_control(tier), rules)
+
+
+def clear_rules(stack: ServingStack) -> None:
+    """No rule left armed in any tier's fault wrapper."""
+    for tier in ("fs", "mooncake"):
+        write_control_file(stack.fault_control(tier), [])
 
 
 @dataclass
@@ -45,7 +54,6 @@ class Injector:
     stack: ServingStack
     cell: CellSpec
     token_ids: list[int]  # the cell's prompt
-    say: Say
     notes: dict[str, Any] = field(default_factory=dict)  # what was done, for the evidence
     stopped_pids: list[int] = field(default_factory=list)  # processes this fault stopped
     _hidden: Path | None = None
@@ -60,9 +68,7 @@ class Injector:
             fs_dir.mkdir()
             self._hidden = hidden
         elif self.cell.source == "fs" and st.mooncake is not None:
-            write_control_file(
-                st.fault_control("mooncake"), [{"action": "drop", "phase": "lookup"}]
-            )
+            write_rules(st, "mooncake", [{"action": "drop", "phase": "lookup"}])
 
     def unisolate(self) -> None:
         st = self.stack
@@ -70,8 +76,7 @@ class Injector:
             shutil.rmtree(st.dir / "l2-fs", ignore_errors=True)
             self._hidden.rename(st.dir / "l2-fs")
             self._hidden = None
-        for tier in ("fs", "mooncake"):
-            write_control_file(st.fault_control(tier), [])
+        clear_rules(st)
 
     # -- the fault --
 
@@ -91,7 +96,7 @@ class Injector:
         tier = self.cell.source
         self._held_before = int(fault_stats(self.stack, tier).get("delayed_tasks", 0))
         rule = {"action": "delay", "tasks": [self.cell.window], "delay_s": delay_s, "limit": 1}
-        write_control_file(self.stack.fault_control(tier), [rule])
+        write_rules(self.stack, tier, [rule])
         self.notes["rule"] = {"tier": tier, **rule}
 
     def wait_hold(self) -> None:
@@ -100,9 +105,8 @@ class Injector:
 
     def window_object(self) -> Path:
         """The FS object of window k's first chunk (file name carries the chunk hash)."""
-        lm = self.stack.spec.lmcache
-        chunk = self.cell.window * lm.window_chunks
-        hashes = chunk_hashes_hex(self.token_ids, lm.chunk_size, chunk + 1)
+        chunk = self.cell.window * self.stack.restore.window_chunks
+        hashes = chunk_hashes_hex(self.token_ids, self.stack.spec.lmcache.chunk_size, chunk + 1)
         found = fs_objects(self.stack, hashes[chunk])
         if not found:
             raise StackFailed(f"no FS object for chunk {chunk} (hash {hashes[chunk][:16]})")
@@ -156,7 +160,7 @@ class WindowTimeout(Injector):
     """Window k's load is withheld beyond window_timeout_s (a delayed adapter)."""
 
     def arm(self) -> None:
-        self.hold_rule(self.stack.spec.lmcache.window_timeout_s + 3.0)
+        self.hold_rule(self.stack.restore.window_timeout_s + 3.0)
 
 
 class ObjectDamaged(Injector):
@@ -242,19 +246,3 @@ INJECTORS: dict[str, type[Injector]] = {
     "l1_exhausted": L1Exhausted,
     "lmcache_killed": LmcacheKilled,
 }
-
-
-def run_bounded(fn: Callable[[], Any], timeout_s: float) -> tuple[Any, BaseException | None, bool]:
-    """fn() in a daemon thread: (result, exception, finished within timeout_s)."""
-    box: dict[str, Any] = {}
-
-    def body() -> None:
-        try:
-            box["result"] = fn()
-        except BaseException as exc:  # reported, never raised here
-            box["error"] = exc
-
-    th = threading.Thread(target=body, daemon=True)
-    th.start()
-    th.join(timeout_s)
-    return box.get("result"), box.get("error"), not th.is_alive()

@@ -1,0 +1,292 @@
+"""The deployment the serving cells share, and what a cell reads off it.
+
+One serving stack (every fault here is recoverable: what was stopped is restarted, rules are
+cleared) with the canonical outputs of every cell's prompt; seeding (the stack's one loop,
+``bsrctl.stack.seeding``), the snapshots taken around a cell's request, the follow-up
+request and the process audit. The cell run itself is ``failmatrix.serving``.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bsrctl.errors import StackFailed
+from bsrctl.experiments.failmatrix.injectors import Injector, clear_rules
+from bsrctl.experiments.failmatrix.spec import CellSpec, FailMatrixSpec
+from bsrctl.prompts import prompt_ids
+from bsrctl.settings import RestoreSettings
+from bsrctl.specs import StackSpec
+from bsrctl.stack import tinymodel
+from bsrctl.stack.bsr_client import BsrModuleClient, outcomes_since
+from bsrctl.stack.canonical import canonical_outputs
+from bsrctl.stack.process import Supervised, pids_alive
+from bsrctl.stack.seeding import seed_tiers
+from bsrctl.stack.serving import ServingStack
+from bsrctl.stack.tiers import chunk_hashes_hex, fault_stats, fs_objects
+
+Say = Callable[[str], None]
+RECOVERED = "Recovered from KV load failure"
+HEALTH_TOKENS = 320
+FORGET_WAIT_S = 3.0  # per L1 forget of a cell (the server itself waits a few seconds)
+
+
+@dataclass(frozen=True)
+class ServerModule:
+    """An LMCache server module loaded instead of the stack's own (the tests load a broken one).
+
+    ``path``: the dotted module the LMCache server process imports; ``config``: keys added to
+    the module config the stack builds from its restore settings; ``pythonpath``: folders the
+    server process needs on its PYTHONPATH to import ``path`` (put before the PYTHONPATH it
+    inherits from bsrctl)."""
+
+    path: str
+    config: Mapping[str, Any] = field(default_factory=dict)
+    pythonpath: tuple[str, ...] = ()
+
+    def server_pythonpath(self, inherited: str | None) -> str:
+        return os.pathsep.join([*self.pythonpath, *([inherited] if inherited else [])])
+
+
+class ModuleStack(ServingStack):
+    """The serving stack, loading `server_module` (when given) instead of its own module.
+    Until ServingStack takes the server module as a parameter of its own."""
+
+    def __init__(
+        self,
+        spec: StackSpec,
+        run_dir: Path,
+        restore: RestoreSettings,
+        server_module: ServerModule | None = None,
+    ) -> None:
+        super().__init__(spec, run_dir, restore)
+        self.server_module = server_module  # replaced by callers that switch its config
+
+    def _server_module_arg(self) -> dict[str, Any]:
+        arg = super()._server_module_arg()
+        m = self.server_module
+        if m is not None:
+            arg["module_path"] = m.path
+            arg["config"].update(m.config)
+        return arg
+
+    def _launch(self, part: Supervised) -> None:
+        m = self.server_module
+        if m is not None and m.pythonpath and part.name == "lmcache":
+            part.env["PYTHONPATH"] = m.server_pythonpath(os.environ.get("PYTHONPATH"))
+        super()._launch(part)
+
+
+class Rig:
+    """One serving deployment shared by the cells: lifecycle, seeding and probes."""
+
+    def __init__(
+        self,
+        spec: FailMatrixSpec,
+        run_dir: Path,
+        say: Say,
+        server_module: ServerModule | None = None,
+    ) -> None:
+        self.spec = spec
+        self.say = say
+        self.run_dir = run_dir
+        self.stack = ModuleStack(spec.stack, run_dir, spec.settings(), server_module)
+        self.client: BsrModuleClient | None = None
+        self.canonical: dict[str, tuple[int, ...]] = {}
+        self.vocab = 0
+
+    # -- lifecycle --
+
+    def prepare(self, cells: list[CellSpec]) -> None:
+        wl = self.spec.workload
+        model = tinymodel.build() if self.spec.stack.vllm.model == "tiny" else None
+        self.vocab = tinymodel.vocab_size(model or Path(self.spec.stack.vllm.model))
+        prompts = {c.id: self.prompt(c.id) for c in cells}
+        prompts["__health__"] = self.prompt("__health__", HEALTH_TOKENS)
+        self.say("canonical outputs on a vLLM with no KV connector")
+        outs = canonical_outputs(
+            self.spec.stack, self.run_dir, list(prompts.values()), wl.max_tokens
+        )
+        self.canonical = dict(zip(prompts, outs, strict=True))
+        self.say("starting the serving stack")
+        self.stack.up()
+        self.client = BsrModuleClient(self.stack, timeout_s=30.0)
+
+    def close(self) -> None:
+        if self.client is not None:
+            self.client.close()
+        self.stack.down()
+
+    def prompt(self, name: str, tokens: int | None = None) -> list[int]:
+        wl = self.spec.workload
+        return prompt_ids(f"{wl.salt}/{name}", tokens or wl.prompt_tokens, self.vocab)
+
+    def reconnect(self) -> BsrModuleClient:
+        if self.client is not None:
+            self.client.close()
+        self.client = BsrModuleClient(self.stack, timeout_s=30.0)
+        return self.client
+
+    def ensure_up(self) -> None:
+        """Restart a part a previous cell left down (bounded by the stack's own waits)."""
+        st = self.stack
+        for name in ("lmcache", "vllm"):
+            part = st.parts.get(name)
+            if part is None or not part.alive():
+                self.say(f"  restarting {name} (left down)")
+                if part is not None:
+                    part.stop()
+                st.parts.pop(name, None)
+                (st.start_lmcache if name == "lmcache" else st.start_vllm)()
+                if name == "lmcache":
+                    self.reconnect()
+        st._save_state()  # noqa: SLF001
+
+    # -- seeding --
+
+    def seed(self, ids: list[int], tiers: tuple[str, ...]) -> dict[str, Any]:
+        """Store the prompt's prefix and VERIFY that every tier in `tiers` holds all of it,
+        then make L1 and vLLM forget it. `complete` False (with the reason) if a tier still
+        misses chunks after the seeding's bounded cold requests.
+
+        L1 is emptied first: LMCache allocates L1 without evicting (its eviction loop runs
+        once a second above an 80% watermark), so a store into an L1 a previous cell left
+        full loses whole batches, which then never reach L2."""
+        assert self.client is not None
+        t0 = time.monotonic()
+        clear_rules(self.stack)  # no rule left armed by an earlier cell
+        s = seed_tiers(
+            self.stack,
+            self.client,
+            ids,
+            chunk_tokens=self.spec.stack.lmcache.chunk_size,
+            tiers=tiers,
+            max_tokens=self.spec.workload.max_tokens,
+            forget_first=True,
+            forget_wait_s=FORGET_WAIT_S,
+        )
+        forgot = self.client.forget(wait_s=FORGET_WAIT_S)
+        self.stack.forget_local()
+        short = s.short
+        return {
+            "complete": not short,
+            "reason": ""
+            if not short
+            else f"setup: after {len(s.attempts)} seeding attempt(s) tier(s) hold "
+            + ", ".join(f"{t} {c}/{s.chunks} chunks" for t, c in short.items())
+            + " of the seeded prefix: the fault was not injected",
+            "tiers": list(tiers),
+            "chunks": s.chunks,
+            "held_chunks": {"fs": 0, "mooncake": 0, **s.held},
+            "attempts": [
+                {
+                    "l1_used_before": a.l1_used_before,
+                    "cached_tokens": a.cached_tokens,
+                    **{"fs": 0, "mooncake": 0, **a.held},
+                }
+                for a in s.attempts
+            ],
+            "seed_s": round(time.monotonic() - t0, 3),
+            "l1_used_after_forget": forgot.get("l1_used_bytes_after"),
+        }
+
+    # -- probes around a cell's request --
+
+    def fs_prefix_tokens(self, ids: list[int]) -> int:
+        """Tokens of the contiguous prefix the FS L2 holds now (capped like vLLM's hit)."""
+        lm = self.spec.stack.lmcache
+        if not lm.fs_l2:
+            return 0
+        n = 0
+        for h in chunk_hashes_hex(ids, lm.chunk_size, len(ids) // lm.chunk_size):
+            if not fs_objects(self.stack, h):
+                break
+            n += 1
+        return min(n * lm.chunk_size, len(ids) - 1)
+
+    def snapshot(self) -> dict[str, Any]:
+        assert self.client is not None
+        out: dict[str, Any] = {"recovered": self._recovered()}
+        try:
+            status = self.client.status()
+            out["counters"] = status.get("counters", {})
+            out["outcomes"] = status.get("recent_outcomes", [])
+            out["markers"] = self.client.call("bsr.markers").get("events", [])
+            out["reads"] = self.stack.tier_reads()
+            out["fs"] = fault_stats(self.stack, "fs").get("inner", {})
+        except (StackFailed, OSError) as exc:
+            out.update(counters={}, outcomes=[], markers=[], reads={}, fs={}, error=str(exc))
+        return out
+
+    @staticmethod
+    def new_outcomes(before: dict[str, Any], after: dict[str, Any]) -> list[dict[str, Any]]:
+        """The restore outcomes of the cell's request, between two snapshots."""
+        return outcomes_since(before["outcomes"], after["outcomes"])
+
+    def _recovered(self) -> int:
+        part = self.stack.parts.get("vllm")
+        log = part.log_path if part else self.stack.dir / "vllm.log"
+        try:
+            return log.read_text(errors="replace").count(RECOVERED)
+        except OSError:
+            return 0
+
+    def markers_active(self) -> int | None:
+        try:
+            assert self.client is not None
+            return int(self.client.call("bsr.markers").get("active", -1))
+        except (StackFailed, OSError):
+            return None
+
+    @staticmethod
+    def damage(
+        cell: CellSpec, inj: Injector, before: dict[str, Any], after: dict[str, Any]
+    ) -> dict[str, Any]:
+        if not cell.fault.startswith("object_"):
+            return {}
+        counter = "checksum_mismatch" if cell.fault == "object_corrupted" else "size_mismatch"
+        moved = int(after["fs"].get(counter, 0)) - int(before["fs"].get(counter, 0))
+        return {"counter": counter, "counter_delta": moved, "window": cell.window,
+                **inj.notes.get("object", {})}  # fmt: skip
+
+    # -- after the request --
+
+    def follow_up(self) -> tuple[bool, str]:
+        """Post-request health: a follow-up request answers, every part is healthy."""
+        st = self.stack
+        try:
+            comp = st.complete(
+                self.prompt("__health__", HEALTH_TOKENS), self.spec.workload.max_tokens
+            )
+        except StackFailed as exc:
+            return False, f"follow-up request failed: {exc}"
+        canon = self.canonical["__health__"]
+        same = comp.output_token_ids == canon
+        health = st.health()
+        bad = [n for n, h in health.items() if not h.get("healthy")]
+        ok = same and not bad
+        return ok, (
+            f"follow-up answered {len(comp.output_token_ids)} tokens "
+            f"({'canonical' if same else 'NOT canonical'}) in {comp.ttft_s:.2f} s; "
+            f"unhealthy parts {bad}"
+        )
+
+    def audit(self, stopped: list[int]) -> tuple[list[int], dict]:
+        """Stopped and replaced PIDs are gone; every current part is alive."""
+        st = self.stack
+        current = set(st.all_pids())
+        if st.mooncake is not None:
+            current |= {p for p in st.mooncake.pids().values() if p}
+        replaced = [p.pid for p in st.launched if p.pid and p.pid not in current]
+        gone_expected = sorted({*stopped, *replaced} - current)
+        alive = {n: p.alive() for n, p in st.parts.items()}
+        if st.mooncake is not None:
+            alive |= {
+                "mooncake-master": st.mooncake.master.alive(),
+                "mooncake-node": st.mooncake.node.alive(),
+            }
+        return pids_alive(gone_expected), alive

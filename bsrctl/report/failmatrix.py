@@ -1,0 +1,62 @@
+"""The failure matrix's summary.md, rendered from its evidence alone: cells x checks with the
+time to the fallback result, then every check that did not PASS."""
+
+from __future__ import annotations
+
+from typing import Any
+
+# The table's check columns, in the order the cells run them (a cell's other checks, e.g.
+# setup_seeded or fault_injected, show only under "Not passing").
+CHECK_ORDER = (
+    "cached_prefix_all_or_nothing",
+    "no_valid_block_after_failure",
+    "canonical_output",
+    "force_local",
+    "corruption_caught_before_install",
+    "post_request_health",
+    "bounded_time",
+    "processes_accounted",
+)
+
+
+def render(doc: dict[str, Any]) -> str:
+    """Markdown of one failmatrix run's evidence.json (as ``load_evidence`` returns it)."""
+    points = doc.get("points", [])
+    names = [n for n in CHECK_ORDER if any(n in {c["name"] for c in p["checks"]} for p in points)]
+    lines = [
+        f"# {doc['run_id']} (failmatrix): {doc['verdict']}",
+        "",
+        f"- complete: {doc['complete']}; started {doc['started_at']}; finished "
+        f"{doc.get('finished_at')}; salt `{doc['salt']}`",
+    ]
+    if doc.get("summary", {}).get("aborted"):
+        lines.append(f"- aborted: {doc['summary']['aborted']}")
+    head = ["cell", "fault", "at", "expect", "verdict", "fallback_s", "cached", *names]
+    lines += ["", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for p in points:
+        by = {c["name"]: c["verdict"] for c in p["checks"]}
+        m, prm = p["measures"], p["params"]
+        t = m.get("time_to_fallback_s")
+        row = [
+            p["id"],
+            prm.get("fault", ""),
+            _at(prm),
+            prm.get("expect", ""),
+            p["verdict"],
+            "" if t is None else f"{t:.2f}",
+            str(m.get("cached_tokens", "")),
+        ]
+        lines.append("| " + " | ".join(row + [by.get(n, "") for n in names]) + " |")
+    bad = [(p["id"], c) for p in points for c in p["checks"] if c["verdict"] != "PASS"]
+    if bad:
+        lines += ["", "## Not passing", ""]
+        lines += [f"- {pid} / {c['name']}: {c['verdict']}: {c['detail']}" for pid, c in bad]
+    skipped = doc.get("summary", {}).get("skipped_cells")
+    if skipped:
+        lines += ["", f"Cells not run on this stack: {', '.join(skipped)}"]
+    return "\n".join(lines) + "\n"
+
+
+def _at(params: dict[str, Any]) -> str:
+    at = params.get("at", "")
+    return at if at == "before_request" else f"{at} k={params.get('window')}"

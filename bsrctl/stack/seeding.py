@@ -1,0 +1,90 @@
+"""Seeding a serving deployment: cold requests until the tiers a restore relies on hold every
+whole chunk of a prompt (bounded attempts). The one loop behind the serving target's points
+and the failure matrix's cells.
+
+vLLM answers before LMCache has the KV in L2 (the store RPC is queued, the write-through is
+asynchronous), so a request alone is no proof: each attempt waits until every relied tier
+holds the prompt's whole chunks or ``wait_s`` has passed, and one more cold request (after
+L1 and vLLM's local cache were made to forget) stores the chunks a tier still misses.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from bsrctl.stack.tiers import wait_tiers_hold
+
+SEED_ATTEMPTS = 2  # a cold request, then one more for the chunks a tier still misses
+SEED_WAIT_S = 20.0  # per attempt: how long a tier's write-through may take
+
+
+@dataclass(frozen=True)
+class SeedAttempt:
+    """One cold request of a seeding."""
+
+    cached_tokens: int  # of the cold request (vLLM's usage.cached_tokens)
+    held: dict[str, int]  # chunks each relied tier held after it (per rank, the least)
+    l1_used_before: int | None  # L1 bytes left by the forget before it; None: no forget
+
+
+@dataclass(frozen=True)
+class TierSeed:
+    """How a prompt's prefix reached the tiers a restore relies on."""
+
+    tiers: tuple[str, ...]
+    chunks: int  # whole chunks of the prompt
+    attempts: tuple[SeedAttempt, ...]
+    seed_s: float
+
+    @property
+    def held(self) -> dict[str, int]:
+        """Chunks each tier held after the last attempt."""
+        return dict(self.attempts[-1].held) if self.attempts else dict.fromkeys(self.tiers, 0)
+
+    @property
+    def short(self) -> dict[str, int]:
+        """The tiers that miss chunks, with what they hold."""
+        return {t: c for t, c in self.held.items() if c != self.chunks}
+
+    @property
+    def complete(self) -> bool:
+        return not self.short
+
+
+def seed_tiers(
+    stack: Any,
+    client: Any,
+    ids: list[int],
+    *,
+    chunk_tokens: int,
+    tiers: tuple[str, ...],
+    max_tokens: int,
+    forget_first: bool,
+    forget_wait_s: float,
+    ranks: int = 1,
+    attempts: int = SEED_ATTEMPTS,
+    wait_s: float = SEED_WAIT_S,
+) -> TierSeed:
+    """Cold requests of `ids` on `stack` (a ServingStack) until every tier in `tiers` holds
+    all of its whole chunks (`ranks` objects each on FS), at most `attempts` of them.
+
+    Before every attempt but the first (and before the first too with `forget_first`), L1
+    is emptied through `client` (a BsrModuleClient, waiting up to `forget_wait_s`) and vLLM
+    forgets its local prefix cache, so the request is cold again. What is left in L1 and
+    vLLM after the last attempt is the caller's to forget."""
+    n = len(ids) // chunk_tokens
+    t0 = time.monotonic()
+    done: list[SeedAttempt] = []
+    for i in range(attempts):
+        l1_left = None
+        if i or forget_first:
+            l1_left = client.forget(wait_s=forget_wait_s).get("l1_used_bytes_after")
+            stack.forget_local()
+        cached = stack.complete(ids, max_tokens).cached_tokens
+        held = wait_tiers_hold(stack, ids, chunk_tokens, tiers, wait_s, ranks)
+        done.append(SeedAttempt(cached, {t: held.get(t, 0) for t in tiers}, l1_left))
+        if all(held.get(t, 0) == n for t in tiers):
+            break
+    return TierSeed(tiers, n, tuple(done), round(time.monotonic() - t0, 3))

@@ -1,0 +1,59 @@
+"""Injectors read W and the window timeout from the deployment's restore settings (the spec's
+``restore:`` and ``workload.window_chunks``), not from the stack spec, which has neither."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+from bsrctl.experiments.failmatrix import load_matrix
+from bsrctl.experiments.failmatrix.injectors import ObjectDamaged, WindowTimeout, clear_rules
+from bsrctl.stack.tiers import chunk_hashes_hex
+
+MATRICES = Path(__file__).parents[2] / "matrices"
+
+
+def fake_stack(tmp_path: Path):
+    spec, _ = load_matrix(MATRICES / "cpu.yaml")
+    return spec, SimpleNamespace(
+        spec=spec.stack,
+        restore=spec.settings(),
+        dir=tmp_path,
+        fault_control=lambda tier: tmp_path / f"faults-{tier}.json",
+        lmcache_status=lambda: {"storage_manager": {"l2_adapters": []}},
+    )
+
+
+def rules(tmp_path: Path, tier: str) -> list[dict]:
+    return json.loads((tmp_path / f"faults-{tier}.json").read_text())["rules"]
+
+
+def test_window_timeout_holds_window_k_past_the_restore_window_timeout(tmp_path: Path) -> None:
+    spec, stack = fake_stack(tmp_path)
+    cell = next(c for c in spec.cells if c.id == "window-timeout")
+    inj = WindowTimeout(stack, cell, [])
+    inj.arm()
+    rule = {"action": "delay", "tasks": [1], "delay_s": 8.0 + 3.0, "limit": 1}
+    assert rules(tmp_path, "fs") == [rule]
+    assert inj.notes["rule"] == {"tier": "fs", **rule}
+    clear_rules(stack)
+    assert (rules(tmp_path, "fs"), rules(tmp_path, "mooncake")) == ([], [])
+
+
+def test_the_damaged_object_is_window_ks_first_chunk(tmp_path: Path) -> None:
+    spec, stack = fake_stack(tmp_path)
+    cell = next(c for c in spec.cells if c.id == "object-corrupted")  # window 2, W = 4
+    ids = list(range(4000))
+    hashes = chunk_hashes_hex(ids, 256, 15)
+    (tmp_path / "l2-fs").mkdir()
+    for h in hashes:
+        (tmp_path / "l2-fs" / f"k@{h}.data").write_bytes(b"\0" * 64)
+    inj = ObjectDamaged(stack, cell, ids)
+    assert inj.window_object().name == f"k@{hashes[8]}.data"
+    inj.arm()
+    assert inj.notes["object"] == {
+        "file": f"k@{hashes[8]}.data",
+        "how": "4096 bytes flipped at offset 32",
+    }
+    assert (tmp_path / "l2-fs" / f"k@{hashes[8]}.data").read_bytes() == b"\0" * 32 + b"\xff" * 32
