@@ -33,6 +33,7 @@ from bsrctl.settings import RestoreSettings
 from bsrctl.stack import tinymodel
 from bsrctl.stack.bsr_client import BsrModuleClient
 from bsrctl.stack.canonical import canonical_outputs
+from bsrctl.stack.extensions import bsr_extensions
 from bsrctl.stack.process import pids_alive
 from bsrctl.stack.serving import ServingStack, check_ports
 from bsrctl.stack.tiers import chunk_hashes_hex, fault_stats, fs_objects, wait_tiers_hold
@@ -63,7 +64,7 @@ class FailmatrixStack(ServingStack):
         mutations: list[str] | None = None,
         restore: RestoreSettings | None = None,
     ) -> None:
-        super().__init__(spec, run_dir, restore)
+        super().__init__(spec, run_dir, bsr_extensions(restore or RestoreSettings()))
         self.mutations = mutations
 
     def _server_module_arg(self) -> dict[str, Any]:

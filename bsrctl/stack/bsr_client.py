@@ -96,8 +96,3 @@ class BsrModuleClient:
         if self._zmq is not None:
             self._zmq.destroy(linger=0)
         self._client = self._zmq = None
-
-
-def bsr_status_over_http(stack: ServingStack) -> dict[str, Any] | None:
-    """The module's status from LMCache's /status (None when the module is not loaded)."""
-    return stack.lmcache_status().get("bsr")
