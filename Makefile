@@ -36,7 +36,7 @@ test: venv
 	$(PYTEST) -q
 
 test-fast: venv
-	$(PYTEST) -q -m "not e2e"
+	$(PYTEST) -q -m "not e2e and not mooncake"
 
 lint: venv
 	$(VENV)/bin/ruff check bsrctl tests bench

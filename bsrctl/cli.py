@@ -190,6 +190,7 @@ def stack_up(
     it running."""
     from bsrctl.settings import RestoreSettings
     from bsrctl.specs import load_stack_section
+    from bsrctl.stack.extensions import bsr_extensions
     from bsrctl.stack.serving import ServingStack, check_ports
 
     def go() -> ServingStack:
@@ -197,7 +198,7 @@ def stack_up(
         if (run_dir / "stack" / "state.json").exists() and _live_state(run_dir):
             raise BadInput(f"--run-dir: a stack is already up in {run_dir}; `bsrctl stack down`")
         check_ports(parsed)
-        st = ServingStack(parsed, run_dir, RestoreSettings.of(tuning, 0))
+        st = ServingStack(parsed, run_dir, bsr_extensions(RestoreSettings.of(tuning, 0)))
         st.up()
         return st
 

@@ -145,21 +145,6 @@ class Registration:
             "digest": self.digest(),
         }
 
-    def identity_diff(self, other: Registration) -> list[str]:
-        """Differences that break registration identity ([] when identical)."""
-        out = []
-        if self.num_tensors != other.num_tensors:
-            out.append(f"tensor count {self.num_tensors} != {other.num_tensors}")
-        if self.bytes_per_chunk != other.bytes_per_chunk:
-            out.append(f"bytes per chunk {self.bytes_per_chunk} != {other.bytes_per_chunk}")
-        if self.chunk_tokens != other.chunk_tokens:
-            out.append(f"chunk tokens {self.chunk_tokens} != {other.chunk_tokens}")
-        if self.tp_size != other.tp_size:
-            out.append(f"tp size {self.tp_size} != {other.tp_size}")
-        if not out and self.digest() != other.digest():
-            out.append("tensor names, shapes or dtypes differ (digest mismatch)")
-        return out
-
 
 # ---- factories ----------------------------------------------------------------------------
 

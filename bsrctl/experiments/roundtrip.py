@@ -21,6 +21,7 @@ from bsrctl.spec_io import load_spec
 from bsrctl.specs import RoundTripSpec
 from bsrctl.stack import tinymodel
 from bsrctl.stack.canonical import canonical_outputs
+from bsrctl.stack.extensions import bsr_extensions
 from bsrctl.stack.serving import Completion, ServingStack, check_ports
 from bsrctl.stack.tiers import mooncake_stored_keys, wait_written_through
 
@@ -107,7 +108,8 @@ def run_roundtrip(spec_path: Path, out_dir: Path, quiet: bool = False) -> Verdic
     )
     ids = prompt_ids(spec.salt, spec.prompt_tokens, tinymodel.vocab_size(model_dir))
     writer = EvidenceWriter(out_dir, "roundtrip", raw, spec.salt, {"kind": "serving"})
-    stack = ServingStack(spec.stack, writer.run_dir, RestoreSettings.of(spec.restore, 0))
+    settings = RestoreSettings.of(spec.restore, 0)
+    stack = ServingStack(spec.stack, writer.run_dir, bsr_extensions(settings))
 
     def body(w: EvidenceWriter) -> tuple[dict[str, Any], list[Check]]:
         say("canonical output on a vLLM with no KV connector")

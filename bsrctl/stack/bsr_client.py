@@ -98,11 +98,6 @@ class BsrModuleClient:
         self._client = self._zmq = None
 
 
-def bsr_status_over_http(stack: ServingStack) -> dict[str, Any] | None:
-    """The module's status from LMCache's /status (None when the module is not loaded)."""
-    return stack.lmcache_status().get("bsr")
-
-
 def outcomes_since(
     before: list[dict[str, Any]], after: list[dict[str, Any]]
 ) -> list[dict[str, Any]]:

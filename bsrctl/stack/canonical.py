@@ -8,14 +8,14 @@ under .cache/canonical/; the cache key is recorded in the evidence.
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 from bsrctl.prompts import tokens_sha256
 from bsrctl.specs import MooncakeSpec, StackSpec
 from bsrctl.stack import tinymodel
 from bsrctl.stack.process import Supervised, http_ok
-from bsrctl.stack.serving import ServingStack, base_env
+from bsrctl.stack.serving import ServingStack, vllm_command, vllm_env
+from bsrctl.stack.versions import vllm_version
 
 
 class PlainVllm(ServingStack):
@@ -26,18 +26,8 @@ class PlainVllm(ServingStack):
         self.model_dir = self._model()
         v = self.spec.vllm
         port = self._port("vllm.port", 0)
-        argv = [
-            sys.executable, "-m", "vllm.entrypoints.openai.api_server",
-            "--model", str(self.model_dir), "--host", "127.0.0.1", "--port", str(port),
-            "--enforce-eager", "--max-model-len", str(v.max_model_len), "--dtype", "float32",
-            "--seed", "0", "--max-num-seqs", "4", "--enable-prompt-tokens-details",
-            "--no-enable-prefix-caching",
-        ]  # fmt: skip
-        env = {
-            **base_env(),
-            "VLLM_CPU_KVCACHE_SPACE": str(v.kvcache_space_gib),
-            "VLLM_CACHE_ROOT": str(self.dir / "vllm-cache"),
-        }
+        argv = vllm_command(v, self.model_dir, port)
+        env = vllm_env(v, self.dir / "vllm-cache", connector=False)
         part = Supervised("vllm-plain", argv, self.dir / "vllm-plain.log", env=env)
         try:
             self._launch(part)
@@ -47,10 +37,9 @@ class PlainVllm(ServingStack):
             raise
 
 
-def _cache_path(model_sha: str, prompt_sha: str, max_tokens: int) -> Path:
-    from importlib.metadata import version
-
-    key = f"{model_sha[:16]}-{version('vllm-cpu')}-{prompt_sha[:16]}-{max_tokens}"
+def cache_path(model_sha: str, prompt_sha: str, max_tokens: int) -> Path:
+    """Where the canonical output of one (model, vLLM version, prompt, max_tokens) is kept."""
+    key = f"{model_sha[:16]}-{vllm_version()}-{prompt_sha[:16]}-{max_tokens}"
     return tinymodel.default_cache_dir().parent / "canonical" / f"{key}.json"
 
 
@@ -59,7 +48,7 @@ def canonical_outputs(
 ) -> list[tuple[int, ...]]:
     """Output ids of each prompt on a connector-less vLLM; starts one only on a cache miss."""
     model_sha = tinymodel.model_sha256(tinymodel.build()) if spec.vllm.model == "tiny" else ""
-    paths = [_cache_path(model_sha, tokens_sha256(p), max_tokens) for p in prompts]
+    paths = [cache_path(model_sha, tokens_sha256(p), max_tokens) for p in prompts]
     missing = [i for i, p in enumerate(paths) if not model_sha or not p.is_file()]
     found: dict[int, tuple[int, ...]] = {}
     if missing:

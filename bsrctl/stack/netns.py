@@ -74,10 +74,6 @@ def namespace_support(timeout_s: float = 5.0) -> NamespaceSupport:
     return NamespaceSupport(True, "unshare -n + nsenter work; lo up in a private namespace")
 
 
-def namespaces_available() -> bool:
-    return namespace_support().ok
-
-
 # ---------------------------------------------------------------------------
 # the namespace
 # ---------------------------------------------------------------------------

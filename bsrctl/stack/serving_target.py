@@ -3,7 +3,6 @@ every process by PID. W is switched per point over ``bsr.configure``."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -19,14 +18,6 @@ from bsrctl.stack.target import Prompt, RestoreMeasures, SeedRecord, exact_div
 
 HEALTH_PROMPT_TOKENS = 64  # the follow-up request: shorter than any chunk, stores nothing
 HEALTH_MAX_TOKENS = 4
-
-
-def _vocab(model_dir: Path) -> int:
-    from bsrctl.stack import tinymodel
-
-    if (model_dir / "model.sha256.json").is_file():
-        return tinymodel.vocab_size(model_dir)
-    return int(json.loads((model_dir / "config.json").read_text())["vocab_size"])
 
 
 class ServingTarget:
@@ -55,11 +46,12 @@ class ServingTarget:
 
     def prepare(self, prompts: list[Prompt]) -> None:
         """Canonical outputs of every prompt (a connector-less vLLM, cached on disk)."""
+        from bsrctl.stack import tinymodel
         from bsrctl.stack.canonical import canonical_outputs
         from bsrctl.stack.serving import check_ports
 
         check_ports(self.spec.stack)
-        self.vocab = _vocab(self._model_dir())
+        self.vocab = tinymodel.vocab_size(self._model_dir())
         ids = [prompt_ids(salt, n, self.vocab) for salt, n in prompts]
         outs = canonical_outputs(self.spec.stack, self.run_dir, ids, self.spec.max_tokens)
         self.canonical = {p: tokens_sha256(o) for p, o in zip(prompts, outs, strict=True)}
@@ -70,13 +62,14 @@ class ServingTarget:
     def deploy(self, l1_bytes: int, settings: RestoreSettings) -> None:
         """A fresh deployment (its own folder under the run): LMCache with this L1 and W."""
         from bsrctl.stack.bsr_client import BsrModuleClient
+        from bsrctl.stack.extensions import bsr_extensions
         from bsrctl.stack.serving import ServingStack
 
         lm = self.spec.stack.lmcache.model_copy(update={"l1_size_bytes": l1_bytes})
         spec = self.spec.stack.model_copy(update={"lmcache": lm})
         self.deployments += 1
         sub = "." if self.deployments == 1 else f"deploy-{self.deployments}"
-        self.stack = ServingStack(spec, self.run_dir / sub, settings)
+        self.stack = ServingStack(spec, self.run_dir / sub, bsr_extensions(settings))
         if self.deployments > 1 and spec.lmcache.fs_l2:
             # Every deployment of a run shares the first one's FS L2 (what it stored stays
             # restorable); each keeps its own logs and state.

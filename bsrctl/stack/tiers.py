@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from bsrctl.errors import StackFailed
-from bsrctl.lmcache_ext.faults.control import write_control_file
+from bsrctl.stack.extensions import write_control_file
 from bsrctl.stack.serving import ServingStack
 
 

@@ -16,7 +16,10 @@ import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from bsrctl.errors import BadInput
+
 RECIPE_VERSION = 1
+MANIFEST = "model.sha256.json"
 # Head dim 32 is the smallest the CPU attention kernels accept (STACK-NOTES).
 WORDS = (
     "cache prefix restore window chunk tier store layer token block rank group probe plan "
@@ -101,7 +104,7 @@ def file_digests(folder: Path) -> dict[str, str]:
     return {
         p.name: hashlib.sha256(p.read_bytes()).hexdigest()
         for p in sorted(folder.iterdir())
-        if p.is_file() and p.name != "model.sha256.json"
+        if p.is_file() and p.name != MANIFEST
     }
 
 
@@ -110,7 +113,7 @@ def build(recipe: TinyModelRecipe | None = None, cache_dir: Path | None = None) 
     recipe = recipe or TinyModelRecipe()
     root = cache_dir or default_cache_dir()
     final = root / f"tiny-llama-{recipe.digest()[:16]}"
-    if (final / "model.sha256.json").exists():
+    if (final / MANIFEST).exists():
         return final
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=root, prefix=".build-"))
@@ -120,7 +123,7 @@ def build(recipe: TinyModelRecipe | None = None, cache_dir: Path | None = None) 
         _build_weights(recipe, vocab, tmp)
         digests = file_digests(tmp)
         manifest = {"recipe": asdict(recipe), "vocab_size": vocab, "files": digests}
-        (tmp / "model.sha256.json").write_text(json.dumps(manifest, indent=2, sort_keys=True))
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True))
         try:
             tmp.rename(final)
         except OSError:  # another builder won the race; its output is identical
@@ -131,11 +134,29 @@ def build(recipe: TinyModelRecipe | None = None, cache_dir: Path | None = None) 
     return final
 
 
+def has_manifest(folder: Path) -> bool:
+    """Whether ``folder`` is a model this module built (it carries model.sha256.json)."""
+    return (folder / MANIFEST).is_file()
+
+
 def model_sha256(folder: Path) -> str:
     """One digest for the whole model: sha256 over the manifest of file digests."""
-    files = json.loads((folder / "model.sha256.json").read_text())["files"]
+    files = json.loads((folder / MANIFEST).read_text())["files"]
     return hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()
 
 
 def vocab_size(folder: Path) -> int:
-    return int(json.loads((folder / "model.sha256.json").read_text())["vocab_size"])
+    """The vocab prompts draw token ids from, for any model folder: the tiny model's trained
+    vocab (its manifest), else config.json's ``vocab_size`` (top level, or the text model's
+    of a multimodal config). A user's model folder has no manifest."""
+    if has_manifest(folder):
+        return int(json.loads((folder / MANIFEST).read_text())["vocab_size"])
+    config = folder / "config.json"
+    try:
+        doc = json.loads(config.read_text())
+    except (OSError, ValueError) as exc:
+        raise BadInput(f"stack.vllm.model: cannot read {config} ({exc})") from None
+    size = doc.get("vocab_size") or (doc.get("text_config") or {}).get("vocab_size")
+    if not isinstance(size, int) or size <= 0:
+        raise BadInput(f"stack.vllm.model: {config} names no vocab_size")
+    return size

@@ -10,11 +10,11 @@ import pytest
 from failmatrix_mutants import MODULE_DIR, MUTATIONS, check_mutations
 
 import bsrctl.experiments.failmatrix as failmatrix
-from bsrctl.experiments.failmatrix.rig import ModuleStack, ServerModule
 from bsrctl.settings import RestoreSettings
 from bsrctl.specs import StackSpec
+from bsrctl.stack.extensions import BSR_SERVER_MODULE, ServerModule, bsr_extensions
 from bsrctl.stack.process import Supervised
-from bsrctl.stack.serving import SERVER_MODULE, ServingStack
+from bsrctl.stack.serving import ServingStack, base_env
 
 from .serving_mutants import MUTANT_SERVER, REPO
 
@@ -38,38 +38,57 @@ def test_the_package_ships_no_mutant() -> None:
     assert importlib.util.find_spec("bsrctl.lmcache_ext.failmatrix_mutants") is None
 
 
-def test_real_module_unless_the_caller_passes_one(tmp_path: Path) -> None:
-    real = ModuleStack(SPEC, tmp_path, SETTINGS)._server_module_arg()
-    assert real["module_path"] == SERVER_MODULE
+def _module_arg(module: ServerModule | None) -> dict:
+    ext = (
+        bsr_extensions(SETTINGS)
+        if module is None
+        else bsr_extensions(SETTINGS, module.module_path, module.config, module.pythonpath)
+    )
+    return ServingStack(SPEC, Path("/nonexistent"), ext)._server_module_arg()
+
+
+def test_real_module_unless_the_caller_passes_one() -> None:
+    real = _module_arg(None)
+    assert real["module_path"] == BSR_SERVER_MODULE == "bsrctl.lmcache_ext.server"
     assert "mutations" not in real["config"]
-    mutant = ModuleStack(SPEC, tmp_path, SETTINGS, MUTANT_SERVER)._server_module_arg()
-    assert mutant["module_path"] == MUTANT_SERVER.path
+    mutant = _module_arg(MUTANT_SERVER)
+    assert mutant["module_path"] == MUTANT_SERVER.module_path == "failmatrix_mutants"
     assert mutant["config"] == {**real["config"], "mutations": []}
-    ghost = ServerModule(MUTANT_SERVER.path, {"mutations": ["ghost_hits"]})
-    assert ModuleStack(SPEC, tmp_path, SETTINGS, ghost)._server_module_arg()["config"] == {
-        **real["config"],
-        "mutations": ["ghost_hits"],
-    }
+    ghost = ServerModule(MUTANT_SERVER.module_path, {"mutations": ["ghost_hits"]})
+    assert _module_arg(ghost)["config"] == {**real["config"], "mutations": ["ghost_hits"]}
+
+
+class _Launched(Exception):
+    pass
+
+
+def _lmcache_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, module: ServerModule | None):
+    def capture(self: ServingStack, part: Supervised) -> None:
+        raise _Launched(part.env)
+
+    monkeypatch.setattr(ServingStack, "_launch", capture)
+    ext = (
+        bsr_extensions(SETTINGS)
+        if module is None
+        else bsr_extensions(SETTINGS, module.module_path, module.config, module.pythonpath)
+    )
+    stack = ServingStack(SPEC, tmp_path, ext)
+    with pytest.raises(_Launched) as got:
+        stack.start_lmcache()
+    return got.value.args[0]
 
 
 def test_the_lmcache_server_gets_the_modules_pythonpath(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    launched: list[Supervised] = []
-    monkeypatch.setattr(ServingStack, "_launch", lambda self, part: launched.append(part))
     monkeypatch.setenv("PYTHONPATH", "/inherited")
-    stack = ModuleStack(SPEC, tmp_path, SETTINGS, MUTANT_SERVER)
-    for name in ("lmcache", "vllm"):
-        stack._launch(Supervised(name, ["true"], tmp_path / f"{name}.log", env={"A": "1"}))
-    assert [p.env for p in launched] == [
-        {"A": "1", "PYTHONPATH": f"{MODULE_DIR}{os.pathsep}{REPO}{os.pathsep}/inherited"},
-        {"A": "1"},
-    ]
+    env = _lmcache_env(tmp_path, monkeypatch, MUTANT_SERVER)
+    assert env["PYTHONPATH"] == f"{MODULE_DIR}{os.pathsep}{REPO}{os.pathsep}/inherited"
+    assert _lmcache_env(tmp_path, monkeypatch, None).get("PYTHONPATH") == base_env().get(
+        "PYTHONPATH"
+    )  # the real module: the environment bsrctl gives every part, untouched
     monkeypatch.delenv("PYTHONPATH")
     assert ServerModule("m", pythonpath=("/a", "/b")).server_pythonpath(None) == "/a:/b"
-    real = ModuleStack(SPEC, tmp_path, SETTINGS)
-    real._launch(Supervised("lmcache", ["true"], tmp_path / "l.log"))
-    assert launched[-1].env == {}
 
 
 def test_production_failmatrix_names_no_mutation() -> None:

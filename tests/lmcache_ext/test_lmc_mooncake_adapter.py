@@ -25,6 +25,7 @@ def init(driver, stack, **extra) -> dict:
     return driver.request(op="init", adapters=[spec], l1_bytes=32 * 1024 * 1024, chunk_bytes=CHUNK)
 
 
+@pytest.mark.mooncake
 def test_put_get_and_miss(mooncake, driver_factory):
     d = driver_factory()
     init(d, mooncake)
@@ -54,6 +55,7 @@ def test_put_get_and_miss(mooncake, driver_factory):
     assert status["counters"]["loaded"] == 2 * N  # the adapter-level load, then the prefetch
 
 
+@pytest.mark.mooncake
 def test_master_down_is_a_miss_never_a_hit(mooncake, driver_factory):
     d = driver_factory()
     init(d, mooncake)
@@ -85,6 +87,7 @@ def test_master_down_is_a_miss_never_a_hit(mooncake, driver_factory):
     )
 
 
+@pytest.mark.mooncake
 def test_storage_node_down_is_a_miss(mooncake, driver_factory):
     d = driver_factory()
     init(d, mooncake)
@@ -127,6 +130,7 @@ def test_key_names_are_stable():
     assert mooncake_key(key, "bsr") == "bsr@org-SEP-m@0x01010101@0@00ff"
 
 
+@pytest.mark.mooncake
 def test_fault_adapter_over_mooncake_drops_a_rank_and_verifies(mooncake, driver_factory):
     """The fault wrapper composes with the Mooncake tier: a rank's keys dropped at load, and
     an object corrupted inside Mooncake itself (upsert of flipped bytes) caught by verify."""

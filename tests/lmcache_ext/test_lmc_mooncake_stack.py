@@ -11,6 +11,8 @@ from bsrctl.stack.mooncake import mooncake_binaries, start
 from bsrctl.stack.netns import NetNamespace, ensure_ready, namespace_support
 from bsrctl.stack.process import pids_alive
 
+pytestmark = pytest.mark.mooncake
+
 
 def test_namespace_support_reports_ok_here(netns_support):
     assert namespace_support().ok is True

@@ -11,11 +11,11 @@ closed, correct and explained (issue 5), the way Jepsen proves a database.
   ``bsrctl.report.failmatrix.render`` over the evidence.
 """
 
-from bsrctl.experiments.failmatrix.rig import ServerModule
 from bsrctl.experiments.failmatrix.run import run_failmatrix, run_matrix
 from bsrctl.experiments.failmatrix.serving import ServingRig
 from bsrctl.experiments.failmatrix.spec import FAULTS, CellSpec, FailMatrixSpec, load_matrix
 from bsrctl.experiments.failmatrix.storage import run_storage_cell
+from bsrctl.stack.extensions import ServerModule
 
 __all__ = [
     "FAULTS",

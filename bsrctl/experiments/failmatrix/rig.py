@@ -8,10 +8,8 @@ request and the process audit. The cell run itself is ``failmatrix.serving``.
 
 from __future__ import annotations
 
-import os
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,12 +17,11 @@ from bsrctl.errors import StackFailed
 from bsrctl.experiments.failmatrix.injectors import Injector, clear_rules
 from bsrctl.experiments.failmatrix.spec import CellSpec, FailMatrixSpec
 from bsrctl.prompts import prompt_ids
-from bsrctl.settings import RestoreSettings
-from bsrctl.specs import StackSpec
 from bsrctl.stack import tinymodel
 from bsrctl.stack.bsr_client import BsrModuleClient, outcomes_since
 from bsrctl.stack.canonical import canonical_outputs
-from bsrctl.stack.process import Supervised, pids_alive
+from bsrctl.stack.extensions import ServerModule, bsr_extensions
+from bsrctl.stack.process import pids_alive
 from bsrctl.stack.seeding import seed_tiers
 from bsrctl.stack.serving import ServingStack
 from bsrctl.stack.tiers import chunk_hashes_hex, fault_stats, fs_objects
@@ -33,52 +30,6 @@ Say = Callable[[str], None]
 RECOVERED = "Recovered from KV load failure"
 HEALTH_TOKENS = 320
 FORGET_WAIT_S = 3.0  # per L1 forget of a cell (the server itself waits a few seconds)
-
-
-@dataclass(frozen=True)
-class ServerModule:
-    """An LMCache server module loaded instead of the stack's own (the tests load a broken one).
-
-    ``path``: the dotted module the LMCache server process imports; ``config``: keys added to
-    the module config the stack builds from its restore settings; ``pythonpath``: folders the
-    server process needs on its PYTHONPATH to import ``path`` (put before the PYTHONPATH it
-    inherits from bsrctl)."""
-
-    path: str
-    config: Mapping[str, Any] = field(default_factory=dict)
-    pythonpath: tuple[str, ...] = ()
-
-    def server_pythonpath(self, inherited: str | None) -> str:
-        return os.pathsep.join([*self.pythonpath, *([inherited] if inherited else [])])
-
-
-class ModuleStack(ServingStack):
-    """The serving stack, loading `server_module` (when given) instead of its own module.
-    Until ServingStack takes the server module as a parameter of its own."""
-
-    def __init__(
-        self,
-        spec: StackSpec,
-        run_dir: Path,
-        restore: RestoreSettings,
-        server_module: ServerModule | None = None,
-    ) -> None:
-        super().__init__(spec, run_dir, restore)
-        self.server_module = server_module  # replaced by callers that switch its config
-
-    def _server_module_arg(self) -> dict[str, Any]:
-        arg = super()._server_module_arg()
-        m = self.server_module
-        if m is not None:
-            arg["module_path"] = m.path
-            arg["config"].update(m.config)
-        return arg
-
-    def _launch(self, part: Supervised) -> None:
-        m = self.server_module
-        if m is not None and m.pythonpath and part.name == "lmcache":
-            part.env["PYTHONPATH"] = m.server_pythonpath(os.environ.get("PYTHONPATH"))
-        super()._launch(part)
 
 
 class Rig:
@@ -94,7 +45,17 @@ class Rig:
         self.spec = spec
         self.say = say
         self.run_dir = run_dir
-        self.stack = ModuleStack(spec.stack, run_dir, spec.settings(), server_module)
+        ext = (
+            bsr_extensions(spec.settings())
+            if server_module is None
+            else bsr_extensions(
+                spec.settings(),
+                server_module.module_path,
+                server_module.config,
+                server_module.pythonpath,
+            )
+        )
+        self.stack = ServingStack(spec.stack, run_dir, ext)
         self.client: BsrModuleClient | None = None
         self.canonical: dict[str, tuple[int, ...]] = {}
         self.vocab = 0

@@ -8,15 +8,14 @@ from typing import Any
 
 from bsrctl.errors import BadInput
 from bsrctl.evidence import EvidenceWriter, Verdict
-from bsrctl.evidence.record import load_evidence
 from bsrctl.evidence.verdict import Check
 from bsrctl.experiments.failmatrix.checks import table
-from bsrctl.experiments.failmatrix.rig import Say, ServerModule
+from bsrctl.experiments.failmatrix.rig import Say
 from bsrctl.experiments.failmatrix.serving import ServingRig
 from bsrctl.experiments.failmatrix.spec import load_matrix
 from bsrctl.experiments.failmatrix.storage import StorageStackFactory, run_storage_cell
 from bsrctl.experiments.run import execute, progress
-from bsrctl.report.failmatrix import render
+from bsrctl.stack.extensions import ServerModule
 from bsrctl.stack.serving import check_ports
 from bsrctl.stack.storage import StorageStack
 
@@ -75,10 +74,7 @@ def run_matrix(
         if rig is not None:
             rig.close()
 
-    try:
-        return execute(writer, body, teardown, say)
-    finally:
-        (writer.run_dir / "summary.md").write_text(render(load_evidence(writer.path)))
+    return execute(writer, body, teardown, say)
 
 
 def _substitutes(
@@ -86,7 +82,7 @@ def _substitutes(
 ) -> dict[str, Any] | None:
     if module is None and storage_stack is None:
         return None
-    server = None if module is None else {"path": module.path, "config": dict(module.config)}
+    server = None if module is None else {"path": module.module_path, "config": dict(module.config)}
     stack = getattr(storage_stack, "__qualname__", repr(storage_stack)) if storage_stack else None
     return {"server_module": server, "storage_stack": stack}
 

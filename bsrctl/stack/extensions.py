@@ -1,0 +1,157 @@
+"""bsrctl's LMCache extensions, as the stacks load them: the one stack module that names
+``bsrctl.lmcache_ext`` (the server module, the L2 adapters, the fault wrapper's control file,
+the restore storage over LMCache's StorageManager).
+
+The stacks know nothing of BSR: ``ServingStack`` loads whatever ``LMCacheExtensions`` its
+caller gives it, and ``bsr_extensions(settings)`` builds bsrctl's own from the restore
+settings. Another server module (the failure matrix's test-only mutants) is a parameter:
+``bsr_extensions(settings, module_path=..., extra_config={...})``.
+
+Everything of ``bsrctl.lmcache_ext`` is imported lazily: importing this module (and the
+serving stack) imports no LMCache.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from bsrctl.settings import RestoreSettings
+
+if TYPE_CHECKING:
+    from bsrctl.registration import Registration
+    from bsrctl.restore import RestoreStorage
+
+BSR_SERVER_MODULE = "bsrctl.lmcache_ext.server"
+FAULT_ADAPTER_MODULE = "bsrctl.lmcache_ext.faults.adapter"
+MOONCAKE_ADAPTER_MODULE = "bsrctl.lmcache_ext.adapters.mooncake"
+
+
+@dataclass(frozen=True)
+class ServerModule:
+    """An LMCache ``--server-module``: the module LMCache imports, its factory, its config,
+    and the folders the server process needs first on its PYTHONPATH to import it (a module
+    outside the installed package, e.g. the failure matrix's test-only mutants)."""
+
+    module_path: str
+    config: Mapping[str, Any] = field(default_factory=dict)
+    factory_name: str = "build_server_modules"
+    pythonpath: tuple[str, ...] = ()
+
+    def server_pythonpath(self, inherited: str | None) -> str:
+        """PYTHONPATH of the LMCache process: ``pythonpath``, then what bsrctl inherited."""
+        return os.pathsep.join([*self.pythonpath, *([inherited] if inherited else [])])
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``--server-module`` JSON object (a fresh copy each call)."""
+        return {
+            "module_path": self.module_path,
+            "factory_name": self.factory_name,
+            "config": dict(self.config),
+        }
+
+
+@dataclass(frozen=True)
+class LMCacheExtensions:
+    """What a serving stack's LMCache loads beyond stock LMCache: a server module, and the
+    parameters of bsrctl's L2 adapters (each behind the fault wrapper)."""
+
+    server_module: ServerModule
+    load_concurrency: int = 1  # FS L2 loads in flight per rank (bsr_fs)
+    checksum: bool = True  # sha256 per L2 object, verified before install
+
+    @property
+    def retrieve_deadline_s(self) -> float | None:
+        """How long one retrieve of the server module may take (0: unbounded); None when the
+        module declares no bound (it does not retrieve on its own)."""
+        got = self.server_module.config.get("retrieve_deadline_s")
+        return None if got is None else float(got)
+
+    def fs_adapter(self, base_path: Path, control: Path) -> dict[str, Any]:
+        """The ``--l2-adapter`` spec of the FS tier under ``base_path``."""
+        inner = {
+            "type": "bsr_fs",
+            "base_path": str(base_path),
+            "load_concurrency": self.load_concurrency,
+            "checksum": self.checksum,
+        }
+        return fault_wrapped("fs", inner, control)
+
+    def mooncake_adapter(self, params: Mapping[str, Any], control: Path) -> dict[str, Any]:
+        """The ``--l2-adapter`` spec of the Mooncake tier with these adapter params."""
+        inner = {"type": "bsr_mooncake", **params}
+        return fault_wrapped("mooncake", inner, control, verify=self.checksum)
+
+
+def bsr_extensions(
+    settings: RestoreSettings,
+    module_path: str = BSR_SERVER_MODULE,
+    extra_config: Mapping[str, Any] | None = None,
+    pythonpath: tuple[str, ...] = (),
+) -> LMCacheExtensions:
+    """bsrctl's BSR server module and L2 adapters, configured from ``settings``.
+
+    ``module_path``/``extra_config``/``pythonpath``: load another module with the same config
+    plus these keys (the failure matrix's tests: ``failmatrix_mutants``, ``{"mutations": []}``).
+    """
+    # The server module's config is RestoreSettings itself (ServerModuleConfig), B explicit.
+    config: dict[str, Any] = settings.to_json()
+    config["admission_budget_chunks"] = settings.budget_chunks
+    config.update(extra_config or {})
+    return LMCacheExtensions(
+        ServerModule(module_path, config, pythonpath=pythonpath),
+        load_concurrency=settings.load_concurrency,
+        checksum=settings.checksum,
+    )
+
+
+def fault_wrapped(
+    name: str, inner: dict[str, Any], control: Path, verify: bool = False
+) -> dict[str, Any]:
+    """An --l2-adapter spec: `inner` behind bsrctl's fault adapter, loaded via LMCache's
+    plugin type (the server builds adapters before any server module runs)."""
+    params: dict[str, Any] = {"name": name, "control_path": str(control), "inner": inner}
+    if verify:  # the inner adapter keeps no checksums of its own (Mooncake)
+        params.update(verify=True, checksum_dir=str(control.parent / f"checksums-{name}"))
+    return {
+        "type": "plugin",
+        "module_path": FAULT_ADAPTER_MODULE,
+        "class_name": "BsrFaultL2Adapter",
+        "adapter_params": params,
+    }
+
+
+def write_control_file(path: str | Path, rules: list[dict]) -> None:
+    """Arm (or with ``[]`` clear) a tier's fault wrapper: rewrite its control file."""
+    from bsrctl.lmcache_ext.faults.control import write_control_file as write
+
+    write(path, rules)
+
+
+# ---- the storage stack's side: LMCache's StorageManager in-process ------------------------
+
+
+def bsr_fs_config(base_path: Path, use_odirect: bool, load_concurrency: int) -> Any:
+    """The ``bsr_fs`` L2 adapter's config (concurrent loads); ImportError if unavailable."""
+    from bsrctl.lmcache_ext.adapters.fs import BsrFSL2AdapterConfig
+
+    return BsrFSL2AdapterConfig(
+        base_path=str(base_path), use_odirect=use_odirect, load_concurrency=load_concurrency
+    )
+
+
+def restore_storage(sm: Any, layouts: Mapping[int, Any], drain_timeout_s: float) -> RestoreStorage:
+    """The BSR core's RestoreStorage over one LMCache StorageManager."""
+    from bsrctl.lmcache_ext.storage import LMCacheRestoreStorage
+
+    return LMCacheRestoreStorage(sm, layouts, drain_timeout_s=drain_timeout_s)
+
+
+def layout_descs(reg: Registration) -> dict[int, Any]:
+    """LMCache's memory layout of each object group of ``reg``."""
+    from bsrctl.lmcache_ext.storage import layout_descs as descs
+
+    return descs(reg)

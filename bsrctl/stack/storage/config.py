@@ -1,0 +1,104 @@
+"""What deploys a storage stack, what one fault is, and what seed and restore return."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from bsrctl.errors import BadInput
+from bsrctl.registration import Registration
+from bsrctl.settings import RestoreSettings
+
+DESTINATIONS = ("verify", "mmap", "null")
+L2_ADAPTERS = ("auto", "stock", "bsr_fs")
+FAULT_KINDS = ("drop_key", "timeout", "install_error")
+
+
+@dataclass(frozen=True)
+class StorageStackConfig:
+    """How to deploy the storage stack."""
+
+    root_dir: Path  # L2 files in root_dir/l2, mmap destination in root_dir/dest
+    registration: Registration  # geometry of the state stored and restored
+    l1_capacity_bytes: int  # L1 size of each rank's StorageManager
+    # W-independent restore settings: timeouts, FS load concurrency (bsr_fs if > 1), O_DIRECT
+    restore: RestoreSettings = RestoreSettings()
+    l2_adapter: str = "auto"  # "stock" FS adapter, "bsr_fs", or auto (bsr_fs iff concurrency > 1)
+    destination: str = "verify"  # "verify" | "mmap" | "null"
+    model_name: str = ""  # ObjectKey.model_name; "" = registration.model
+
+    def __post_init__(self) -> None:
+        if self.destination not in DESTINATIONS:
+            raise BadInput(f"destination {self.destination!r}: one of {DESTINATIONS}")
+        if self.l2_adapter not in L2_ADAPTERS:
+            raise BadInput(f"l2_adapter {self.l2_adapter!r}: one of {L2_ADAPTERS}")
+        if self.l1_capacity_bytes < 4096:
+            raise BadInput(f"l1_capacity_bytes={self.l1_capacity_bytes}: at least 4096")
+
+
+@dataclass(frozen=True)
+class FaultSpec:
+    """One injected fault of a restore."""
+
+    kind: str  # "drop_key" | "timeout" | "install_error"
+    window: int  # window index j where it strikes
+    rank: int = 0  # rank whose object is dropped (drop_key)
+    group: int = 0  # group whose object is dropped (drop_key)
+
+    def __post_init__(self) -> None:
+        if self.kind not in FAULT_KINDS:
+            raise BadInput(f"fault kind {self.kind!r}: one of {FAULT_KINDS}")
+
+
+@dataclass(frozen=True)
+class SeedResult:
+    """What seed() wrote."""
+
+    tokens: int  # prefix tokens seeded (chunk-aligned)
+    chunks: int  # chunks in the prefix
+    objects_written: int  # files written now (existing ones are reused)
+    bytes_written: int  # bytes written now
+    seed_s: float  # wall time
+
+
+@dataclass(frozen=True)
+class StorageRestoreResult:
+    """One restore on the storage stack: the measures of an evidence point."""
+
+    tokens: int  # prefix tokens requested (the seeded prefix)
+    window_chunks: int  # W (0 = whole plan)
+    budget_chunks: int  # B (0 on the whole-plan path)
+    l1_capacity_bytes: int  # L1 per rank
+    cached_tokens: int  # tokens exposed as computed
+    expected_cached_tokens: int  # chunk-aligned prefix that should be exposed
+    restore_pool_peak_bytes: int  # measured L1 high-water minus start usage, max over ranks
+    restore_pool_peak_bytes_by_rank: dict[int, int]  # the same per rank
+    l1_peak_bytes_by_rank: dict[int, int]  # absolute L1 high-water per rank during restore
+    gauge_peak_bytes_by_rank: dict[int, int]  # the core's staging accounting, per rank
+    rws_bound_bytes: int  # W * c + aux (0 for W = 0)
+    bytes_restored: int  # bytes installed into the destination
+    restore_s: float  # wall time of the windowed restore (after the probe)
+    probe_s: float  # wall time of the probe-only lookup
+    verify_ok: bool | None  # every installed byte canonical (None: destination doesn't verify)
+    verify_mismatches: int  # objects whose bytes were not canonical
+    blocks_valid: int  # destination blocks valid after the restore
+    blocks_total: int  # destination blocks of the request (rows x chunks)
+    l1_usage_before_bytes: dict[int, int]  # per rank, at restore start
+    l1_usage_after_bytes: dict[int, int]  # per rank, after the restore
+    failure: str  # "" when committed, else FailureKind name and detail
+    forced_local: bool  # a force-local marker made the probe report 0 external tokens
+    windows_done: int  # windows installed and released
+    registration_digest: str  # sha256 of the registration restored
+
+    @property
+    def ok(self) -> bool:
+        return not self.failure
+
+    def measures(self) -> dict[str, Any]:
+        """The evidence measures of this restore (RestoreMeasures field names)."""
+        doc = asdict(self)
+        for k, v in doc.items():
+            if isinstance(v, dict):
+                doc[k] = {str(r): n for r, n in v.items()}
+        return doc

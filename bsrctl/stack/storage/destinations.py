@@ -1,0 +1,112 @@
+"""The destination paged-KV pool of a storage-stack restore: verify, mmap or null."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from lmcache.v1.distributed.api import ObjectKey
+
+from bsrctl.restore import RestoreRequest, RowId, Window
+from bsrctl.stack.storage.canonical import CanonicalKV
+
+
+class InjectedInstallError(RuntimeError):
+    """Raised by a destination at the window a FaultSpec names."""
+
+
+class PoolDestination:
+    """A request's destination blocks: one per (row, chunk); valid bit per block.
+
+    mode "verify": compare each installed object with canonical bytes, keep nothing.
+    mode "mmap": copy into a file-backed pool (rows x chunks x object bytes).
+    mode "null": count bytes only.
+    """
+
+    def __init__(
+        self,
+        mode: str,
+        canon: CanonicalKV,
+        request: RestoreRequest[ObjectKey],
+        chunk_hashes: Sequence[bytes],
+        dest_dir: Path,
+        fail_window: int = -1,
+    ) -> None:
+        self.mode = mode
+        self.canon = canon
+        self.rows = {r.row: i for i, r in enumerate(request.rows)}
+        self.row_bytes = {r.row: r.chunk_bytes for r in request.rows}
+        self.hashes = list(chunk_hashes)
+        self.fail_window = fail_window
+        n = request.num_chunks
+        self.valid = {r.row: bytearray(n) for r in request.rows}
+        self.mismatches = 0
+        self._lock = threading.Lock()
+        self._pool: np.memmap | None = None
+        self._offsets: dict[RowId, int] = {}
+        if mode == "mmap" and n:
+            dest_dir.mkdir(parents=True, exist_ok=True)
+            off = 0
+            for r in request.rows:
+                self._offsets[r.row] = off
+                off += r.chunk_bytes * n
+            self._pool = np.memmap(
+                dest_dir / f"{request.request_id}.pool", np.uint8, "w+", shape=(off,)
+            )
+
+    def install(
+        self,
+        request_id: str,
+        window: Window,
+        objects: Mapping[RowId, Sequence[Any]],
+        num_chunks: int,
+    ) -> int:
+        if window.index == self.fail_window:
+            raise InjectedInstallError(f"injected install error in window {window.index}")
+        done = 0
+        for row, objs in objects.items():
+            size = self.row_bytes[row]
+            for i in range(num_chunks):
+                chunk = window.chunk_start + i
+                buf = np.frombuffer(objs[i].byte_array, dtype=np.uint8)
+                if buf.size != size:
+                    raise ValueError(
+                        f"{row} chunk {chunk}: object of {buf.size} bytes, expected {size}"
+                    )
+                if self.mode == "verify":
+                    want = self.canon.object_bytes(self.hashes[chunk], row.rank, row.group)
+                    if not np.array_equal(buf, want):
+                        with self._lock:
+                            self.mismatches += 1
+                elif self.mode == "mmap" and self._pool is not None:
+                    at = self._offsets[row] + chunk * size
+                    self._pool[at : at + size] = buf
+                self.valid[row][chunk] = 1
+                done += size
+        return done
+
+    def sync(self, request_id: str) -> None:
+        if self._pool is not None:
+            self._pool.flush()
+
+    def mark_invalid(self, request_id: str) -> None:
+        for bits in self.valid.values():
+            bits[:] = bytes(len(bits))
+
+    @property
+    def blocks_valid(self) -> int:
+        return sum(sum(b) for b in self.valid.values())
+
+    @property
+    def blocks_total(self) -> int:
+        return sum(len(b) for b in self.valid.values())
+
+    def close(self) -> None:
+        if self._pool is not None:
+            path = Path(self._pool.filename)
+            del self._pool
+            self._pool = None
+            path.unlink(missing_ok=True)

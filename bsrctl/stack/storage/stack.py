@@ -1,0 +1,380 @@
+"""The deployed storage stack: one StorageManager per TP rank over the L2 directory; seed,
+forget and restore the prefix of a salt."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from lmcache.v1.distributed.api import ObjectKey
+from lmcache.v1.distributed.config import (
+    EvictionConfig,
+    L1ManagerConfig,
+    L1MemoryManagerConfig,
+    StorageManagerConfig,
+)
+from lmcache.v1.distributed.l2_adapters.config import L2AdaptersConfig
+from lmcache.v1.distributed.l2_adapters.fs_l2_adapter import (
+    FSL2AdapterConfig,
+    _object_key_to_filename,
+)
+from lmcache.v1.distributed.storage_manager import StorageManager
+
+from bsrctl.errors import BadInput
+from bsrctl.restore import (
+    BoundedRestorer,
+    ForceLocalMarkers,
+    RestoreConfig,
+    RestoreOutcome,
+    RestoreRequest,
+    RowId,
+    RowKeys,
+)
+from bsrctl.stack import extensions
+from bsrctl.stack.storage.canonical import CanonicalKV
+from bsrctl.stack.storage.config import (
+    FaultSpec,
+    SeedResult,
+    StorageRestoreResult,
+    StorageStackConfig,
+)
+from bsrctl.stack.storage.destinations import PoolDestination
+from bsrctl.stack.storage.files import drop_file_cache, write_file
+from bsrctl.stack.storage.ranks import L1HighWater, PerRankStorage
+
+
+@dataclass
+class _Seeded:
+    salt: str
+    tokens: int
+    hashes: list[bytes] = field(default_factory=list)
+
+
+class StorageStack:
+    """A deployed storage stack. Build with ``deploy(config)``; always ``teardown()``."""
+
+    def __init__(self, config: StorageStackConfig) -> None:
+        self.config = config
+        self.registration = config.registration
+        self.model_name = config.model_name or config.registration.model.replace("@", "_")
+        self.l2_dir = Path(config.root_dir) / "l2"
+        self.dest_dir = Path(config.root_dir) / "dest"
+        self.l2_dir.mkdir(parents=True, exist_ok=True)
+        self.layouts = extensions.layout_descs(self.registration)
+        self.managers: dict[int, StorageManager] = {}
+        self.high_water: dict[int, L1HighWater] = {}
+        self.seeded: _Seeded | None = None
+        self.markers = ForceLocalMarkers()  # force-local markers outlive single restores
+        try:
+            for rank in range(self.registration.tp_size):
+                self.managers[rank] = StorageManager(self._sm_config(rank))
+                self.high_water[rank] = L1HighWater(self.managers[rank])
+        except BaseException:
+            self.teardown()
+            raise
+
+    # ---- deployment ----
+
+    def _l2_config(self) -> Any:
+        c = self.config.restore
+        kind = self.config.l2_adapter
+        if kind == "auto":
+            kind = "bsr_fs" if c.load_concurrency > 1 else "stock"
+        if kind == "stock":
+            if c.load_concurrency != 1:
+                raise BadInput(
+                    "load_concurrency > 1 needs l2_adapter 'bsr_fs' "
+                    "(the stock FS adapter loads serially)"
+                )
+            return FSL2AdapterConfig(base_path=str(self.l2_dir), use_odirect=c.use_odirect)
+        try:
+            return extensions.bsr_fs_config(self.l2_dir, c.use_odirect, c.load_concurrency)
+        except ImportError as e:
+            raise BadInput(f"l2_adapter 'bsr_fs' unavailable ({e}); use l2_adapter 'stock'") from e
+
+    def _sm_config(self, rank: int) -> StorageManagerConfig:
+        shm = f"bsrctl_storage_{os.getpid()}_{id(self):x}_{rank}"
+        l1 = L1ManagerConfig(
+            L1MemoryManagerConfig(
+                size_in_bytes=self.config.l1_capacity_bytes, use_lazy=False, shm_name=shm
+            )
+        )
+        return StorageManagerConfig(
+            l1_manager_config=l1,
+            eviction_config=EvictionConfig("LRU"),
+            l2_adapter_config=L2AdaptersConfig([self._l2_config()]),
+        )
+
+    def versions(self) -> dict[str, str]:
+        from importlib.metadata import version
+
+        return {"lmcache": version("lmcache"), "bsrctl": version("bsrctl")}
+
+    def describe(self) -> dict[str, Any]:
+        """``stack`` block of an evidence record."""
+        c = self.config
+        return {
+            "kind": "storage",
+            "versions": self.versions(),
+            "registration": self.registration.to_dict(),
+            "l1_capacity_bytes": c.l1_capacity_bytes,
+            "use_odirect": c.restore.use_odirect,
+            "load_concurrency": c.restore.load_concurrency,
+            "destination": c.destination,
+        }
+
+    # ---- keys ----
+
+    def _key(self, chunk_hash: bytes, rank: int, group: int) -> ObjectKey:
+        tp = self.registration.tp_size
+        kv_rank = ObjectKey.ComputeKVRank(tp, rank, tp, rank)
+        return ObjectKey(
+            chunk_hash=chunk_hash,
+            model_name=self.model_name,
+            kv_rank=kv_rank,
+            object_group_id=group,
+        )
+
+    def request(self, request_id: str, hashes: Sequence[bytes]) -> RestoreRequest[ObjectKey]:
+        """Every required (rank, group) row of a prefix with these chunk hashes."""
+        reg = self.registration
+        rows = tuple(
+            RowKeys(
+                RowId(rank, g.index),
+                tuple(self._key(h, rank, g.index) for h in hashes),
+                reg.group_bytes_per_chunk(g.index),
+            )
+            for rank in range(reg.tp_size)
+            for g in reg.groups
+        )
+        return RestoreRequest(request_id, rows, reg.chunk_tokens)
+
+    def path_of(self, key: ObjectKey) -> Path:
+        return self.l2_dir / _object_key_to_filename(key)
+
+    # ---- seed / forget ----
+
+    def seed(
+        self, prefix_tokens: int, salt: str, into_l1: bool = False, drop_cache: bool = False
+    ) -> SeedResult:
+        """Write the prefix's objects into L2 (reusing existing files), optionally into L1."""
+        t0 = time.monotonic()
+        reg = self.registration
+        n = reg.num_chunks(prefix_tokens)
+        canon = CanonicalKV(reg, salt)
+        hashes = canon.chunk_hashes(n)
+        written = nbytes = 0
+        for h in hashes:
+            for rank in range(reg.tp_size):
+                for g in reg.groups:
+                    key = self._key(h, rank, g.index)
+                    path = self.path_of(key)
+                    data = None
+                    if not path.exists():
+                        data = canon.object_bytes(h, rank, g.index)
+                        write_file(path, data, drop_cache)
+                        written += 1
+                        nbytes += data.size
+                    if into_l1:
+                        self._write_l1(
+                            rank,
+                            g.index,
+                            key,
+                            data if data is not None else canon.object_bytes(h, rank, g.index),
+                        )
+        self.seeded = _Seeded(salt, n * reg.chunk_tokens, hashes)
+        return SeedResult(n * reg.chunk_tokens, n, written, nbytes, time.monotonic() - t0)
+
+    def _write_l1(self, rank: int, group: int, key: ObjectKey, data: np.ndarray) -> None:
+        sm = self.managers[rank]
+        objs = sm.reserve_write([key], self.layouts[group])
+        if key not in objs:
+            return  # resident already, or L1 full: L2 holds it
+        np.frombuffer(objs[key].byte_array, dtype=np.uint8)[:] = data
+        sm.finish_write([key])
+
+    def forget(self) -> int:
+        """Delete the seeded prefix from every rank's L1 (L2 keeps it). Returns keys deleted."""
+        if self.seeded is None:
+            return 0
+        deleted = 0
+        for rank, sm in self.managers.items():
+            keys = [
+                self._key(h, rank, g.index)
+                for h in self.seeded.hashes
+                for g in self.registration.groups
+            ]
+            for i in range(0, len(keys), 4096):
+                deleted += sm.delete_l1_keys(keys[i : i + 4096], force=False)[0]
+        return deleted
+
+    def drop_page_cache(self) -> int:
+        """posix_fadvise(DONTNEED) every L2 file of the seeded prefix. Returns files dropped."""
+        if self.seeded is None:
+            return 0
+        count = 0
+        for h in self.seeded.hashes:
+            for rank in range(self.registration.tp_size):
+                for g in self.registration.groups:
+                    count += drop_file_cache(self.path_of(self._key(h, rank, g.index)))
+        return count
+
+    def l1_usage_bytes(self) -> dict[int, int]:
+        return {r: sm.get_l1_usage()[0] for r, sm in self.managers.items()}
+
+    def health(self) -> bool:
+        return all(sm.report_status().get("is_healthy", False) for sm in self.managers.values())
+
+    # ---- restore ----
+
+    def restore(
+        self,
+        window_chunks: int,
+        budget_chunks: int = 0,
+        *,
+        pipeline: bool = True,
+        fault: FaultSpec | None = None,
+        request_id: str = "",
+        destination: str | None = None,
+    ) -> StorageRestoreResult:
+        """Probe and restore the seeded prefix with W = ``window_chunks`` (0: whole plan)."""
+        if self.seeded is None:
+            raise BadInput("restore before seed: call seed(prefix_tokens, salt) first")
+        seeded = self.seeded
+        rid = request_id or f"storage-{seeded.salt}-{seeded.tokens}-w{window_chunks}"
+        settings = self.config.restore.with_window(window_chunks, budget_chunks)
+        config = settings.core_config(pipeline=pipeline)
+        restorer = self.make_restorer(config, fault)
+        request = self.request(rid, seeded.hashes)
+        fail_window = fault.window if fault and fault.kind == "install_error" else -1
+        dest = self.destination(request, seeded.salt, destination, fail_window)
+        try:
+            return self._run(restorer, request, dest, fault)
+        finally:
+            dest.close()
+
+    def make_restorer(
+        self, config: RestoreConfig, fault: FaultSpec | None = None
+    ) -> BoundedRestorer:
+        """A BoundedRestorer over every rank's StorageManager, sharing the stack's markers.
+
+        One restorer owns one admission budget: use one restorer from several threads to
+        restore several requests under a common B.
+        """
+        drain_s = max(60.0, self.config.restore.window_timeout_s)
+        per_rank = {
+            r: extensions.restore_storage(sm, self.layouts, drain_s)
+            for r, sm in self.managers.items()
+        }
+        timeout_window = fault.window if fault and fault.kind == "timeout" else -1
+        return BoundedRestorer(
+            PerRankStorage(per_rank, timeout_window), config, markers=self.markers
+        )
+
+    def destination(
+        self,
+        request: RestoreRequest[ObjectKey],
+        salt: str,
+        mode: str | None = None,
+        fail_window: int = -1,
+    ) -> PoolDestination:
+        """A fresh destination for ``request`` whose canonical bytes come from ``salt``."""
+        canon = CanonicalKV(self.registration, salt)
+        hashes = canon.chunk_hashes(request.num_chunks)
+        return PoolDestination(
+            mode or self.config.destination, canon, request, hashes, self.dest_dir, fail_window
+        )
+
+    def _run(
+        self,
+        restorer: BoundedRestorer,
+        request: RestoreRequest[ObjectKey],
+        dest: PoolDestination,
+        fault: FaultSpec | None,
+    ) -> StorageRestoreResult:
+        reg, cfg = self.registration, restorer.config
+        before = self.l1_usage_bytes()
+        t0 = time.monotonic()
+        plan = restorer.probe(request)
+        t1 = time.monotonic()
+        if fault and fault.kind == "drop_key":
+            self._drop_key(plan.prefix_chunks, cfg.window_chunks, fault)
+        for hw in self.high_water.values():
+            hw.reset()
+        outcome: RestoreOutcome = restorer.restore(plan, dest)
+        t2 = time.monotonic()
+        if plan.forced_local:
+            # No external tokens were reported: the request is admitted for local prefill,
+            # which clears its marker (the engine's successful RUNNING admission).
+            restorer.on_admitted(request.request_id)
+        peak_abs = {r: hw.peak_bytes for r, hw in self.high_water.items()}
+        peak = {r: peak_abs[r] - before[r] for r in peak_abs}
+        verify = None if dest.mode != "verify" else (dest.mismatches == 0 and outcome.ok)
+        failure = "" if outcome.ok else f"{outcome.failure.name}: {outcome.detail}"
+        return StorageRestoreResult(
+            tokens=self.seeded.tokens if self.seeded else 0,
+            window_chunks=cfg.window_chunks,
+            budget_chunks=outcome.budget_chunks,
+            l1_capacity_bytes=self.config.l1_capacity_bytes,
+            cached_tokens=outcome.cached_tokens,
+            expected_cached_tokens=request.num_chunks * reg.chunk_tokens,
+            restore_pool_peak_bytes=max(peak.values(), default=0),
+            restore_pool_peak_bytes_by_rank=peak,
+            l1_peak_bytes_by_rank=peak_abs,
+            gauge_peak_bytes_by_rank=restorer.gauge.peak_bytes(),
+            rws_bound_bytes=reg.rws_bound_bytes(cfg.window_chunks) if cfg.window_chunks else 0,
+            bytes_restored=outcome.bytes_restored,
+            restore_s=t2 - t1,
+            probe_s=t1 - t0,
+            verify_ok=verify,
+            verify_mismatches=dest.mismatches,
+            blocks_valid=dest.blocks_valid,
+            blocks_total=dest.blocks_total,
+            l1_usage_before_bytes=before,
+            l1_usage_after_bytes=self.l1_usage_bytes(),
+            failure=failure,
+            forced_local=plan.forced_local,
+            windows_done=outcome.windows_done,
+            registration_digest=reg.digest(),
+        )
+
+    def _drop_key(self, prefix_chunks: int, window_chunks: int, fault: FaultSpec) -> None:
+        """Delete one object of window ``fault.window`` from L2 and L1 (a real missing key)."""
+        w = window_chunks or prefix_chunks
+        chunk = fault.window * w
+        if self.seeded is None or chunk >= prefix_chunks:
+            raise BadInput(
+                f"fault window {fault.window} is beyond the plan ({prefix_chunks} chunks, W={w})"
+            )
+        key = self._key(self.seeded.hashes[chunk], fault.rank, fault.group)
+        self.path_of(key).unlink(missing_ok=True)
+        self.managers[fault.rank].delete_l1_keys([key], force=True)
+
+    def reset_peaks(self) -> None:
+        for hw in self.high_water.values():
+            hw.reset()
+
+    # ---- teardown ----
+
+    def teardown(self, remove_files: bool = False) -> None:
+        """Close every StorageManager (frees L1 shared memory); optionally delete root_dir."""
+        for sm in self.managers.values():
+            try:
+                sm.close()
+            except Exception:  # keep closing the others
+                pass
+        self.managers.clear()
+        self.high_water.clear()
+        if remove_files:
+            shutil.rmtree(self.config.root_dir, ignore_errors=True)
+
+
+def deploy(config: StorageStackConfig) -> StorageStack:
+    """Start one StorageManager per TP rank over the L2 directory under ``config.root_dir``."""
+    return StorageStack(config)

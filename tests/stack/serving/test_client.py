@@ -1,0 +1,85 @@
+"""ServingStack.forget_local: vLLM refuses /reset_prefix_cache while a finished request's KV
+save still holds blocks; the reset is asked again until accepted or the bound has passed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bsrctl.errors import StackFailed
+from bsrctl.specs import StackSpec
+from bsrctl.stack.serving import ServingStack
+
+
+class Answers(ServingStack):
+    def __init__(self, answers: list[Any], run_dir: Path) -> None:
+        super().__init__(StackSpec(), run_dir)
+        self.ports = {"vllm.port": 1}
+        self.answers, self.calls = answers, []
+
+    def _http(self, method: str, url: str, body: Any = None, timeout_s: float = 30) -> Any:
+        self.calls.append((method, url))
+        return self.answers.pop(0) if len(self.answers) > 1 else self.answers[0]
+
+
+def test_reset_is_retried_until_the_save_released_its_blocks(tmp_path: Path) -> None:
+    st = Answers([{"success": False}, {"success": False}, {"success": True}], tmp_path)
+    st.forget_local(wait_s=10.0)
+    assert st.calls == [("POST", "http://127.0.0.1:1/reset_prefix_cache")] * 3
+
+
+def test_a_reset_refused_past_the_bound_fails_the_stack_explicitly(tmp_path: Path) -> None:
+    st = Answers([{"success": False}], tmp_path)
+    with pytest.raises(StackFailed, match=r"refused /reset_prefix_cache for 0 s"):
+        st.forget_local(wait_s=0.0)
+    assert len(st.calls) == 1
+
+
+class Counters(ServingStack):
+    """vLLM's metrics before and after one request, and its completion reply."""
+
+    def __init__(self, run_dir: Path) -> None:
+        super().__init__(StackSpec(), run_dir)
+        self.ports = {"vllm.port": 1}
+        self.model_dir = Path("/models/tiny")
+        self.metric_texts = [
+            '# HELP x\nvllm:external_prefix_cache_hits_total{engine="0"} 512\n'
+            "vllm:time_to_first_token_seconds_count 2\nvllm:time_to_first_token_seconds_sum 0.5\n",
+            'vllm:external_prefix_cache_hits_total{engine="0"} 640\n'
+            'vllm:external_prefix_cache_hits_total{engine="1"} 128\n'
+            "vllm:time_to_first_token_seconds_count 3\nvllm:time_to_first_token_seconds_sum 0.75\n",
+        ]
+        self.bodies: list[Any] = []
+
+    def _http(self, method: str, url: str, body: Any = None, timeout_s: float = 30) -> Any:
+        if url.endswith("/metrics"):
+            return self.metric_texts.pop(0)
+        self.bodies.append((url, body, timeout_s))
+        return {
+            "choices": [{"token_ids": [7, 8, 9]}],
+            "usage": {"prompt_tokens": 300, "prompt_tokens_details": {"cached_tokens": 256}},
+        }
+
+
+def test_complete_reads_vllms_own_counters_around_the_request(tmp_path: Path) -> None:
+    st = Counters(tmp_path)
+    c = st.complete([5, 6], max_tokens=3)
+    assert (c.output_token_ids, c.prompt_tokens, c.cached_tokens) == ((7, 8, 9), 300, 256)
+    assert c.external_hit_tokens == 256  # summed over label sets: 768 - 512
+    assert c.ttft_s == 0.25  # the TTFT histogram moved exactly once: its sum's delta
+    assert st.bodies == [
+        (
+            "http://127.0.0.1:1/v1/completions",
+            {
+                "model": "/models/tiny",
+                "prompt": [5, 6],
+                "max_tokens": 3,
+                "temperature": 0.0,
+                "ignore_eos": True,
+                "return_token_ids": True,
+            },
+            300.0,
+        )
+    ]

@@ -1,0 +1,27 @@
+"""A storage stack's config and faults are checked before anything is deployed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("lmcache")
+
+from bsrctl.errors import BadInput  # noqa: E402
+from bsrctl.registration import tiny_llama_cpu  # noqa: E402
+from bsrctl.stack.storage import FAULT_KINDS, FaultSpec, StorageStackConfig  # noqa: E402
+
+
+def test_unknown_values_are_bad_input(tmp_path: Path) -> None:
+    reg = tiny_llama_cpu()
+    with pytest.raises(BadInput, match=r"destination 'disk': one of \('verify', 'mmap', 'null'\)"):
+        StorageStackConfig(tmp_path, reg, 1 << 20, destination="disk")
+    with pytest.raises(BadInput, match="l2_adapter 'nfs'"):
+        StorageStackConfig(tmp_path, reg, 1 << 20, l2_adapter="nfs")
+    with pytest.raises(BadInput, match="l1_capacity_bytes=4095: at least 4096"):
+        StorageStackConfig(tmp_path, reg, 4095)
+    with pytest.raises(BadInput, match="fault kind 'crash'"):
+        FaultSpec("crash", window=0)
+    assert FAULT_KINDS == ("drop_key", "timeout", "install_error")
+    assert FaultSpec("drop_key", 2, rank=1) == FaultSpec("drop_key", 2, 1, 0)

