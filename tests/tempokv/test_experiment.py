@@ -36,6 +36,8 @@ def test_policy_grid_writes_evidence_and_summary(tmp_path):
         "queue-4",
         "tempokv-static",
         "tempokv",
+        "tempokv-u",
+        "oracle",
     ]
     for p in doc["points"]:
         assert {
@@ -90,7 +92,7 @@ def test_queued_loads_run_every_policy_to_completion(tmp_path):
     spec = _with_engine(_spec(tmp_path), loads="queued", release="transfer_end")
     run_tempokv(spec, tmp_path / "out", "sim", True)
     doc = json.loads(next((tmp_path / "out").iterdir()).joinpath("evidence.json").read_text())
-    assert [p["verdict"] for p in doc["points"]] == ["PASS"] * 6
+    assert [p["verdict"] for p in doc["points"]] == ["PASS"] * 8
 
 
 def test_a_prompt_over_the_gpu_kv_is_refused_naming_the_field(tmp_path):
