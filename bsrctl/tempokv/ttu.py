@@ -137,8 +137,13 @@ class OutputPredictor:
         count = len(self._sorted) - i
         if count == 0:
             return float(max(1, self.limit_tokens - generated))
-        n_total = self._sorted[i + min(count - 1, int(u * count))]
-        return float(min(n_total - generated, self.limit_tokens - generated))
+        return float(self._sorted[i + min(count - 1, int(u * count))] - generated)
+
+    def completions_above(self, generated: int) -> tuple[list[int], int, int]:
+        """The recent completed lengths N > generated: (sorted lengths, first index, count),
+        so a caller can draw many quantiles of N − n with one conditioning."""
+        i = bisect.bisect_right(self._sorted, generated)
+        return self._sorted, i, len(self._sorted) - i
 
 
 class _Proj:

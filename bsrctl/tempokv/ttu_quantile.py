@@ -19,6 +19,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Collection
+from functools import lru_cache
+
+import numpy as np
 
 from bsrctl.tempokv.ttu import (
     CostModel,
@@ -33,15 +36,37 @@ SCENARIOS = 16
 _PHI = (math.sqrt(5.0) - 1.0) / 2.0
 
 
-def scenario_level(k: int, i: int, scenarios: int = SCENARIOS) -> float:
-    """Quantile level of sequence i in scenario k."""
-    return ((k + 0.5) / scenarios + i * _PHI) % 1.0
+@lru_cache(maxsize=4096)
+def scenario_levels(i: int, scenarios: int = SCENARIOS) -> tuple[float, ...]:
+    """Quantile levels of sequence i in scenarios 0..S−1."""
+    return tuple(((k + 0.5) / scenarios + i * _PHI) % 1.0 for k in range(scenarios))
+
+
+@lru_cache(maxsize=65536)
+def _level_indices(i: int, count: int, scenarios: int) -> tuple[int, ...]:
+    """Which of `count` sorted values each of sequence i's levels draws."""
+    return tuple(min(count - 1, int(u * count)) for u in scenario_levels(i, scenarios))
+
+
+def _draws(predictor: OutputPredictor, generated: int, i: int, scenarios: int) -> list[float]:
+    """Sequence i's remaining output in each scenario: `remaining_quantile` at its levels."""
+    limit = predictor.limit_tokens
+    if generated >= limit:
+        return [0.0] * scenarios
+    xs, first, count = predictor.completions_above(generated)
+    if count == 0:
+        return [float(max(1, limit - generated))] * scenarios
+    return [float(xs[first + j] - generated) for j in _level_indices(i, count, scenarios)]
+
+
+def quantile_rank(q: float, n: int) -> int:
+    """1-based rank of the lower q-quantile among n values."""
+    return min(n, max(1, math.ceil(q * n - 1e-9)))
 
 
 def lower_quantile(values: list[float], q: float) -> float:
     """The smallest value whose empirical CDF reaches q (0 < q ≤ 1)."""
-    xs = sorted(values)
-    return xs[min(len(xs) - 1, max(0, math.ceil(q * len(xs) - 1e-9) - 1))]
+    return sorted(values)[quantile_rank(q, len(values)) - 1]
 
 
 def project_ttu_quantiles(
@@ -55,28 +80,63 @@ def project_ttu_quantiles(
 ) -> dict[str, float]:
     """The q-quantile of each waiting request's TTU (seconds after snap.at_s) over the
     scenarios; with `targets`, only as far down the queue as they reach."""
-    n_run, n_hold = len(snap.running), len(snap.holding)
     reach = waiting_reach(snap.waiting, targets)  # later requests never move these TTUs
+    generated = [r.generated_tokens for r in snap.running]
+    generated += [0] * (len(snap.holding) + reach)
+    # one column of S draws per sequence, then one row (scenario) per distinct joint draw
+    columns = [_draws(predictor, n, i, scenarios) for i, n in enumerate(generated)]
+    n_run, n_hold = len(snap.running), len(snap.holding)
+    pad = [0.0] * (len(snap.waiting) - reach)
+    counts: dict[tuple[float, ...], int] = {}
+    for row in zip(*columns, strict=True) if columns else [()] * scenarios:
+        counts[row] = counts.get(row, 0) + 1
+    rank = quantile_rank(q, scenarios)
     per_request: dict[str, list[float]] = {}
-    projected: dict[tuple[float, ...], dict[str, float]] = {}
-    for k in range(scenarios):
-        running = [
-            predictor.remaining_quantile(r.generated_tokens, scenario_level(k, i, scenarios))
-            for i, r in enumerate(snap.running)
-        ]
-        holding = [
-            predictor.remaining_quantile(0, scenario_level(k, n_run + j, scenarios))
-            for j in range(n_hold)
-        ]
-        waiting = [
-            predictor.remaining_quantile(0, scenario_level(k, n_run + n_hold + j, scenarios))
-            for j in range(reach)
-        ] + [0.0] * (len(snap.waiting) - reach)
-        key = (*running, *holding, *waiting)
-        ttus = projected.get(key)
-        if ttus is None:
-            ttus = project_with_outputs(snap, running, holding, waiting, cost, limits, targets)
-            projected[key] = ttus
+    for row, count, side in _rows_to_project(counts, rank, scenarios):
+        if side:  # certainly on this side of the quantile: its exact TTU is not needed
+            for req_id in per_request_ids(snap, targets):
+                per_request.setdefault(req_id, []).extend([side * math.inf] * count)
+            continue
+        ttus = project_with_outputs(
+            snap,
+            row[:n_run],
+            row[n_run : n_run + n_hold],
+            [*row[n_run + n_hold :], *pad],
+            cost,
+            limits,
+            targets,
+        )
         for req_id, ttu_s in ttus.items():
-            per_request.setdefault(req_id, []).append(ttu_s)
-    return {req_id: lower_quantile(ttus, q) for req_id, ttus in per_request.items()}
+            per_request.setdefault(req_id, []).extend([ttu_s] * count)
+    return {
+        req_id: ttu_s
+        for req_id, ttus in per_request.items()
+        if math.isfinite(ttu_s := lower_quantile(ttus, q))
+    }
+
+
+def per_request_ids(snap: EngineSnapshot, targets: Collection[str] | None) -> list[str]:
+    return [q.req_id for q in snap.waiting[: waiting_reach(snap.waiting, targets)]]
+
+
+def _rows_to_project(
+    counts: dict[tuple[float, ...], int], rank: int, scenarios: int
+) -> list[tuple[tuple[float, ...], int, int]]:
+    """(row, count, side) per distinct scenario: side 0 must be projected; +1 (−1) is
+    certainly at or above (below) the rank-th smallest TTU of every request. TTU never
+    falls when an output is longer, so a row with `rank` scenarios componentwise at or
+    below it is at or above the quantile, and one with S − rank + 1 at or above it is at or
+    below it (its exact value cannot move the quantile either way)."""
+    rows = list(counts.items())
+    if len(rows) == 1:
+        return [(rows[0][0], rows[0][1], 0)]
+    r = np.array([row for row, _ in rows], dtype=float)
+    n = np.array([count for _, count in rows])
+    le = (r[None, :, :] <= r[:, None, :]).all(axis=2)  # le[j, k]: row k ≤ row j
+    below = le @ n - n
+    above = le.T @ n - n
+    out = []
+    for j, (row, count) in enumerate(rows):
+        side = 1 if below[j] >= rank else -1 if above[j] >= scenarios - rank + 1 else 0
+        out.append((row, count, side))
+    return out

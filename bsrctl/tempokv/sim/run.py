@@ -13,7 +13,7 @@ from bsrctl.tempokv.controller import Controller
 from bsrctl.tempokv.kv import GIB
 from bsrctl.tempokv.oracle import Oracle, OraclePlan
 from bsrctl.tempokv.policies import Policy, make_policy
-from bsrctl.tempokv.provider import StagingProvider
+from bsrctl.tempokv.provider import CommitRefusal, StagingProvider
 from bsrctl.tempokv.sim.device import DeviceConfig, SimStagingDevice
 from bsrctl.tempokv.sim.engine import RequestLog, SimEngine
 from bsrctl.tempokv.sim.models import ModelProfile
@@ -48,7 +48,7 @@ class SimResult:
     claim_traces: dict[str, list[list[float | str]]] = field(default_factory=dict)
     p_trace: tuple[tuple[float, int], ...] = ()  # P(t) steps (bytes), when kept
     notes: dict[str, Any] = field(default_factory=dict)  # policy-specific measures (oracle)
-    oracle_delayed: frozenset[str] = frozenset()  # oracle: claims the device held past plan
+    oracle_delayed: frozenset[str] = frozenset()  # oracle: claims held past their plan
 
     def byte_time_between(self, from_s: float, to_s: float) -> float:
         """∫ P dt over [from_s, to_s], byte·s, from the kept P(t) trace."""
@@ -135,6 +135,15 @@ class SimAdapter:
         ctl.update_runtime(order, ttus, self.engine.clock.now())
 
 
+def _delayed(policy: Policy, controller: Controller) -> frozenset[str]:
+    """Oracle: claims it could not commit at their planned start (the staging device busy,
+    or the protected budget full)."""
+    if not isinstance(policy, Oracle):
+        return frozenset()
+    refused = {a.claim_id for a in controller.attempts if a.refusal is CommitRefusal.CAPACITY}
+    return frozenset(policy.delayed | refused)
+
+
 def simulate(
     requests: Sequence[Request],
     model: ModelProfile,
@@ -213,5 +222,5 @@ def simulate(
         if keep_trace
         else {},
         p_trace=tuple(meter.trace or ()),
-        oracle_delayed=frozenset(policy.delayed) if isinstance(policy, Oracle) else frozenset(),
+        oracle_delayed=_delayed(policy, controller),
     )
