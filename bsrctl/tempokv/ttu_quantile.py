@@ -21,8 +21,6 @@ import math
 from collections.abc import Collection
 from functools import lru_cache
 
-import numpy as np
-
 from bsrctl.tempokv.ttu import (
     CostModel,
     EngineLimits,
@@ -79,7 +77,9 @@ def project_ttu_quantiles(
     scenarios: int = SCENARIOS,
 ) -> dict[str, float]:
     """The q-quantile of each waiting request's TTU (seconds after snap.at_s) over the
-    scenarios; with `targets`, only as far down the queue as they reach."""
+    scenarios; with `targets`, only as far down the queue as they reach. Every distinct
+    scenario is projected: the projection is not monotone in output lengths (a longer
+    output can move a load into a different step), so none can be skipped by bounds."""
     reach = waiting_reach(snap.waiting, targets)  # later requests never move these TTUs
     generated = [r.generated_tokens for r in snap.running]
     generated += [0] * (len(snap.holding) + reach)
@@ -90,13 +90,8 @@ def project_ttu_quantiles(
     counts: dict[tuple[float, ...], int] = {}
     for row in zip(*columns, strict=True) if columns else [()] * scenarios:
         counts[row] = counts.get(row, 0) + 1
-    rank = quantile_rank(q, scenarios)
     per_request: dict[str, list[float]] = {}
-    for row, count, side in _rows_to_project(counts, rank, scenarios):
-        if side:  # certainly on this side of the quantile: its exact TTU is not needed
-            for req_id in per_request_ids(snap, targets):
-                per_request.setdefault(req_id, []).extend([side * math.inf] * count)
-            continue
+    for row, count in counts.items():
         ttus = project_with_outputs(
             snap,
             row[:n_run],
@@ -108,35 +103,4 @@ def project_ttu_quantiles(
         )
         for req_id, ttu_s in ttus.items():
             per_request.setdefault(req_id, []).extend([ttu_s] * count)
-    return {
-        req_id: ttu_s
-        for req_id, ttus in per_request.items()
-        if math.isfinite(ttu_s := lower_quantile(ttus, q))
-    }
-
-
-def per_request_ids(snap: EngineSnapshot, targets: Collection[str] | None) -> list[str]:
-    return [q.req_id for q in snap.waiting[: waiting_reach(snap.waiting, targets)]]
-
-
-def _rows_to_project(
-    counts: dict[tuple[float, ...], int], rank: int, scenarios: int
-) -> list[tuple[tuple[float, ...], int, int]]:
-    """(row, count, side) per distinct scenario: side 0 must be projected; +1 (−1) is
-    certainly at or above (below) the rank-th smallest TTU of every request. TTU never
-    falls when an output is longer, so a row with `rank` scenarios componentwise at or
-    below it is at or above the quantile, and one with S − rank + 1 at or above it is at or
-    below it (its exact value cannot move the quantile either way)."""
-    rows = list(counts.items())
-    if len(rows) == 1:
-        return [(rows[0][0], rows[0][1], 0)]
-    r = np.array([row for row, _ in rows], dtype=float)
-    n = np.array([count for _, count in rows])
-    le = (r[None, :, :] <= r[:, None, :]).all(axis=2)  # le[j, k]: row k ≤ row j
-    below = le @ n - n
-    above = le.T @ n - n
-    out = []
-    for j, (row, count) in enumerate(rows):
-        side = 1 if below[j] >= rank else -1 if above[j] >= scenarios - rank + 1 else 0
-        out.append((row, count, side))
-    return out
+    return {req_id: lower_quantile(ttus, q) for req_id, ttus in per_request.items()}
