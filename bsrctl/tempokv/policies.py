@@ -18,6 +18,8 @@ LAXITY_EPS_S = 1e-9
 PAPER_POLICIES = ("demand", "immediate", "queue-1", "queue-4", "tempokv-static", "tempokv")
 POLICY_NAMES = (*PAPER_POLICIES, "tempokv-u", "oracle")
 CAUSAL_POLICIES = tuple(p for p in POLICY_NAMES if p != "oracle")
+# TempoKV-U's quantile: one value for every figure, chosen by bench/tempokv_u_quantile.py.
+TTU_QUANTILE = 0.05
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,7 +109,7 @@ def make_policy(
     name: str,
     provider: StagingProvider,
     static_rate_bytes_s: float,
-    ttu_quantile: float = 0.5,
+    ttu_quantile: float = TTU_QUANTILE,
 ) -> Policy:
     """A causal policy by name; TempoKV's TTR reads the provider's queue and calibrated
     rate, and TempoKV-U shares it (only the TTU side differs). The oracle needs the run's

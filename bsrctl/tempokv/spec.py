@@ -11,11 +11,8 @@ from typing import Annotated, Literal
 from pydantic import Field, field_validator, model_validator
 
 from bsrctl.specs import Strict, load_spec
-from bsrctl.tempokv.policies import POLICY_NAMES
+from bsrctl.tempokv.policies import POLICY_NAMES, TTU_QUANTILE
 from bsrctl.tempokv.sim.models import CATALOGUE
-
-# TempoKV-U's quantile: one value for every figure, chosen by bench/tempokv_u_quantile.py.
-TTU_QUANTILE = 0.05
 
 # The paper's 12 NarrativeQA documents are not redistributable: lengths spanning its
 # 16,078–67,744 tokens, four per length group, interleaved (synthetic, not calibrated).

@@ -12,7 +12,7 @@ from bsrctl.tempokv.clocks import Clock, VirtualClock
 from bsrctl.tempokv.controller import Controller
 from bsrctl.tempokv.kv import GIB
 from bsrctl.tempokv.oracle import Oracle, OraclePlan
-from bsrctl.tempokv.policies import Policy, make_policy
+from bsrctl.tempokv.policies import TTU_QUANTILE, Policy, make_policy
 from bsrctl.tempokv.provider import CommitRefusal, StagingProvider
 from bsrctl.tempokv.sim.device import DeviceConfig, SimStagingDevice
 from bsrctl.tempokv.sim.engine import RequestLog, SimEngine
@@ -31,7 +31,7 @@ class ControlConfig:
     output_prior_tokens: tuple[int, ...] = (128,)  # calibration completions seeding TTU
     # (the spec draws them from the model's output distribution with a separate seed)
     crossing_wakeup: bool = False  # also re-evaluate at each predicted L = 0 crossing
-    ttu_quantile: float = 0.5  # TempoKV-U: commit when this quantile of TTU reaches TTR
+    ttu_quantile: float = TTU_QUANTILE  # TempoKV-U: commit when this TTU quantile reaches TTR
 
 
 @dataclass(frozen=True, slots=True)
