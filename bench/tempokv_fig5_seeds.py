@@ -7,7 +7,9 @@ Per run it prints TempoKV-U against the best causal policy (every policy but the
 TempoKV-U included), Queue-1's C and the oracle's p95. TempoKV-U is best-or-tied when its
 throughput is within 0.5% of the best causal policy's and its p95 TTFT within 1% of the
 best. The last line: `tempokv-u best-or-tied on N/80; C vs queue-1 max X.XX; p95 vs oracle
-max Y.YY` (goals: N ≥ 72, X ≤ 1.0, Y ≤ 1.03). `--crossing-wakeup` turns on
+max Y.YY` (goals: N ≥ 72, X ≤ 1.0, Y ≤ 1.03). Before it, where TempoKV-U's and the
+oracle's claims were late, by cause, and how much byte-time they spent stage-ready early:
+what separates the causal policy from the limit. `--crossing-wakeup` turns on
 control.crossing_wakeup (TempoKV's; TempoKV-U always wakes at its crossing). Nothing here
 is timed: it prints what the virtual-time simulation gives."""
 
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import statistics
 import sys
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,6 +25,7 @@ from typing import Any
 from bsrctl.experiments.tempokv import simulate_policy
 from bsrctl.tempokv.policies import CAUSAL_POLICIES, POLICY_NAMES
 from bsrctl.tempokv.sim.models import CATALOGUE
+from bsrctl.tempokv.sim.run import SimResult
 from bsrctl.tempokv.spec import TempoKVSpec, load
 
 SPEC = Path(__file__).resolve().parent.parent / "ladders" / "tempokv-fig5.yaml"
@@ -50,9 +54,46 @@ def cell(spec: TempoKVSpec, seed: int, eos: float, q: float | None = None) -> Te
     return spec.model_copy(update=update)
 
 
-def run(spec: TempoKVSpec, policies: tuple[str, ...], ratio: float, size: float) -> dict:
+def results(
+    spec: TempoKVSpec, policies: tuple[str, ...], ratio: float, size: float, traces: bool = False
+) -> dict[str, SimResult]:
     model = CATALOGUE[spec.models[0].name]
-    return {p: simulate_policy(spec, model, ratio, size, p, False).measures() for p in policies}
+    return {p: simulate_policy(spec, model, ratio, size, p, traces) for p in policies}
+
+
+def run(spec: TempoKVSpec, policies: tuple[str, ...], ratio: float, size: float) -> dict:
+    return {p: r.measures() for p, r in results(spec, policies, ratio, size).items()}
+
+
+def lateness(res: SimResult, staging_bytes_s: float) -> Counter[str]:
+    """Where a policy's claims were late (stage-ready after their retrieval began), in
+    seconds summed over claims, by cause; and the byte-time they spent stage-ready early."""
+    out: Counter[str] = Counter()
+    for lg in res.logs:
+        if lg.path != "committed" or lg.retrieval_s is None:
+            continue
+        trace = res.claim_traces[lg.req.req_id]
+        committed_s = next(float(t) for t, s in trace if s in ("STAGING", "STAGEREADY"))
+        ready_s = next(float(t) for t, s in trace if s == "STAGEREADY")
+        late_s = ready_s - lg.retrieval_s
+        if late_s < -1e-4:
+            out["early GiB·s"] += lg.req.manifest.size_bytes * -late_s / 2**30
+            continue
+        if late_s <= 1e-4:
+            continue
+        alone_s = lg.req.manifest.size_bytes / staging_bytes_s
+        if committed_s <= float(trace[0][0]) + 1e-6:
+            cause = "committed on its hit: no lead to be had"
+        elif lg.req.req_id in res.budget_refused:
+            cause = "held back by the protected budget"
+        elif committed_s >= lg.retrieval_s - 1e-6:
+            cause = "committed only when its retrieval came"
+        elif ready_s - committed_s > alone_s + 1e-3:
+            cause = "queued behind another claim's staging (close pair)"
+        else:
+            cause = "staged alone, committed after its latest start"
+        out[cause] += late_s
+    return out
 
 
 def judge(m: dict[str, dict[str, Any]], policy: str = "tempokv-u") -> Judged:
@@ -83,10 +124,15 @@ def main() -> None:
         "| best-or-tied C/queue-1 p95/oracle"
     )
     judged: list[Judged] = []
+    gap: dict[str, Counter[str]] = {"tempokv-u": Counter(), "oracle": Counter()}
+    rate = spec.device.staging_gib_s * 2**30
     for eos in EOS_FRACTIONS:
         rows, d_tok = [], []
         for seed in SEEDS:
-            m = run(cell(spec, seed, eos), POLICY_NAMES, 1.0, FAST_TIER_GIB)
+            res = results(cell(spec, seed, eos), POLICY_NAMES, 1.0, FAST_TIER_GIB, True)
+            m = {p: r.measures() for p, r in res.items()}
+            for policy, counter in gap.items():
+                counter.update(lateness(res[policy], rate))
             j = judge(m)
             rows.append(j)
             u, q1, o = m["tempokv-u"], m["queue-1"], m["oracle"]
@@ -103,6 +149,11 @@ def main() -> None:
             f"eos {eos:g}: tempokv-u best-or-tied {sum(r.best_or_tied for r in rows)}/"
             f"{len(rows)}; tempokv − queue-1 tok/s median {statistics.median(d_tok):+.2f}, "
             f"worst {min(d_tok):+.2f}"
+        )
+    print("where the 80 runs' claims were late (seconds, summed) or early (GiB·s):")
+    for cause in sorted(set(gap["tempokv-u"]) | set(gap["oracle"])):
+        print(
+            f"  {cause}: tempokv-u {gap['tempokv-u'][cause]:.2f}, oracle {gap['oracle'][cause]:.2f}"
         )
     n = sum(r.best_or_tied for r in judged)
     print(

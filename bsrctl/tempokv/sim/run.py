@@ -49,6 +49,7 @@ class SimResult:
     p_trace: tuple[tuple[float, int], ...] = ()  # P(t) steps (bytes), when kept
     notes: dict[str, Any] = field(default_factory=dict)  # policy-specific measures (oracle)
     oracle_delayed: frozenset[str] = frozenset()  # oracle: claims held past their plan
+    budget_refused: frozenset[str] = frozenset()  # claims refused for budget at least once
 
     def byte_time_between(self, from_s: float, to_s: float) -> float:
         """∫ P dt over [from_s, to_s], byte·s, from the kept P(t) trace."""
@@ -223,4 +224,7 @@ def simulate(
         else {},
         p_trace=tuple(meter.trace or ()),
         oracle_delayed=_delayed(policy, controller),
+        budget_refused=frozenset(
+            c.claim_id for c in controller.claims.values() if c.capacity_refusals
+        ),
     )
