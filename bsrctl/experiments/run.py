@@ -8,17 +8,27 @@ from __future__ import annotations
 import signal
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Protocol
 
 from bsrctl.errors import StackFailed
 from bsrctl.evidence import EvidenceWriter, Verdict, merge
-from bsrctl.evidence.verdict import Check
 from bsrctl.report import write_summary
 
 Progress = Callable[[str], None]
-Body = Callable[[EvidenceWriter], tuple[dict[str, Any], list[Check]]]
+
+
+class RunCheck(Protocol):
+    """A run-level check: evidence's Check, or one that carries more (TempoKV's expectations)."""
+
+    @property
+    def verdict(self) -> Verdict: ...
+
+    def to_json(self) -> dict[str, Any]: ...
+
+
+Body = Callable[[EvidenceWriter], tuple[dict[str, Any], Sequence[RunCheck]]]
 
 
 class Interrupted(KeyboardInterrupt):

@@ -5,7 +5,7 @@ once or takes the ordinary path, and from then on the two are mutually exclusive
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
 
@@ -218,6 +218,10 @@ class Controller:
 
     def has_planned(self) -> bool:
         return bool(self._planned)
+
+    def planned_ids(self) -> Collection[str]:
+        """Claims still uncommitted and eligible for commitment (a live view)."""
+        return self._planned.keys()
 
     # ---- what the evidence reads --------------------------------------------------------
     @property

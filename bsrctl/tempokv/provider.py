@@ -161,6 +161,25 @@ class StagingProvider:
         self._classified[id(manifest)] = (manifest, self.version, out)
         return out
 
+    def unstaged_objects(self, manifest: Manifest) -> list[KvObject]:
+        """Objects a commitment now would read anew: neither resident nor covered by a
+        staging or demand read already issued (one streaming through without room counts
+        as not covering)."""
+        out = []
+        for obj in manifest.objects:
+            if self.tier.is_resident(obj.object_id):
+                continue
+            op_id = self._object_op.get(obj.object_id)
+            if op_id is None or self._ops[op_id].bypass:
+                out.append(obj)
+        return out
+
+    def staging_slot_free(self) -> bool:
+        """Would a staging op issued now start at once (fewer than `concurrency` staging
+        ops outstanding, running or queued)?"""
+        outstanding = sum(1 for op in self._ops.values() if op.kind is OpKind.STAGE)
+        return outstanding < self.concurrency
+
     # ---- commitment ---------------------------------------------------------------------
     def commit(self, claim_id: str, manifest: Manifest) -> CommitDecision:
         """Check validity and capacity before changing anything; then protect what is

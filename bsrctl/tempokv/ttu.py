@@ -12,6 +12,7 @@ from __future__ import annotations
 import bisect
 import math
 from collections import deque
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 # Load completions this close are one instant: the engine's clock lands them together, while
@@ -126,6 +127,24 @@ class OutputPredictor:
         mean_left = self._suffix[i] / count - generated
         return min(mean_left, float(self.limit_tokens - generated))
 
+    def remaining_quantile(self, generated: int, u: float) -> float:
+        """The u-quantile (0 ≤ u < 1) of N − n over the same recent completions N > n: a draw
+        from the empirical distribution of remaining output, early EOS included. Where the
+        mean has nothing to condition on, neither has this (the same stand-ins)."""
+        if generated >= self.limit_tokens:
+            return 0.0
+        i = bisect.bisect_right(self._sorted, generated)
+        count = len(self._sorted) - i
+        if count == 0:
+            return float(max(1, self.limit_tokens - generated))
+        return float(self._sorted[i + min(count - 1, int(u * count))] - generated)
+
+    def completions_above(self, generated: int) -> tuple[list[int], int, int]:
+        """The recent completed lengths N > generated: (sorted lengths, first index, count),
+        so a caller can draw many quantiles of N − n with one conditioning."""
+        i = bisect.bisect_right(self._sorted, generated)
+        return self._sorted, i, len(self._sorted) - i
+
 
 class _Proj:
     __slots__ = ("prefill_left", "ctx", "left", "ready_s")
@@ -138,27 +157,56 @@ class _Proj:
 
 
 def project_ttus(
-    snap: EngineSnapshot, cost: CostModel, limits: EngineLimits, predictor: OutputPredictor
+    snap: EngineSnapshot,
+    cost: CostModel,
+    limits: EngineLimits,
+    predictor: OutputPredictor,
+    targets: Collection[str] | None = None,
 ) -> dict[str, float]:
     """TTU (seconds after snap.at_s) of every waiting request: the scheduling pass that grants
     it a slot, which starts its retrieval. Passes run at step boundaries, the first after any
     step in progress. Predecessors hold their slot through their own retrieval, which waits
-    for their known staging dependencies; the target's own KV is assumed stage-ready."""
+    for their known staging dependencies; the target's own KV is assumed stage-ready.
+    With `targets`, the projection stops once each of them has its TTU (FCFS: later waiting
+    requests never move an earlier one's)."""
+    full_output = predictor.remaining_tokens(0)
+    return project_with_outputs(
+        snap,
+        [predictor.remaining_tokens(r.generated_tokens) for r in snap.running],
+        [full_output] * len(snap.holding),
+        [full_output] * len(snap.waiting),
+        cost,
+        limits,
+        targets,
+    )
+
+
+def project_with_outputs(
+    snap: EngineSnapshot,
+    running_left: Sequence[float],
+    holding_output: Sequence[float],
+    waiting_output: Sequence[float],
+    cost: CostModel,
+    limits: EngineLimits,
+    targets: Collection[str] | None = None,
+) -> dict[str, float]:
+    """`project_ttus` with the output lengths given: tokens still to produce for each running
+    sequence (snapshot order), and the whole output of each holding and waiting request."""
     seqs = [
         _Proj(
             r.prefill_left_tokens,
             r.ctx_tokens,
-            predictor.remaining_tokens(r.generated_tokens),
+            left,
             r.ready_in_s if r.ready_in_s > 0 else -math.inf,  # in the batch, even mid-step
         )
-        for r in snap.running
+        for r, left in zip(snap.running, running_left, strict=True)
     ]
     # A sequence whose last token comes from the decode step in progress leaves at its end,
     # before the first pass (snapshots count that step as done).
     seqs = [s for s in seqs if s.left > 0]
-    full_output = predictor.remaining_tokens(0)
+    wanted = waiting_reach(snap.waiting, targets)
     if limits.queued_loads:
-        return _project_queued(snap, seqs, full_output, cost, limits)
+        return _project_queued(snap, seqs, holding_output, waiting_output, cost, limits, wanted)
     ttus: dict[str, float] = {}
     t_s = snap.busy_s
     loads_pending = any(s.ready_s > 0 for s in seqs)  # loads hold their slot until done
@@ -167,36 +215,51 @@ def project_ttus(
         t_s = _advance(seqs, t_s, cost, limits, until_exit=False)
     waiting = snap.waiting
     i = 0
-    while i < len(waiting):
+    while i < wanted:
         budget = budget_left([s.prefill_left for s in seqs if s.ready_s <= t_s + _SAME_S], limits)
-        while len(seqs) < limits.max_seqs and i < len(waiting) and budget > 0:
+        while len(seqs) < limits.max_seqs and i < wanted and budget > 0:
             q = waiting[i]
-            i += 1
             ttus[q.req_id] = t_s
             prefill = max(1, q.prompt_tokens - q.cached_tokens)
             budget -= min(budget, prefill)
             ready_s = max(t_s, q.stage_ready_in_s) + q.load_s
-            seqs.append(_Proj(prefill, q.cached_tokens, full_output, ready_s))
-        if i < len(waiting):
+            seqs.append(_Proj(prefill, q.cached_tokens, waiting_output[i], ready_s))
+            i += 1
+        if i < wanted:
             # a free slot blocked only by the spent budget reopens at the next step boundary
             blocked = len(seqs) < limits.max_seqs and budget <= 0
             t_s = _advance(seqs, t_s, cost, limits, until_exit=not blocked)
     return ttus
 
 
+def waiting_reach(waiting: Sequence[QueuedSeq], targets: Collection[str] | None) -> int:
+    """How many waiting requests the projection must place to reach every target (None:
+    all of them)."""
+    if targets is None:
+        return len(waiting)
+    last = 0
+    for i, q in enumerate(waiting):
+        if q.req_id in targets:
+            last = i + 1
+    return last
+
+
 def _project_queued(
     snap: EngineSnapshot,
     seqs: list[_Proj],
-    full_output: float,
+    holding_output: Sequence[float],
+    waiting_output: Sequence[float],
     cost: CostModel,
     limits: EngineLimits,
+    wanted: int,
 ) -> dict[str, float]:
     """Queued loads: at each pass, loaded requests are admitted in order while slots are
     free; if a slot is still free, every waiting request whose prompt fits the GPU KV starts
     its retrieval then. Between passes the batch steps until a sequence finishes or, with a
     slot free, until a pending load ends."""
     holding = [
-        _Proj(h.prefill_left_tokens, h.ctx_tokens, full_output, h.ready_in_s) for h in snap.holding
+        _Proj(h.prefill_left_tokens, h.ctx_tokens, out, h.ready_in_s)
+        for h, out in zip(snap.holding, holding_output, strict=True)
     ]
     ttus: dict[str, float] = {}
     t_s = snap.busy_s
@@ -204,7 +267,7 @@ def _project_queued(
         t_s = _advance(seqs, t_s, cost, limits, until_exit=False)
     waiting = snap.waiting
     i = 0
-    while i < len(waiting):
+    while i < wanted:
         budget = budget_left([s.prefill_left for s in seqs], limits)
         kv_used = sum(p.ctx + p.prefill_left for p in (*seqs, *holding))
         for proj in list(holding):
@@ -215,17 +278,17 @@ def _project_queued(
                 proj.ready_s = -math.inf
                 seqs.append(proj)
                 budget -= min(budget, proj.prefill_left)
-        while len(seqs) < limits.max_seqs and i < len(waiting) and budget > 0:
+        while len(seqs) < limits.max_seqs and i < wanted and budget > 0:
             q = waiting[i]
             if limits.gpu_kv_tokens and kv_used + q.prompt_tokens > limits.gpu_kv_tokens:
                 break
-            i += 1
             ttus[q.req_id] = t_s
             kv_used += q.prompt_tokens
             ready_s = max(t_s, q.stage_ready_in_s) + q.load_s
             prefill = max(1, q.prompt_tokens - q.cached_tokens)
-            holding.append(_Proj(prefill, q.cached_tokens, full_output, ready_s))
-        if i >= len(waiting):
+            holding.append(_Proj(prefill, q.cached_tokens, waiting_output[i], ready_s))
+            i += 1
+        if i >= wanted:
             break
         free = len(seqs) < limits.max_seqs
         pending = [p.ready_s for p in holding if p.ready_s > t_s + _SAME_S]

@@ -11,14 +11,16 @@ from typing import Any
 from bsrctl.clock import Clock, VirtualClock
 from bsrctl.tempokv.controller import Controller
 from bsrctl.tempokv.kv import GIB
-from bsrctl.tempokv.policies import make_policy
-from bsrctl.tempokv.provider import StagingProvider
+from bsrctl.tempokv.oracle import Oracle, OraclePlan
+from bsrctl.tempokv.policies import TTU_QUANTILE, Policy, make_policy
+from bsrctl.tempokv.provider import CommitRefusal, StagingProvider
 from bsrctl.tempokv.sim.device import DeviceConfig, SimStagingDevice
 from bsrctl.tempokv.sim.engine import RequestLog, SimEngine
 from bsrctl.tempokv.sim.models import ModelProfile
 from bsrctl.tempokv.sim.workload import Request
 from bsrctl.tempokv.ttr import RateMeter
 from bsrctl.tempokv.ttu import EngineLimits, OutputPredictor, project_ttus
+from bsrctl.tempokv.ttu_quantile import project_ttu_quantiles
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +31,7 @@ class ControlConfig:
     output_prior_tokens: tuple[int, ...] = (128,)  # calibration completions seeding TTU
     # (the spec draws them from the model's output distribution with a separate seed)
     crossing_wakeup: bool = False  # also re-evaluate at each predicted L = 0 crossing
+    ttu_quantile: float = TTU_QUANTILE  # TempoKV-U: commit when this TTU quantile reaches TTR
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +47,9 @@ class SimResult:
     end_s: float  # last completion and every reservation released
     claim_traces: dict[str, list[list[float | str]]] = field(default_factory=dict)
     p_trace: tuple[tuple[float, int], ...] = ()  # P(t) steps (bytes), when kept
+    notes: dict[str, Any] = field(default_factory=dict)  # policy-specific measures (oracle)
+    oracle_delayed: frozenset[str] = frozenset()  # oracle: claims held past their plan
+    budget_refused: frozenset[str] = frozenset()  # claims refused for budget at least once
 
     def byte_time_between(self, from_s: float, to_s: float) -> float:
         """∫ P dt over [from_s, to_s], byte·s, from the kept P(t) trace."""
@@ -80,6 +86,7 @@ class SimResult:
             "peak_reserved_gib": self.peak_reserved_bytes / GIB,
             "budget_gib": self.budget_bytes / GIB,
             "makespan_s": last_s - first_s,
+            **self.notes,
         }
 
 
@@ -117,10 +124,25 @@ class SimAdapter:
         held = self.engine.holding() if self.limits.queued_loads else []
         order = [lg.req.req_id for lg in (*held, *self.engine.waiting)]
         ttus = None
-        if ctl.policy.needs_ttu and ctl.has_planned():
+        policy = ctl.policy
+        if policy.needs_ttu and ctl.has_planned():
             snap = self.engine.snapshot()
-            ttus = project_ttus(snap, self.engine.cost, self.limits, self.predictor)
+            cost, planned = self.engine.cost, ctl.planned_ids()
+            q = getattr(policy, "ttu_quantile", None)
+            if q is None:
+                ttus = project_ttus(snap, cost, self.limits, self.predictor, planned)
+            else:
+                ttus = project_ttu_quantiles(snap, cost, self.limits, self.predictor, q, planned)
         ctl.update_runtime(order, ttus, self.engine.clock.now())
+
+
+def _delayed(policy: Policy, controller: Controller) -> frozenset[str]:
+    """Oracle: claims it could not commit at their planned start (the staging device busy,
+    or the protected budget full)."""
+    if not isinstance(policy, Oracle):
+        return frozenset()
+    refused = {a.claim_id for a in controller.attempts if a.refusal is CommitRefusal.CAPACITY}
+    return frozenset(policy.delayed | refused)
 
 
 def simulate(
@@ -132,9 +154,11 @@ def simulate(
     policy_name: str,
     keep_trace: bool = True,
     clock: Clock | None = None,
+    oracle: OraclePlan | None = None,
 ) -> SimResult:
     """Run one policy; virtual time unless a clock is given (a WallClock runs the very same
-    controller, provider and engine code in real time)."""
+    controller, provider and engine code in real time). The oracle runs from a plan of the
+    run's retrieval instants (`sim/oracle.py` finds it)."""
     clock = VirtualClock() if clock is None else clock
     device = SimStagingDevice(clock, device_cfg)
     rate = RateMeter(device_cfg.staging_bytes_s, control.rate_prior_s)
@@ -149,8 +173,19 @@ def simulate(
     )
     for req in requests:
         provider.store(req.manifest.objects)  # precomputed KV retained on SSD
-    policy = make_policy(policy_name, provider, device_cfg.staging_bytes_s)
-    controller = Controller(clock, provider, policy, control.tick_s, control.crossing_wakeup)
+    policy: Policy
+    if policy_name == "oracle":
+        if oracle is None:
+            raise ValueError("the oracle runs from a plan: use sim.oracle.simulate_oracle")
+        policy = Oracle(oracle, provider)
+    else:
+        policy = make_policy(
+            policy_name, provider, device_cfg.staging_bytes_s, control.ttu_quantile
+        )
+    crossing = control.crossing_wakeup or policy.crossing_wakeup
+    controller = Controller(clock, provider, policy, control.tick_s, crossing)
+    if isinstance(policy, Oracle):
+        policy.bind(controller.claims)
     predictor = OutputPredictor(control.output_limit_tokens, control.output_prior_tokens)
     engine = SimEngine(
         clock,
@@ -188,4 +223,8 @@ def simulate(
         if keep_trace
         else {},
         p_trace=tuple(meter.trace or ()),
+        oracle_delayed=_delayed(policy, controller),
+        budget_refused=frozenset(
+            c.claim_id for c in controller.claims.values() if c.capacity_refusals
+        ),
     )
