@@ -4,24 +4,37 @@ The LMCache server loads ``bsrctl.lmcache_ext.server``; its handlers are reachab
 through LMCache's own ``server_module_call`` RPC (JSON in, JSON out) on the server's MQ port,
 and its ``status()`` also appears under ``"bsr"`` in LMCache's HTTP ``/status``.
 
-- ``peak()``: ``restore_pool_peak_bytes`` (max over ranks of the module's gauge: bytes staged
-  for restore, W=0 whole plan included), ``..._by_rank``, ``l1_used_peak_bytes`` (L1 usage
-  sampled at each window ready), ``l1_used_bytes``, ``l1_capacity_bytes``;
-- ``reset_peak()``, ``forget(wait_s)`` (empty L1, waiting for write-throughs),
-  ``configure(window_chunks=...)`` (W at run time, same engines), ``status()``.
+Each method returns the typed reply of ``bsrctl.lmcache_ext.protocol`` (the server builds the
+same types): ``peak()`` (the gauge's restore-pool peak per rank, L1 usage), ``reset_peak()``,
+``status()``, ``markers()``, ``forget(wait_s)`` (empty L1, waiting for write-throughs),
+``configure(window_chunks=...)`` (W at run time, same engines).
 
-Every call is bounded; a failed call raises StackFailed.
+Every call is bounded; a failed call, or a reply of another shape, raises StackFailed.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, TypeVar
 
 from bsrctl.errors import StackFailed
+from bsrctl.lmcache_ext.protocol import (
+    ConfigureReply,
+    ForgetReply,
+    MarkersReply,
+    PeakReply,
+    ProtocolError,
+    Reply,
+    ResetPeakReply,
+    RestoreOutcomeSummary,
+    StatusReply,
+)
 from bsrctl.stack.netns import maybe_inside
 from bsrctl.stack.serving import ServingStack
+
+R = TypeVar("R", bound=Reply)
 
 
 class BsrModuleClient:
@@ -61,30 +74,41 @@ class BsrModuleClient:
             raise StackFailed(f"LMCache {method} answered an error: {resp.error}")
         return json.loads(resp.payload)
 
-    def peak(self) -> dict[str, Any]:
-        return self.call("bsr.peak")
+    def _typed(self, method: str, reply: type[R], payload: dict[str, Any] | None = None) -> R:
+        """One call read back as its typed reply: a key renamed on either side is a
+        StackFailed naming it, never a silent None."""
+        try:
+            return reply.from_json(self.call(method, payload))
+        except ProtocolError as exc:
+            raise StackFailed(f"LMCache {method} answered an unexpected shape: {exc}") from None
 
-    def reset_peak(self) -> dict[str, Any]:
-        return self.call("bsr.reset_peak")
+    def peak(self) -> PeakReply:
+        return self._typed("bsr.peak", PeakReply)
 
-    def status(self) -> dict[str, Any]:
-        return self.call("bsr.status")
+    def reset_peak(self) -> ResetPeakReply:
+        return self._typed("bsr.reset_peak", ResetPeakReply)
 
-    def forget(self, wait_s: float = 60.0) -> dict[str, Any]:
+    def status(self) -> StatusReply:
+        return self._typed("bsr.status", StatusReply)
+
+    def markers(self) -> MarkersReply:
+        return self._typed("bsr.markers", MarkersReply)
+
+    def forget(self, wait_s: float = 60.0) -> ForgetReply:
         """Empty L1. The server waits at most a few seconds per call (write-throughs may
         still hold objects), so ask again until L1 is empty or wait_s has passed."""
         deadline = time.monotonic() + wait_s
         while True:
             left = max(0.0, deadline - time.monotonic())
-            out = self.call("bsr.forget", {"wait_s": left})
-            if out.get("l1_used_bytes_after", 0) == 0 or time.monotonic() >= deadline:
+            out = self._typed("bsr.forget", ForgetReply, {"wait_s": left})
+            if out.l1_used_bytes_after == 0 or time.monotonic() >= deadline:
                 return out
             time.sleep(0.2)
 
-    def configure(self, **config: Any) -> dict[str, Any]:
-        out = self.call("bsr.configure", config)
-        if not out.get("ok"):
-            raise StackFailed(f"bsr.configure {config} refused: {out.get('error')}")
+    def configure(self, **config: Any) -> ConfigureReply:
+        out = self._typed("bsr.configure", ConfigureReply, config)
+        if not out.ok:
+            raise StackFailed(f"bsr.configure {config} refused: {out.error}")
         return out
 
     def close(self) -> None:
@@ -99,8 +123,8 @@ class BsrModuleClient:
 
 
 def outcomes_since(
-    before: list[dict[str, Any]], after: list[dict[str, Any]]
-) -> list[dict[str, Any]]:
+    before: Sequence[RestoreOutcomeSummary], after: Sequence[RestoreOutcomeSummary]
+) -> list[RestoreOutcomeSummary]:
     """The restore outcomes recorded between two reads of ``recent_outcomes`` (``bsr.status``):
     those of ``after`` whose (request id, rank) ``before`` did not hold, in server order.
 
@@ -109,5 +133,5 @@ def outcomes_since(
     ``retrieves`` counter is not: a retrieve refused before any restore (no transfer module,
     an unregistered instance, a raised error) counts without recording an outcome, and the
     last k outcomes then include an earlier request's."""
-    seen = {(o.get("request_id"), o.get("rank")) for o in before}
-    return [o for o in after if (o.get("request_id"), o.get("rank")) not in seen]
+    seen = {(o.request_id, o.rank) for o in before}
+    return [o for o in after if (o.request_id, o.rank) not in seen]

@@ -80,7 +80,7 @@ def seed_tiers(
     for i in range(attempts):
         l1_left = None
         if i or forget_first:
-            l1_left = client.forget(wait_s=forget_wait_s).get("l1_used_bytes_after")
+            l1_left = client.forget(wait_s=forget_wait_s).l1_used_bytes_after
             stack.forget_local()
         cached = stack.complete(ids, max_tokens).cached_tokens
         held = wait_tiers_hold(stack, ids, chunk_tokens, tiers, wait_s, ranks)

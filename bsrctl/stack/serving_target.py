@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from bsrctl.errors import StackFailed
+from bsrctl.lmcache_ext.protocol import PeakReply, RestoreOutcomeSummary
 from bsrctl.prompts import expected_external_tokens, prompt_ids, tokens_sha256
 from bsrctl.registration import Registration
 from bsrctl.settings import RestoreSettings
@@ -81,8 +82,8 @@ class ServingTarget:
         self.client = BsrModuleClient(self.stack)
         self.settings, self.window_chunks = settings, settings.window_chunks
         status = self.client.status()
-        if status.get("degraded"):
-            raise StackFailed(f"BSR server module degraded: {status['degraded']}")
+        if status.degraded:
+            raise StackFailed(f"BSR server module degraded: {status.degraded}")
 
     def describe(self) -> dict[str, Any]:
         if self.stack is None:
@@ -144,12 +145,12 @@ class ServingTarget:
         self._set_window(window_chunks)
         c.forget(wait_s=120.0)  # L1 emptied first: only the L2 tier can serve
         st.forget_local()  # and vLLM's own prefix cache cannot
-        l1_before = int(c.reset_peak()["after"]["l1_used_bytes"])
+        l1_before = c.reset_peak().after.l1_used_bytes
         before = c.status()
         comp = st.complete(ids, self.spec.max_tokens)
         peak = c.peak()
         after = c.status()
-        outcomes = outcomes_since(before["recent_outcomes"], after["recent_outcomes"])
+        outcomes = outcomes_since(before.recent_outcomes, after.recent_outcomes)
         m = self._measures(prompt, window_chunks, comp, peak, outcomes, l1_before)
         m["cold_cached_tokens"] = seed.attempts[0]["cached_tokens"] if cold and seed else None
         if seed is not None:
@@ -163,31 +164,31 @@ class ServingTarget:
         prompt: Prompt,
         w: int,
         comp: Any,
-        peak: dict[str, Any],
-        outcomes: list[dict[str, Any]],
+        peak: PeakReply,
+        outcomes: list[RestoreOutcomeSummary],
         l1_before: int,
     ) -> dict[str, Any]:
         reg = self.reg
         tokens, chunk = prompt.tokens, reg.chunk_tokens
-        bsr = [o for o in outcomes if o.get("mode") == "bsr"]
-        peak_bytes = int(peak["restore_pool_peak_bytes"])
-        by_rank = {str(k): int(v) for k, v in peak["restore_pool_peak_bytes_by_rank"].items()}
+        bsr = [o for o in outcomes if o.mode == "bsr"]
+        peak_bytes = peak.restore_pool_peak_bytes
+        by_rank = {str(k): v for k, v in peak.restore_pool_peak_bytes_by_rank.items()}
         if w:
-            restored = sum(int(o.get("bytes_restored") or 0) for o in bsr)
-            chunks = sum(int(o.get("cached_chunks") or 0) for o in bsr)
+            restored = sum(o.bytes_restored or 0 for o in bsr)
+            chunks = sum(o.cached_chunks or 0 for o in bsr)
             bpc = exact_div(restored, chunks)
             read = restored
         else:  # stock whole plan: the gauge accounts the pinned plan; L1 was empty before
             restored = sum(by_rank.values())
             bpc = exact_div(peak_bytes, tokens // chunk) if peak_bytes else None
-            read = int(peak["l1_used_peak_bytes"]) - l1_before
+            read = peak.l1_used_peak_bytes - l1_before
         return {
             "tokens": tokens,
             "window_chunks": w,
-            "l1_capacity_bytes": int(peak["l1_capacity_bytes"]),
+            "l1_capacity_bytes": peak.l1_capacity_bytes,
             "restore_pool_peak_bytes": peak_bytes,
             "restore_pool_peak_bytes_by_rank": by_rank,
-            "l1_used_peak_bytes": int(peak["l1_used_peak_bytes"]),
+            "l1_used_peak_bytes": peak.l1_used_peak_bytes,
             "rws_bound_bytes": reg.rws_bound_bytes(w) if w else 0,
             "cached_tokens": comp.cached_tokens,
             "external_hit_tokens": comp.external_hit_tokens,
@@ -195,12 +196,12 @@ class ServingTarget:
             "output_sha256": tokens_sha256(comp.output_token_ids),
             "canonical_sha256": self.canonical.get(prompt),
             "ttft_s": round(comp.ttft_s, 4),
-            "restore_s": max((float(o.get("restore_s") or 0) for o in outcomes), default=None),
+            "restore_s": max((o.restore_s for o in outcomes), default=None),
             "bytes_restored": restored,
             "bytes_restored_source": "bsr outcomes" if w else "whole-plan gauge",
-            "windows_done": sum(int(o.get("windows_done") or 0) for o in bsr) if w else None,
-            "restore_modes": tuple(sorted({str(o.get("mode")) for o in outcomes})),
-            "restore_failures": tuple(str(o.get("detail")) for o in outcomes if not o.get("ok")),
+            "windows_done": sum(o.windows_done or 0 for o in bsr) if w else None,
+            "restore_modes": tuple(sorted({o.mode for o in outcomes})),
+            "restore_failures": tuple(str(o.detail) for o in outcomes if not o.ok),
             "tier": "fs" if self.spec.stack.lmcache.fs_l2 else "mooncake",
             "l1_bytes_before_restore": l1_before,
             "tier_bytes_read": read,

@@ -3,11 +3,26 @@ records whose (request id, rank) the first read did not hold, whatever the count
 
 from __future__ import annotations
 
+from bsrctl.lmcache_ext.protocol import RestoreOutcomeSummary
 from bsrctl.stack.bsr_client import outcomes_since
 
 
-def rec(rid: str, rank: int, ok: bool = True) -> dict:
-    return {"request_id": rid, "rank": rank, "mode": "bsr", "ok": ok}
+def rec(rid: str, rank: int, ok: bool = True) -> RestoreOutcomeSummary:
+    return RestoreOutcomeSummary(
+        request_id=rid,
+        rank=rank,
+        mode="bsr",
+        ok=ok,
+        start_token=0,
+        end_token=256,
+        restore_s=0.01,
+        failure="NONE" if ok else "MISSING_KEY",
+        detail="" if ok else "window 0: key missing",
+        cached_chunks=1 if ok else 0,
+        windows_done=1 if ok else 0,
+        bytes_restored=262_144 if ok else 0,
+        peak_staged_bytes_by_rank={rank: 262_144},
+    )
 
 
 def test_the_new_requests_outcomes_one_per_rank_in_server_order() -> None:

@@ -9,6 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from bsrctl.lmcache_ext.protocol import ForgetReply
 from bsrctl.stack import seeding
 from bsrctl.stack.seeding import SEED_ATTEMPTS, SeedAttempt, TierSeed, seed_tiers
 
@@ -22,9 +23,11 @@ class FakeDeployment:
     held: list[dict[str, int]]  # what the tiers hold after each cold request
     calls: list[str] = field(default_factory=list)
 
-    def forget(self, wait_s: float) -> dict:
+    def forget(self, wait_s: float) -> ForgetReply:
         self.calls.append(f"forget {wait_s}")
-        return {"l1_used_bytes_after": 7}
+        return ForgetReply(
+            l1_used_bytes_before=9, l1_used_bytes_after=7, force=False, waited_s=wait_s
+        )
 
     def forget_local(self) -> None:
         self.calls.append("forget_local")

@@ -152,7 +152,7 @@ class Rig:
                 for a in s.attempts
             ],
             "seed_s": round(time.monotonic() - t0, 3),
-            "l1_used_after_forget": forgot.get("l1_used_bytes_after"),
+            "l1_used_after_forget": forgot.l1_used_bytes_after,
         }
 
     # -- probes around a cell's request --
@@ -174,9 +174,9 @@ class Rig:
         out: dict[str, Any] = {"recovered": self._recovered()}
         try:
             status = self.client.status()
-            out["counters"] = status.get("counters", {})
-            out["outcomes"] = status.get("recent_outcomes", [])
-            out["markers"] = self.client.call("bsr.markers").get("events", [])
+            out["counters"] = status.counters
+            out["outcomes"] = list(status.recent_outcomes)
+            out["markers"] = [e.to_json() for e in self.client.markers().events]
             out["reads"] = self.stack.tier_reads()
             out["fs"] = fault_stats(self.stack, "fs").get("inner", {})
         except (StackFailed, OSError) as exc:
@@ -185,8 +185,9 @@ class Rig:
 
     @staticmethod
     def new_outcomes(before: dict[str, Any], after: dict[str, Any]) -> list[dict[str, Any]]:
-        """The restore outcomes of the cell's request, between two snapshots."""
-        return outcomes_since(before["outcomes"], after["outcomes"])
+        """The restore outcomes of the cell's request, between two snapshots, as the evidence
+        records them (the server's JSON)."""
+        return [o.to_json() for o in outcomes_since(before["outcomes"], after["outcomes"])]
 
     def _recovered(self) -> int:
         part = self.stack.parts.get("vllm")
