@@ -23,10 +23,6 @@ class Manifest:
     def __post_init__(self) -> None:
         object.__setattr__(self, "size_bytes", sum(o.size_bytes for o in self.objects))
 
-    @property
-    def object_ids(self) -> tuple[str, ...]:
-        return tuple(o.object_id for o in self.objects)
-
 
 def prefix_manifest(
     doc_id: str, cached_tokens: int, chunk_tokens: int, kv_bytes_per_token: int
