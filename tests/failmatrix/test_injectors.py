@@ -1,5 +1,6 @@
 """Injectors read W and the window timeout from the deployment's restore settings (the spec's
-``restore:`` and ``workload.window_chunks``), not from the stack spec, which has neither."""
+``restore:`` and ``workload.window_chunks``), handed to them by the rig: neither the stack
+spec nor the stack holds them."""
 
 from __future__ import annotations
 
@@ -18,7 +19,6 @@ def fake_stack(tmp_path: Path):
     spec, _ = load_matrix(MATRICES / "cpu.yaml")
     return spec, SimpleNamespace(
         spec=spec.stack,
-        restore=spec.settings(),
         dir=tmp_path,
         fault_control=lambda tier: tmp_path / f"faults-{tier}.json",
         lmcache_status=lambda: {"storage_manager": {"l2_adapters": []}},
@@ -32,7 +32,7 @@ def rules(tmp_path: Path, tier: str) -> list[dict]:
 def test_window_timeout_holds_window_k_past_the_restore_window_timeout(tmp_path: Path) -> None:
     spec, stack = fake_stack(tmp_path)
     cell = next(c for c in spec.cells if c.id == "window-timeout")
-    inj = WindowTimeout(stack, cell, [])
+    inj = WindowTimeout(stack, cell, [], spec.settings())
     inj.arm()
     rule = {"action": "delay", "tasks": [1], "delay_s": 8.0 + 3.0, "limit": 1}
     assert rules(tmp_path, "fs") == [rule]
@@ -49,7 +49,7 @@ def test_the_damaged_object_is_window_ks_first_chunk(tmp_path: Path) -> None:
     (tmp_path / "l2-fs").mkdir()
     for h in hashes:
         (tmp_path / "l2-fs" / f"k@{h}.data").write_bytes(b"\0" * 64)
-    inj = ObjectDamaged(stack, cell, ids)
+    inj = ObjectDamaged(stack, cell, ids, spec.settings())
     assert inj.window_object().name == f"k@{hashes[8]}.data"
     inj.arm()
     assert inj.notes["object"] == {

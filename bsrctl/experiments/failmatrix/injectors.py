@@ -25,6 +25,7 @@ from bsrctl.experiments.failmatrix.spec import CellSpec
 
 # The failure matrix's one import of the fault wrapper's control file.
 from bsrctl.lmcache_ext.faults.control import write_control_file
+from bsrctl.settings import RestoreSettings
 from bsrctl.stack.serving import ServingStack
 from bsrctl.stack.tiers import (
     chunk_hashes_hex,
@@ -54,6 +55,7 @@ class Injector:
     stack: ServingStack
     cell: CellSpec
     token_ids: list[int]  # the cell's prompt
+    settings: RestoreSettings  # the deployment's W and timeouts (the spec's restore: + W)
     notes: dict[str, Any] = field(default_factory=dict)  # what was done, for the evidence
     stopped_pids: list[int] = field(default_factory=list)  # processes this fault stopped
     _hidden: Path | None = None
@@ -105,7 +107,7 @@ class Injector:
 
     def window_object(self) -> Path:
         """The FS object of window k's first chunk (file name carries the chunk hash)."""
-        chunk = self.cell.window * self.stack.restore.window_chunks
+        chunk = self.cell.window * self.settings.window_chunks
         hashes = chunk_hashes_hex(self.token_ids, self.stack.spec.lmcache.chunk_size, chunk + 1)
         found = fs_objects(self.stack, hashes[chunk])
         if not found:
@@ -160,7 +162,7 @@ class WindowTimeout(Injector):
     """Window k's load is withheld beyond window_timeout_s (a delayed adapter)."""
 
     def arm(self) -> None:
-        self.hold_rule(self.stack.restore.window_timeout_s + 3.0)
+        self.hold_rule(self.settings.window_timeout_s + 3.0)
 
 
 class ObjectDamaged(Injector):

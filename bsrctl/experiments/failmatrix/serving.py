@@ -43,7 +43,7 @@ class ServingRig(Rig):
         st, wl = self.stack, self.spec.workload
         ids = self.prompt(cell.id)
         self.ensure_up()
-        inj = INJECTORS[cell.fault](st, cell, ids)
+        inj = INJECTORS[cell.fault](st, cell, ids, self.spec.settings())
         flood: list[dict[str, Any]] = []
         if isinstance(inj, L1Exhausted):
             inj.flood_prompts = [
