@@ -61,7 +61,9 @@ class GroupSpec:
 
     index: int  # object_group_id
     name: str  # human name ("attention", "indexer", ...)
-    window_chunks: int = -1  # -1 full attention (whole prefix required); >=1 sliding window
+    # The model's attention span in chunks, not BSR's window W: -1 full attention (the whole
+    # prefix is required), >= 1 a sliding-window group (BSR's stock fallback serves it).
+    sliding_window_chunks: int = -1
 
 
 @dataclass(frozen=True)
@@ -131,7 +133,7 @@ class Registration:
             "model": self.model,
             "num_tensors": self.num_tensors,
             "groups": [
-                {"index": g.index, "name": g.name, "window_chunks": g.window_chunks}
+                {"index": g.index, "name": g.name, "sliding_window_chunks": g.sliding_window_chunks}
                 for g in self.groups
             ],
             "group_bytes_per_chunk": {

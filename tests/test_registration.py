@@ -64,3 +64,8 @@ def test_a_tensor_naming_an_unknown_group_is_refused() -> None:
     t = TensorSpec("x", (256, 8), "float32", 3)
     with pytest.raises(ValueError):
         Registration("m", (t,), (GroupSpec(0, "attention"),), 1, 256)
+
+
+def test_a_groups_sliding_window_is_not_bsrs_window() -> None:
+    groups = tiny_llama_cpu().to_dict()["groups"]
+    assert groups == [{"index": 0, "name": "attention", "sliding_window_chunks": -1}]
