@@ -180,10 +180,12 @@ def check_spec(spec: ExperimentSpec, command: str, stack: str) -> None:
                 f"would be N*c, not W*c); raise law.tokens to >= "
                 f"{max(too_big) * chunk} or drop those windows"
             )
-    if command == "sweep" and spec.sweep.admission_budget_chunks:
-        b, w = spec.sweep.admission_budget_chunks, spec.sweep.window_chunks
-        if b < w:
-            raise BadInput(f"sweep.admission_budget_chunks: B = {b} < W = {w}; set B >= W or 0")
+    if command == "sweep":  # W and B are checked where they live: RestoreSettings
+        try:
+            spec.settings(spec.sweep.window_chunks, spec.sweep.admission_budget_chunks)
+        except ValidationError as exc:
+            why = exc.errors()[0]["msg"].removeprefix("Value error, ")
+            raise BadInput(f"sweep.admission_budget_chunks: {why} or 0") from None
     if command == "sweep" and spec.sweep.whole_plan_contrast:
         ranks_per_l1 = 1 if stack == "storage" else reg.tp_size  # storage: one L1 per rank
         need = (max(sizes) // chunk) * reg.bytes_per_chunk * ranks_per_l1

@@ -82,7 +82,9 @@ def test_unknown_field_lists_valid_ones(tmp_path: Path) -> None:
         ("sweep: {sizes_tokens: [32768]}\n", "sweep", "serving",
          ["stack.vllm.max_model_len: 20480 < 32784", "raise it or shorten"]),
         ("sweep: {sizes_tokens: [1024], window_chunks: 4, admission_budget_chunks: 2}\n",
-         "sweep", "storage", ["sweep.admission_budget_chunks: B = 2 < W = 4"]),
+         "sweep", "storage",
+         ["sweep.admission_budget_chunks: admission_budget_chunks = 2 < window_chunks = 4: "
+          "set B >= W or 0"]),
         ("stack: {lmcache: {l1_size_bytes: 1048576}}\n"
          "sweep: {sizes_tokens: [8192], whole_plan_contrast: true}\n", "sweep", "storage",
          ["sweep.whole_plan_contrast", "needs 8388608 B", "l1_size_bytes = 1048576"]),
