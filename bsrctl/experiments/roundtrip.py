@@ -14,12 +14,14 @@ from typing import Any
 
 from bsrctl.evidence import EvidenceWriter, Point, Verdict
 from bsrctl.evidence.verdict import Check, check
+from bsrctl.experiments.restore.acceptance import canonical_output, tier_isolation
 from bsrctl.experiments.run import execute, progress
 from bsrctl.prompts import expected_external_tokens, prompt_ids, tokens_sha256
 from bsrctl.settings import RestoreSettings
 from bsrctl.spec_io import load_spec
 from bsrctl.specs import RoundTripSpec
 from bsrctl.stack import tinymodel
+from bsrctl.stack.bsr_client import BsrModuleClient
 from bsrctl.stack.canonical import canonical_outputs
 from bsrctl.stack.extensions import bsr_extensions
 from bsrctl.stack.serving import Completion, ServingStack, check_ports
@@ -44,21 +46,6 @@ def only_tier(stack: ServingStack, tier: str) -> Iterator[None]:
             hidden.rename(fs_dir)
 
 
-def isolation_check(tier: str, comp: Completion, reads: dict[str, int]) -> Check:
-    """The bytes came from the tier under test: only its own load counter moved (L1: none
-    did), and vLLM's local prefix cache served nothing (cached == external)."""
-    moved = {name: n for name, n in reads.items() if n}
-    ok = comp.cached_tokens == comp.external_hit_tokens and (
-        moved == {} if tier in ("l1", "cold") else set(moved) == {tier}
-    )
-    return check(
-        "tier_isolation",
-        ok,
-        f"L2 keys served per tier {reads}; cached {comp.cached_tokens}, external "
-        f"{comp.external_hit_tokens} (local prefix cache reset before the request)",
-    )
-
-
 def tier_point(
     tier: str,
     comp: Completion,
@@ -66,6 +53,7 @@ def tier_point(
     expected_ext: int,
     tokens: int,
     reads: dict[str, int],
+    l1_bytes_before: int | None,
 ) -> Point:
     out_sha = tokens_sha256(comp.output_token_ids)
     canon_sha = tokens_sha256(canonical)
@@ -76,10 +64,14 @@ def tier_point(
             comp.external_hit_tokens == want,
             f"external hits {comp.external_hit_tokens}, expected {want}",
         ),
-        check("canonical_output", out_sha == canon_sha, f"{out_sha[:16]} vs {canon_sha[:16]}"),
+        canonical_output(out_sha, canon_sha),
     ]
     if tier != "cold":
-        checks.append(isolation_check(tier, comp, reads))
+        checks.append(
+            tier_isolation(
+                tier, l1_bytes_before, comp.cached_tokens, reads, comp.external_hit_tokens, "keys"
+            )
+        )
     return Point(
         id=tier,
         params={"tier": tier, "tokens": tokens},
@@ -93,6 +85,7 @@ def tier_point(
             "ttft_s": round(comp.ttft_s, 4),
             "request_s": round(comp.request_s, 4),
             "l2_keys_served": reads,
+            "l1_bytes_before_restore": l1_bytes_before,
         },
         checks=tuple(checks),
     )
@@ -116,28 +109,34 @@ def run_roundtrip(spec_path: Path, out_dir: Path, quiet: bool = False) -> Verdic
         (canonical,) = canonical_outputs(spec.stack, w.run_dir, [ids], spec.max_tokens)
         say("starting the serving stack")
         stack.up()
-        w.set_stack({"kind": "serving", "versions": stack.versions(), **stack.state()})
-        expected = expected_external_tokens(spec.prompt_tokens, spec.stack.lmcache.chunk_size)
-        say("cold request (stores KV into LMCache)")
-        l2 = tuple(t for t in ("fs", "mooncake") if t in spec.tiers)
-        mc_before = mooncake_stored_keys(stack) if "mooncake" in l2 else 0
-        written: dict[str, int] = {}
-        for tier in ["cold", *spec.tiers]:
-            if tier != "cold":
-                say(f"reload from {tier}")
-            before = stack.tier_reads()
-            with only_tier(stack, tier):
-                stack.forget_local()
-                comp = stack.complete(ids, spec.max_tokens)
-            after = stack.tier_reads()
-            reads = {name: after[name] - before.get(name, 0) for name in after}
-            w.add_point(tier_point(tier, comp, canonical, expected, spec.prompt_tokens, reads))
-            if tier == "cold" and l2:  # an L1 emptied before the write-through loses it
-                chunk = spec.stack.lmcache.chunk_size
-                written = wait_written_through(stack, ids, chunk, l2, 30.0, mc_before)
-        n_out = len(stack.complete(ids[:64], 4).output_token_ids)
-        health = check("post_request_health", n_out == 4, f"follow-up returned {n_out}/4 tokens")
-        summary = {"tiers": spec.tiers, "l2_chunks_written_after_cold": written}
-        return summary, [health]
+        with contextlib.closing(BsrModuleClient(stack)) as client:
+            w.set_stack({"kind": "serving", "versions": stack.versions(), **stack.state()})
+            expected = expected_external_tokens(spec.prompt_tokens, spec.stack.lmcache.chunk_size)
+            say("cold request (stores KV into LMCache)")
+            l2 = tuple(t for t in ("fs", "mooncake") if t in spec.tiers)
+            mc_before = mooncake_stored_keys(stack) if "mooncake" in l2 else 0
+            written: dict[str, int] = {}
+            for tier in ["cold", *spec.tiers]:
+                if tier != "cold":
+                    say(f"reload from {tier}")
+                before = stack.tier_reads()
+                with only_tier(stack, tier):
+                    stack.forget_local()
+                    l1_before = client.peak().l1_used_bytes  # measured: what only_tier left
+                    comp = stack.complete(ids, spec.max_tokens)
+                after = stack.tier_reads()
+                reads = {name: after[name] - before.get(name, 0) for name in after}
+                point = tier_point(
+                    tier, comp, canonical, expected, spec.prompt_tokens, reads, l1_before
+                )
+                w.add_point(point)
+                if tier == "cold" and l2:  # an L1 emptied before the write-through loses it
+                    chunk = spec.stack.lmcache.chunk_size
+                    written = wait_written_through(stack, ids, chunk, l2, 30.0, mc_before)
+            n_out = len(stack.complete(ids[:64], 4).output_token_ids)
+            detail = f"follow-up returned {n_out}/4 tokens"
+            health = check("post_request_health", n_out == 4, detail)
+            summary = {"tiers": spec.tiers, "l2_chunks_written_after_cold": written}
+            return summary, [health]
 
     return execute(writer, body, stack.down, say)

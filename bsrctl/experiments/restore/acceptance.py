@@ -13,6 +13,7 @@ On the storage stack there is no model: ``canonical_output`` is replaced by
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from bsrctl.evidence.verdict import Check, Point, Verdict, check
@@ -56,24 +57,27 @@ def tier_isolation(
     tier: str,
     l1_bytes_before: int | None,
     cached_tokens: int | None,
-    tier_bytes_read: int | None,
+    tier_reads: Mapping[str, int] | None,
     external_hit_tokens: int | None = None,
+    unit: str = "B",
 ) -> Check:
-    """The bytes came from `tier`: L1 empty before the request, the tier's counters show the
-    reads, and (serving) vLLM's local prefix cache served nothing."""
+    """The prefix came from `tier` alone: L1 empty before the request (unless L1 is the tier
+    under test, ``"l1"``), vLLM's local prefix cache served nothing, the tier's own read
+    counter moved and no other tier's did. ``tier_reads``: what each L2 tier read for the
+    request (bytes, or keys with ``unit="keys"``); a tier it does not name read nothing."""
     name = "tier_isolation"
-    if l1_bytes_before is None or cached_tokens is None or tier_bytes_read is None:
-        what = [
-            n
-            for n, v in (
-                ("L1 bytes before the request", l1_bytes_before),
-                ("cached tokens", cached_tokens),
-                (f"bytes read from {tier}", tier_bytes_read),
-            )
-            if v is None
-        ]
-        return _missing(name, *what)
-    if l1_bytes_before > 0:
+    missing = [
+        n
+        for n, v in (
+            ("L1 bytes before the request", 0 if tier == "l1" else l1_bytes_before),
+            ("cached tokens", cached_tokens),
+            (f"{unit} read from {tier}", tier_reads),
+        )
+        if v is None
+    ]
+    if missing or cached_tokens is None or tier_reads is None:
+        return _missing(name, *missing)
+    if tier != "l1" and l1_bytes_before:
         return check(name, False, f"L1 held {l1_bytes_before} B before the request: not emptied")
     if external_hit_tokens is not None and cached_tokens != external_hit_tokens:
         local = cached_tokens - external_hit_tokens
@@ -82,13 +86,21 @@ def tier_isolation(
             False,
             f"{local} of {cached_tokens} cached tokens came from vLLM's local prefix cache",
         )
-    if tier_bytes_read <= 0:
+    others = {t: n for t, n in sorted(tier_reads.items()) if t != tier and n}
+    if others:
+        return check(name, False, f"other tiers served the request too: {unit} read {others}")
+    if tier == "l1":
+        if cached_tokens <= 0:
+            return check(name, None, "0 cached tokens: nothing to say where they came from")
+        return check(name, True, f"{cached_tokens} tokens from L1; no L2 tier read; local cache 0")
+    own = tier_reads.get(tier, 0)
+    if own <= 0:
         if cached_tokens > 0:
-            return check(name, False, f"{cached_tokens} tokens cached but 0 B read from {tier}")
+            return check(
+                name, False, f"{cached_tokens} tokens cached but 0 {unit} read from {tier}"
+            )
         return check(name, None, f"nothing was read from {tier} (0 cached tokens): no evidence")
-    return check(
-        name, True, f"L1 empty before; {tier_bytes_read} B read from {tier}; local cache 0"
-    )
+    return check(name, True, f"L1 empty before; {own} {unit} read from {tier}; local cache 0")
 
 
 def registration_identity(
@@ -192,7 +204,7 @@ def judge(m: RestoreMeasures, stack: str) -> tuple[Check, ...]:
             tier,
             m.l1_bytes_before_restore,
             m.cached_tokens,
-            m.tier_bytes_read,
+            None if m.tier_bytes_read is None else {tier: m.tier_bytes_read},
             m.external_hit_tokens,
         ),
         registration_identity(
