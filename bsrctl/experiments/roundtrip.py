@@ -122,7 +122,8 @@ def run_roundtrip(spec_path: Path, out_dir: Path, quiet: bool = False) -> Verdic
                 before = stack.tier_reads()
                 with only_tier(stack, tier):
                     stack.forget_local()
-                    l1_before = client.peak().l1_used_bytes  # measured: what only_tier left
+                    # measured: what only_tier left (the cold request has no tier to isolate)
+                    l1_before = None if tier == "cold" else client.peak().l1_used_bytes
                     comp = stack.complete(ids, spec.max_tokens)
                 after = stack.tier_reads()
                 reads = {name: after[name] - before.get(name, 0) for name in after}

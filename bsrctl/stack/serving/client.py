@@ -71,8 +71,8 @@ class ServingClient:
         return out
 
     def complete(self, prompt_ids: list[int], max_tokens: int) -> Completion:
-        """One greedy request by token ids; raises StackFailed when vLLM does not answer."""
-        before = self.metrics()
+        """One greedy request by token ids; raises StackFailed when vLLM does not answer
+        (the request, or the metrics read around it: a vLLM gone between requests too)."""
         body = {
             "model": str(self.model_dir),
             "prompt": prompt_ids,
@@ -81,11 +81,14 @@ class ServingClient:
             "ignore_eos": True,
             "return_token_ids": True,
         }
-        t0 = time.monotonic()
         try:
+            before = self.metrics()
+            t0 = time.monotonic()
             resp = self._http(
                 "POST", f"{self.vllm_url}/v1/completions", body, self.spec.vllm.request_timeout_s
             )
+            elapsed = time.monotonic() - t0
+            after = self.metrics()
         except OSError as exc:
             part = self.parts.get("vllm")
             # A killed server drops the connection a moment before it can be reaped: give it
@@ -95,8 +98,6 @@ class ServingClient:
                 f"vLLM request failed ({exc}); vLLM process {'alive' if alive else 'gone'}",
                 part.tail() if part else "",
             ) from None
-        elapsed = time.monotonic() - t0
-        after = self.metrics()
         usage = resp.get("usage") or {}
         details = usage.get("prompt_tokens_details") or {}
         return Completion(

@@ -83,3 +83,16 @@ def test_complete_reads_vllms_own_counters_around_the_request(tmp_path: Path) ->
             300.0,
         )
     ]
+
+
+def test_a_vllm_gone_before_the_request_is_a_stack_failure(tmp_path: Path) -> None:
+    class Gone(ServingStack):
+        def __init__(self) -> None:
+            super().__init__(StackSpec(), tmp_path)
+            self.ports = {"vllm.port": 1}
+
+        def _http(self, method: str, url: str, body: Any = None, timeout_s: float = 30) -> Any:
+            raise ConnectionRefusedError(111, "Connection refused")  # the metrics read fails
+
+    with pytest.raises(StackFailed, match=r"vLLM request failed .*; vLLM process gone"):
+        Gone().complete([5, 6], max_tokens=3)
