@@ -1,4 +1,8 @@
-"""evidence.json: rewritten atomically after every point, so a crash keeps what was measured."""
+"""evidence.json: rewritten atomically after every point, so a crash keeps what was measured.
+
+Until ``finish`` the run's ``verdict`` is UNKNOWN, whatever the points say: a run killed
+after its second point must never read PASS. The points' merged verdict so far is kept
+under ``points_verdict``."""
 
 from __future__ import annotations
 
@@ -70,6 +74,7 @@ class EvidenceWriter:
             "complete": False,
             "points": [],
             "summary": {},
+            "points_verdict": str(Verdict.UNKNOWN),
             "verdict": str(Verdict.UNKNOWN),
         }
         self._flush()
@@ -84,15 +89,20 @@ class EvidenceWriter:
 
     def add_point(self, point: Point) -> None:
         self.doc["points"].append(point.to_json())
-        self.doc["verdict"] = str(self._points_verdict())
+        self.doc["points_verdict"] = str(self._points_verdict())  # the run's stays UNKNOWN
         self._flush()
 
     def finish(self, summary: dict[str, Any], verdict: Verdict | None = None) -> Verdict:
         """Close the run. The run verdict merges the points and any run-level verdict given."""
-        merged = self._points_verdict()
-        if verdict is not None:
-            merged = merge([merged, verdict])
-        self.doc.update(summary=summary, finished_at=now_iso(), complete=True, verdict=str(merged))
+        points = self._points_verdict()
+        merged = points if verdict is None else merge([points, verdict])
+        self.doc.update(
+            summary=summary,
+            finished_at=now_iso(),
+            complete=True,
+            points_verdict=str(points),
+            verdict=str(merged),
+        )
         self._flush()
         return merged
 

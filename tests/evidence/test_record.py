@@ -22,10 +22,12 @@ def test_each_point_is_on_disk_and_the_run_is_incomplete_until_finished(tmp_path
     w.add_point(Point("p1", {"tokens": 1}, {"x": 1}, (Check("c", Verdict.PASS),)))
     doc = load_evidence(w.path)
     assert [p["id"] for p in doc["points"]] == ["p1"]
-    assert (doc["complete"], doc["verdict"]) == (False, "PASS")
+    # An unfinished run never reads PASS: the points' verdict so far has its own key.
+    assert (doc["complete"], doc["verdict"], doc["points_verdict"]) == (False, "UNKNOWN", "PASS")
     assert w.finish({"n": 1}) == Verdict.PASS
     doc = load_evidence(w.path)
     assert (doc["complete"], doc["verdict"], doc["summary"]) == (True, "PASS", {"n": 1})
+    assert doc["points_verdict"] == "PASS"
     assert doc["run_id"].startswith("br-e1-") and doc["kind"] == "sweep"
     assert len(doc["spec_sha256"]) == 64 and doc["salt"] == "salt-1"
 
@@ -42,6 +44,7 @@ def test_abort_keeps_points_and_says_incomplete(tmp_path: Path) -> None:
     w.abort("interrupted: KeyboardInterrupt")
     doc = load_evidence(w.path)
     assert doc["complete"] is False and doc["verdict"] == "UNKNOWN"
+    assert doc["points_verdict"] == "PASS"  # what was measured, kept apart from the verdict
     assert doc["points"][0]["measures"] == {"v": 3}
     assert doc["summary"]["aborted"] == "interrupted: KeyboardInterrupt"
 
