@@ -65,10 +65,24 @@ def finish(verdict: Verdict, out_dir: Path) -> None:
     raise typer.Exit(exit_code(verdict))
 
 
+def reclaim_dead_runs(say: bool = True) -> None:
+    """Remove the /dev/shm segments that runs killed before their teardown named (and only
+    those whose processes are gone and that nothing maps)."""
+    from bsrctl.stack.shm_ledger import reclaim
+
+    gone = reclaim()
+    if gone and say:
+        mib = sum(r.bytes for r in gone) / 2**20
+        names = ", ".join(r.name for r in gone)
+        err.print(f"reclaimed {len(gone)} /dev/shm segment(s), {mib:.1f} MiB, left by dead "
+                  f"runs: {names}", highlight=False, soft_wrap=True)  # fmt: skip
+
+
 def run_experiment(quiet: bool, out_dir: Path, run: Callable[[], Verdict]) -> None:
     """The body every experiment command shares: quiet libraries, run guarded, exit by verdict.
     `run` does its own import so that vLLM/LMCache load only for the command that needs them."""
     quiet_libraries(quiet)
+    reclaim_dead_runs()
     finish(guarded(run), out_dir)
 
 
@@ -194,6 +208,7 @@ def stack_up(
     from bsrctl.stack.serving import ServingStack, check_ports
 
     def go() -> ServingStack:
+        reclaim_dead_runs()
         parsed, tuning = load_stack_section(spec)
         if (run_dir / "stack" / "state.json").exists() and _live_state(run_dir):
             raise BadInput(f"--run-dir: a stack is already up in {run_dir}; `bsrctl stack down`")

@@ -36,7 +36,7 @@ from bsrctl.restore import (
     RowId,
     RowKeys,
 )
-from bsrctl.stack import extensions
+from bsrctl.stack import extensions, shm_ledger
 from bsrctl.stack.storage.canonical import CanonicalKV
 from bsrctl.stack.storage.config import (
     FaultSpec,
@@ -71,6 +71,14 @@ class StorageStack:
         self.high_water: dict[int, L1HighWater] = {}
         self.seeded: _Seeded | None = None
         self.markers = ForceLocalMarkers()  # force-local markers outlive single restores
+        # On record before LMCache creates the L1 pools: a SIGKILLed run leaks none of them.
+        self.shm_key = f"storage-{os.getpid()}-{id(self):x}"
+        shm_ledger.record(
+            self.shm_key,
+            [self.l1_segment(r) for r in range(self.registration.tp_size)],
+            [os.getpid()],
+            Path(config.root_dir),
+        )
         try:
             for rank in range(self.registration.tp_size):
                 self.managers[rank] = StorageManager(self._sm_config(rank))
@@ -98,11 +106,16 @@ class StorageStack:
         except ImportError as e:
             raise BadInput(f"l2_adapter 'bsr_fs' unavailable ({e}); use l2_adapter 'stock'") from e
 
+    def l1_segment(self, rank: int) -> str:
+        """The /dev/shm name of a rank's L1 pool (LMCache prefixes ``lmcache_l1_pool_``)."""
+        return f"lmcache_l1_pool_bsrctl_storage_{os.getpid()}_{id(self):x}_{rank}"
+
     def _sm_config(self, rank: int) -> StorageManagerConfig:
-        shm = f"bsrctl_storage_{os.getpid()}_{id(self):x}_{rank}"
         l1 = L1ManagerConfig(
             L1MemoryManagerConfig(
-                size_in_bytes=self.config.l1_capacity_bytes, use_lazy=False, shm_name=shm
+                size_in_bytes=self.config.l1_capacity_bytes,
+                use_lazy=False,
+                shm_name=self.l1_segment(rank),
             )
         )
         return StorageManagerConfig(
@@ -371,6 +384,7 @@ class StorageStack:
                 pass
         self.managers.clear()
         self.high_water.clear()
+        shm_ledger.release(self.shm_key)
         if remove_files:
             shutil.rmtree(self.config.root_dir, ignore_errors=True)
 
