@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
 from collections.abc import Callable
 from importlib import import_module
@@ -29,7 +28,12 @@ out = Console()
 T = TypeVar("T")
 
 OutOpt = Annotated[Path, typer.Option("--out", help="runs land in OUT/<run_id>/")]
-QuietOpt = Annotated[bool, typer.Option("--quiet", help="no progress display (CI logs)")]
+QuietOpt = Annotated[
+    bool, typer.Option("--quiet", help="only one line per point and the verdict (CI logs)")
+]
+JsonOpt = Annotated[
+    bool, typer.Option("--json", help="print only the evidence path and the verdict, as JSON")
+]
 SpecArg = Annotated[Path, typer.Argument(help="YAML spec")]
 StackOpt = Annotated[str, typer.Option("--stack", help="serving | storage | sim")]
 
@@ -53,15 +57,28 @@ def guarded(fn: Callable[[], T]) -> T:
         raise typer.Exit(3) from None
 
 
-def quiet_libraries(quiet: bool) -> None:
-    """--quiet: keep LMCache's INFO lines (it logs to stdout) out of CI logs."""
-    if quiet:
-        os.environ.setdefault("LMCACHE_LOG_LEVEL", "WARNING")
+@app.callback()
+def _every_command() -> None:
+    """Library loggers (LMCache, vLLM, Mooncake) never reach the console: they are routed
+    before any command imports them, into the run folder while a run is on."""
+    from bsrctl import liblogs
+
+    liblogs.capture()
 
 
-def finish(verdict: Verdict, out_dir: Path) -> None:
-    colour = {"PASS": "green", "FAIL": "red", "UNKNOWN": "yellow"}[str(verdict)]
-    out.print(f"verdict: [{colour}]{verdict}[/{colour}]  (reports under {out_dir})")
+def finish(verdict: Verdict, out_dir: Path, as_json: bool = False) -> None:
+    from bsrctl.experiments import console
+
+    last = console.last_run()  # the run this command just ended
+    if as_json:
+        evidence = str(last[1].resolve()) if last else None
+        sys.stdout.write(json.dumps({"evidence": evidence, "verdict": str(verdict)}) + "\n")
+    else:
+        colour = {"PASS": "green", "FAIL": "red", "UNKNOWN": "yellow"}[str(verdict)]
+        where = last[1].parent if last else out_dir
+        out.print(
+            f"verdict: [{colour}]{verdict}[/{colour}]  ({where})", highlight=False, soft_wrap=True
+        )
     raise typer.Exit(exit_code(verdict))
 
 
@@ -78,24 +95,38 @@ def reclaim_dead_runs(say: bool = True) -> None:
                   f"runs: {names}", highlight=False, soft_wrap=True)  # fmt: skip
 
 
-def run_experiment(quiet: bool, out_dir: Path, run: Callable[[], Verdict]) -> None:
-    """The body every experiment command shares: quiet libraries, run guarded, exit by verdict.
-    `run` does its own import so that vLLM/LMCache load only for the command that needs them."""
-    quiet_libraries(quiet)
-    reclaim_dead_runs()
-    finish(guarded(run), out_dir)
+def run_experiment(
+    quiet: bool, out_dir: Path, run: Callable[[], Verdict], as_json: bool = False
+) -> None:
+    """The body every experiment command shares: the console mode, dead runs' /dev/shm
+    reclaimed, the run guarded, exit by verdict. `run` does its own import so that
+    vLLM/LMCache load only for the command that needs them."""
+    from bsrctl.experiments import console
+
+    mode = console.Mode.JSON if as_json else console.Mode.QUIET if quiet else console.Mode.RICH
+    console.configure(mode)
+    try:
+        reclaim_dead_runs(say=not as_json)
+        finish(guarded(run), out_dir, as_json)
+    finally:
+        console.configure(console.Mode.RICH)
 
 
 @app.command()
-def roundtrip(spec: SpecArg, out_dir: OutOpt = Path("reports"), quiet: QuietOpt = False) -> None:
+def roundtrip(
+    spec: SpecArg,
+    out_dir: OutOpt = Path("reports"),
+    quiet: QuietOpt = False,
+    as_json: JsonOpt = False,
+) -> None:
     """Store a prompt's KV, make vLLM forget it, reload it from each tier; check the output."""
 
     def run() -> Verdict:
         from bsrctl.experiments.roundtrip import run_roundtrip
 
-        return run_roundtrip(spec, out_dir, quiet)
+        return run_roundtrip(spec, out_dir, quiet or as_json)
 
-    run_experiment(quiet, out_dir, run)
+    run_experiment(quiet, out_dir, run, as_json)
 
 
 # Experiments that take SPEC --stack --out --quiet and nothing else: (run function, default
@@ -130,12 +161,14 @@ def _experiment_command(name: str, target: str, default_stack: str, doc: str) ->
         stack: StackOpt = default_stack,
         out_dir: OutOpt = Path("reports"),
         quiet: QuietOpt = False,
+        as_json: JsonOpt = False,
     ) -> None:
         def run() -> Verdict:
             module, function = target.split(":")
-            return getattr(import_module(module), function)(spec, out_dir, stack, quiet)
+            run_fn = getattr(import_module(module), function)
+            return run_fn(spec, out_dir, stack, quiet or as_json)  # type: ignore[no-any-return]
 
-        run_experiment(quiet, out_dir, run)
+        run_experiment(quiet, out_dir, run, as_json)
 
     command.__doc__ = doc
     app.command(name)(command)
@@ -154,15 +187,16 @@ def sweep(
     repeat_new_salt: Annotated[
         bool, typer.Option("--repeat-new-salt", help="rerun the largest point, fresh salt")
     ] = False,
+    as_json: JsonOpt = False,
 ) -> None:
     """Window sweep: one deployment, W fixed, prefix sizes in a list (run id br-e1-...)."""
 
     def run() -> Verdict:
         from bsrctl.experiments.restore.sweep import run_sweep
 
-        return run_sweep(spec, out_dir, stack, quiet, repeat_new_salt)
+        return run_sweep(spec, out_dir, stack, quiet or as_json, repeat_new_salt)
 
-    run_experiment(quiet, out_dir, run)
+    run_experiment(quiet, out_dir, run, as_json)
 
 
 @app.command()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import secrets
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -77,6 +78,8 @@ class EvidenceWriter:
             "points_verdict": str(Verdict.UNKNOWN),
             "verdict": str(Verdict.UNKNOWN),
         }
+        # Called with each point's JSON once it is on disk (the run's console listens).
+        self.listeners: list[Callable[[dict[str, Any]], None]] = []
         self._flush()
 
     @property
@@ -91,6 +94,8 @@ class EvidenceWriter:
         self.doc["points"].append(point.to_json())
         self.doc["points_verdict"] = str(self._points_verdict())  # the run's stays UNKNOWN
         self._flush()
+        for listener in self.listeners:
+            listener(self.doc["points"][-1])
 
     def finish(self, summary: dict[str, Any], verdict: Verdict | None = None) -> Verdict:
         """Close the run. The run verdict merges the points and any run-level verdict given."""

@@ -14,7 +14,7 @@ from bsrctl.experiments.failmatrix.rig import Say
 from bsrctl.experiments.failmatrix.serving import ServingRig
 from bsrctl.experiments.failmatrix.spec import load_matrix
 from bsrctl.experiments.failmatrix.storage import StorageStackFactory, run_storage_cell
-from bsrctl.experiments.run import execute, progress
+from bsrctl.experiments.run import RunConsole, execute, progress
 from bsrctl.stack.extensions import ServerModule
 from bsrctl.stack.serving import check_ports
 from bsrctl.stack.storage import StorageStack
@@ -59,6 +59,8 @@ def run_matrix(
             rig = ServingRig(spec, w.run_dir, say, server_module)
             rig.prepare(serving)
             w.set_stack({"kind": "serving", "versions": rig.stack.versions(), **rig.stack.state()})
+        if isinstance(say, RunConsole):
+            say.expect(len(cells))
         for cell in cells:
             say(f"cell {cell.id}: {cell.fault} {cell.at} (expect {cell.expect})")
             if cell.stack == "serving":
@@ -66,8 +68,7 @@ def run_matrix(
                 point = rig.run_cell(cell)
             else:
                 point = run_storage_cell(spec, cell, w.run_dir, storage_stack or StorageStack)
-            w.add_point(point)
-            say(f"  {point.verdict}: fallback in {point.measures.get('time_to_fallback_s')} s")
+            w.add_point(point)  # the run's console prints its line
         return _summary(w.points, skipped, substitutes), []
 
     def teardown() -> None:
