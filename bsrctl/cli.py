@@ -200,17 +200,31 @@ def sweep(
 
 
 @app.command()
-def report(run_dir: Annotated[Path, typer.Argument(help="reports/<run_id>")]) -> None:
-    """Re-render summary.md from a run's evidence.json."""
-    from bsrctl.report import write_summary
+def report(
+    run_dirs: Annotated[list[Path], typer.Argument(help="reports/<run_id> ...")],
+    out_dir: Annotated[
+        Path | None,
+        typer.Option("--out", help="where report.md/.html go (default: the run's folder)"),
+    ] = None,
+) -> None:
+    """Re-render each run's summary.md from its evidence.json, then report.md and one
+    self-contained report.html (figures inline) for the runs; prints their paths."""
+    from bsrctl.report import write_report, write_summary
+    from bsrctl.report.document import Written
 
-    def go() -> Path:
-        if not (run_dir / "evidence.json").is_file():
-            raise BadInput(f"{run_dir}: no evidence.json; pass a folder under reports/")
-        return write_summary(run_dir)
+    def go() -> Written:
+        for run_dir in run_dirs:
+            if not (run_dir / "evidence.json").is_file():
+                raise BadInput(f"{run_dir}: no evidence.json; pass a folder under reports/")
+        for run_dir in run_dirs:
+            write_summary(run_dir)
+        return write_report(run_dirs, out_dir)
 
-    path = guarded(go)
-    out.print(path.read_text(), markup=False, highlight=False)
+    written = guarded(go)
+    if written.figures_skipped:
+        err.print(f"figures skipped: {written.figures_skipped}", highlight=False)
+    out.print(f"report.md: {written.markdown}", highlight=False, soft_wrap=True)
+    out.print(f"report.html: {written.html}", highlight=False, soft_wrap=True)
 
 
 @app.command()
