@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from bsrctl.evidence.atomic import write_atomic
+from bsrctl.evidence.manifest import write_manifest
+from bsrctl.evidence.schema import validate_evidence
 from bsrctl.evidence.verdict import Point, Verdict, merge
 
 SCHEMA = "bsrctl.evidence/1"
@@ -94,6 +96,7 @@ class EvidenceWriter:
         self.doc["points"].append(point.to_json())
         self.doc["points_verdict"] = str(self._points_verdict())  # the run's stays UNKNOWN
         self._flush()
+        write_manifest(self.run_dir)  # the sums of every file so far: `bsrctl verify`
         for listener in self.listeners:
             listener(self.doc["points"][-1])
 
@@ -121,6 +124,7 @@ class EvidenceWriter:
         return merge(Verdict(p["verdict"]) for p in self.doc["points"])
 
     def _flush(self) -> None:
+        validate_evidence(self.doc)  # the schema `bsrctl schema` exports is the one obeyed
         atomic_write_json(self.path, self.doc)
 
 

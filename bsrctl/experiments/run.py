@@ -14,6 +14,7 @@ from typing import Any, Protocol
 from bsrctl import liblogs
 from bsrctl.errors import StackFailed
 from bsrctl.evidence import EvidenceWriter, Verdict, merge
+from bsrctl.evidence.manifest import write_manifest
 from bsrctl.experiments.console import RunConsole, progress
 from bsrctl.report import write_summary
 
@@ -99,6 +100,7 @@ def execute(
         raise
     finally:
         write_summary(writer.run_dir)
+        write_manifest(writer.run_dir)
         if console is not None:
             console.finished(verdict, writer.path)
     if console is None:
