@@ -3,6 +3,7 @@ forget and restore the prefix of a salt."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import time
@@ -89,7 +90,20 @@ class StorageStack:
 
     # ---- deployment ----
 
-    def _l2_config(self) -> Any:
+    @property
+    def fault_control(self) -> Path:
+        """Rules written here before deploy put the FS tier behind the fault adapter (drop
+        or delay loads by real means); no file, no wrapper: the stack runs as stock."""
+        return Path(self.config.root_dir) / "faults-fs.json"
+
+    def _l2_config(self, rank: int) -> Any:
+        inner = self._fs_config()
+        if self.fault_control.is_file():
+            name = f"storage-fs-{id(self):x}-{rank}"
+            return extensions.fault_wrapped_config(name, inner, self.fault_control)
+        return inner
+
+    def _fs_config(self) -> Any:
         c = self.config.restore
         kind = self.config.l2_adapter
         if kind == "auto":
@@ -121,7 +135,7 @@ class StorageStack:
         return StorageManagerConfig(
             l1_manager_config=l1,
             eviction_config=EvictionConfig("LRU"),
-            l2_adapter_config=L2AdaptersConfig([self._l2_config()]),
+            l2_adapter_config=L2AdaptersConfig([self._l2_config(rank)]),
         )
 
     def versions(self) -> dict[str, str]:
@@ -140,6 +154,12 @@ class StorageStack:
             "use_odirect": c.restore.use_odirect,
             "load_concurrency": c.restore.load_concurrency,
             "destination": c.destination,
+            # the FS tier ran behind the fault adapter, with these rules at deploy
+            **(
+                {"fault_control": json.loads(self.fault_control.read_text())}
+                if self.fault_control.is_file()
+                else {}
+            ),
         }
 
     # ---- keys ----
