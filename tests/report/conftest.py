@@ -39,6 +39,15 @@ law:
 """
 
 
+@pytest.fixture
+def figures() -> None:
+    """The figure tests need matplotlib (a dependency since issue 13): fail saying so."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        pytest.fail("matplotlib is not installed: `pip install -e .` (bsrctl depends on it)")
+
+
 def _only(out: Path) -> Path:
     (run,) = [p for p in out.iterdir() if p.is_dir()]
     return run

@@ -72,7 +72,9 @@ def test_law_and_ladder_claims(make_run) -> None:
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_report_of_one_run_has_its_plots_inline_and_names_its_source(make_run, kind) -> None:
+def test_report_of_one_run_has_its_plots_inline_and_names_its_source(
+    figures: None, make_run, kind: str
+) -> None:
     run_dir = make_run(kind)
     doc = load_evidence(run_dir / "evidence.json")
     res = CliRunner().invoke(app, ["report", str(run_dir)])
@@ -114,7 +116,7 @@ def test_report_is_byte_stable_and_keeps_summary(make_run, tmp_path: Path) -> No
     )
 
 
-def test_report_of_several_runs(make_run, tmp_path: Path) -> None:
+def test_report_of_several_runs(figures, make_run, tmp_path: Path) -> None:
     runs = [make_run(k) for k in ("sweep", "law", "failmatrix")]
     res = CliRunner().invoke(app, ["report", *map(str, runs), "--out", str(tmp_path / "r")])
     assert res.exit_code == 0, res.output

@@ -52,7 +52,7 @@ def headless(*args: str) -> subprocess.CompletedProcess[str]:
     )  # fmt: skip
 
 
-def test_report_html_renders_every_plot_in_chromium(make_run, tmp_path: Path) -> None:
+def test_report_html_renders_every_plot_in_chromium(figures, make_run, tmp_path: Path) -> None:
     written = write_report([make_run(k) for k in KINDS], tmp_path / "report")
     page = written.html
     assert page.read_text().count("<figure>") == N_PLOTS
