@@ -26,11 +26,15 @@ $(STAMP): pyproject.toml Makefile
 venv: $(STAMP)
 
 # The round trip through every tier, then the BSR window sweep (W = 4 against the whole plan)
-# and a short whole-plan ladder, all on the embedded CPU stack. Runs land in reports/<run_id>/.
+# and a short whole-plan ladder, all on the embedded CPU stack. Runs land in reports/<run_id>/;
+# the three are rendered into one report whose report.html path is the last line printed.
+DEMO_RUNS = $(VENV)/bin/bsrctl runs reports --json | $(PY) -c \
+  'import json, sys; print(" ".join(r["path"] for r in json.load(sys.stdin)[:3]))'
 demo: venv
 	$(VENV)/bin/bsrctl roundtrip ladders/demo-roundtrip.yaml --out reports
 	$(VENV)/bin/bsrctl sweep ladders/cpu-e1.yaml --out reports
 	$(VENV)/bin/bsrctl ladder ladders/cpu-e1.yaml --out reports
+	$(VENV)/bin/bsrctl report $$($(DEMO_RUNS)) --out reports/demo-report
 
 test: venv
 	$(PYTEST) -q

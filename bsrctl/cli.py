@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
 from collections.abc import Callable
 from importlib import import_module
 from pathlib import Path
-from typing import Annotated, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
@@ -29,7 +28,12 @@ out = Console()
 T = TypeVar("T")
 
 OutOpt = Annotated[Path, typer.Option("--out", help="runs land in OUT/<run_id>/")]
-QuietOpt = Annotated[bool, typer.Option("--quiet", help="no progress display (CI logs)")]
+QuietOpt = Annotated[
+    bool, typer.Option("--quiet", help="only one line per point and the verdict (CI logs)")
+]
+JsonOpt = Annotated[
+    bool, typer.Option("--json", help="print only the evidence path and the verdict, as JSON")
+]
 SpecArg = Annotated[Path, typer.Argument(help="YAML spec")]
 StackOpt = Annotated[str, typer.Option("--stack", help="serving | storage | sim")]
 
@@ -53,35 +57,76 @@ def guarded(fn: Callable[[], T]) -> T:
         raise typer.Exit(3) from None
 
 
-def quiet_libraries(quiet: bool) -> None:
-    """--quiet: keep LMCache's INFO lines (it logs to stdout) out of CI logs."""
-    if quiet:
-        os.environ.setdefault("LMCACHE_LOG_LEVEL", "WARNING")
+@app.callback()
+def _every_command() -> None:
+    """Library loggers (LMCache, vLLM, Mooncake) never reach the console: they are routed
+    before any command imports them, into the run folder while a run is on."""
+    from bsrctl import liblogs
+
+    liblogs.capture()
 
 
-def finish(verdict: Verdict, out_dir: Path) -> None:
-    colour = {"PASS": "green", "FAIL": "red", "UNKNOWN": "yellow"}[str(verdict)]
-    out.print(f"verdict: [{colour}]{verdict}[/{colour}]  (reports under {out_dir})")
+def finish(verdict: Verdict, out_dir: Path, as_json: bool = False) -> None:
+    from bsrctl.experiments import console
+
+    last = console.last_run()  # the run this command just ended
+    if as_json:
+        evidence = str(last[1].resolve()) if last else None
+        sys.stdout.write(json.dumps({"evidence": evidence, "verdict": str(verdict)}) + "\n")
+    else:
+        colour = {"PASS": "green", "FAIL": "red", "UNKNOWN": "yellow"}[str(verdict)]
+        where = last[1].parent if last else out_dir
+        out.print(
+            f"verdict: [{colour}]{verdict}[/{colour}]  ({where})", highlight=False, soft_wrap=True
+        )
     raise typer.Exit(exit_code(verdict))
 
 
-def run_experiment(quiet: bool, out_dir: Path, run: Callable[[], Verdict]) -> None:
-    """The body every experiment command shares: quiet libraries, run guarded, exit by verdict.
-    `run` does its own import so that vLLM/LMCache load only for the command that needs them."""
-    quiet_libraries(quiet)
-    finish(guarded(run), out_dir)
+def reclaim_dead_runs(say: bool = True) -> None:
+    """Remove the /dev/shm segments that runs killed before their teardown named (and only
+    those whose processes are gone and that nothing maps)."""
+    from bsrctl.stack.shm_ledger import reclaim
+
+    gone = reclaim()
+    if gone and say:
+        mib = sum(r.bytes for r in gone) / 2**20
+        names = ", ".join(r.name for r in gone)
+        err.print(f"reclaimed {len(gone)} /dev/shm segment(s), {mib:.1f} MiB, left by dead "
+                  f"runs: {names}", highlight=False, soft_wrap=True)  # fmt: skip
+
+
+def run_experiment(
+    quiet: bool, out_dir: Path, run: Callable[[], Verdict], as_json: bool = False
+) -> None:
+    """The body every experiment command shares: the console mode, dead runs' /dev/shm
+    reclaimed, the run guarded, exit by verdict. `run` does its own import so that
+    vLLM/LMCache load only for the command that needs them."""
+    from bsrctl.experiments import console
+
+    mode = console.Mode.JSON if as_json else console.Mode.QUIET if quiet else console.Mode.RICH
+    console.configure(mode)
+    try:
+        reclaim_dead_runs(say=not as_json)
+        finish(guarded(run), out_dir, as_json)
+    finally:
+        console.configure(console.Mode.RICH)
 
 
 @app.command()
-def roundtrip(spec: SpecArg, out_dir: OutOpt = Path("reports"), quiet: QuietOpt = False) -> None:
+def roundtrip(
+    spec: SpecArg,
+    out_dir: OutOpt = Path("reports"),
+    quiet: QuietOpt = False,
+    as_json: JsonOpt = False,
+) -> None:
     """Store a prompt's KV, make vLLM forget it, reload it from each tier; check the output."""
 
     def run() -> Verdict:
         from bsrctl.experiments.roundtrip import run_roundtrip
 
-        return run_roundtrip(spec, out_dir, quiet)
+        return run_roundtrip(spec, out_dir, quiet or as_json)
 
-    run_experiment(quiet, out_dir, run)
+    run_experiment(quiet, out_dir, run, as_json)
 
 
 # Experiments that take SPEC --stack --out --quiet and nothing else: (run function, default
@@ -116,12 +161,14 @@ def _experiment_command(name: str, target: str, default_stack: str, doc: str) ->
         stack: StackOpt = default_stack,
         out_dir: OutOpt = Path("reports"),
         quiet: QuietOpt = False,
+        as_json: JsonOpt = False,
     ) -> None:
         def run() -> Verdict:
             module, function = target.split(":")
-            return getattr(import_module(module), function)(spec, out_dir, stack, quiet)
+            run_fn = getattr(import_module(module), function)
+            return run_fn(spec, out_dir, stack, quiet or as_json)  # type: ignore[no-any-return]
 
-        run_experiment(quiet, out_dir, run)
+        run_experiment(quiet, out_dir, run, as_json)
 
     command.__doc__ = doc
     app.command(name)(command)
@@ -140,29 +187,140 @@ def sweep(
     repeat_new_salt: Annotated[
         bool, typer.Option("--repeat-new-salt", help="rerun the largest point, fresh salt")
     ] = False,
+    as_json: JsonOpt = False,
 ) -> None:
     """Window sweep: one deployment, W fixed, prefix sizes in a list (run id br-e1-...)."""
 
     def run() -> Verdict:
         from bsrctl.experiments.restore.sweep import run_sweep
 
-        return run_sweep(spec, out_dir, stack, quiet, repeat_new_salt)
+        return run_sweep(spec, out_dir, stack, quiet or as_json, repeat_new_salt)
 
-    run_experiment(quiet, out_dir, run)
+    run_experiment(quiet, out_dir, run, as_json)
 
 
 @app.command()
-def report(run_dir: Annotated[Path, typer.Argument(help="reports/<run_id>")]) -> None:
-    """Re-render summary.md from a run's evidence.json."""
-    from bsrctl.report import write_summary
+def report(
+    run_dirs: Annotated[list[Path], typer.Argument(help="reports/<run_id> ...")],
+    out_dir: Annotated[
+        Path | None,
+        typer.Option("--out", help="where report.md/.html go (default: the run's folder)"),
+    ] = None,
+) -> None:
+    """Re-render each run's summary.md from its evidence.json, then report.md and one
+    self-contained report.html (figures inline) for the runs; prints their paths."""
+    from bsrctl.evidence.manifest import add_to_manifest, write_manifest
+    from bsrctl.report import write_report, write_summary
+    from bsrctl.report.document import Written
 
-    def go() -> Path:
-        if not (run_dir / "evidence.json").is_file():
-            raise BadInput(f"{run_dir}: no evidence.json; pass a folder under reports/")
-        return write_summary(run_dir)
+    def go() -> Written:
+        for run_dir in run_dirs:
+            if not (run_dir / "evidence.json").is_file():
+                raise BadInput(f"{run_dir}: no evidence.json; pass a folder under reports/")
+        for run_dir in run_dirs:
+            write_summary(run_dir)
+        written = write_report(run_dirs, out_dir)
+        rendered = [written.markdown, written.html, *written.figures]
+        folder = written.markdown.parent
+        if (folder / "manifest.json").is_file():  # a run's sums stay; the renderings join
+            add_to_manifest(folder, rendered)
+        else:
+            write_manifest(folder)
+        return written
 
-    path = guarded(go)
-    out.print(path.read_text(), markup=False, highlight=False)
+    written = guarded(go)
+    if written.figures_skipped:
+        err.print(f"figures skipped: {written.figures_skipped}", highlight=False)
+    out.print(f"report.md: {written.markdown}", highlight=False, soft_wrap=True)
+    out.print(f"report.html: {written.html}", highlight=False, soft_wrap=True)
+
+
+@app.command()
+def runs(
+    root: Annotated[Path, typer.Argument(help="a reports folder")] = Path("reports"),
+    kind: Annotated[str | None, typer.Option("--kind", help="only runs of this kind")] = None,
+    verdict: Annotated[
+        str | None, typer.Option("--verdict", help="only PASS, FAIL or UNKNOWN runs")
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """The runs under a reports folder, newest first: run id, kind, spec, stack, started,
+    complete, verdict."""
+    from bsrctl.report.runs import list_runs, render
+
+    def go() -> list[Any]:
+        if verdict is not None and verdict not in ("PASS", "FAIL", "UNKNOWN"):
+            raise BadInput(f"--verdict {verdict!r}: one of PASS, FAIL, UNKNOWN")
+        if not root.is_dir():
+            raise BadInput(f"{root}: no such folder; pass the --out of your runs")
+        return list_runs(root, kind, verdict)
+
+    rows = guarded(go)
+    if as_json:
+        sys.stdout.write(json.dumps([r.to_json() for r in rows]) + "\n")
+    else:
+        out.print(render(rows), end="", markup=False, highlight=False, soft_wrap=True)
+
+
+@app.command()
+def compare(
+    base: Annotated[Path, typer.Argument(help="the run to compare against (its folder)")],
+    new: Annotated[Path, typer.Argument(help="the run under test (its folder)")],
+    fail_on: Annotated[
+        list[str] | None,
+        typer.Option("--fail-on", help="METRIC:PCT, exit 1 when METRIC worsens by > PCT %"),
+    ] = None,
+) -> None:
+    """Point-by-point deltas of two runs of one spec; exit 1 when a --fail-on metric
+    regresses beyond its bound, 2 when the runs are of different kinds or specs."""
+    from bsrctl.evidence import load_evidence
+    from bsrctl.report.compare import Bound, compare, render
+
+    def go() -> Any:
+        docs = []
+        for run_dir in (base, new):
+            if not (run_dir / "evidence.json").is_file():
+                raise BadInput(f"{run_dir}: no evidence.json; pass a folder under reports/")
+            docs.append(load_evidence(run_dir / "evidence.json"))
+        try:
+            bounds = [Bound.parse(b) for b in fail_on or []]
+            return compare(docs[0], docs[1], bounds)
+        except ValueError as exc:  # Incomparable included: refusing is bad input
+            raise BadInput(str(exc)) from None
+
+    result = guarded(go)
+    out.print(render(result), end="", markup=False, highlight=False, soft_wrap=True)
+    raise typer.Exit(1 if result.regressed else 0)
+
+
+@app.command()
+def verify(run_dir: Annotated[Path, typer.Argument(help="reports/<run_id>")]) -> None:
+    """Recompute the sha256 of every file of a run folder against its manifest.json; name
+    each file that changed, appeared or vanished (exit 1), else exit 0."""
+    from bsrctl.evidence.manifest import verify as check
+
+    def go() -> Any:
+        try:
+            return check(run_dir)
+        except FileNotFoundError:
+            raise BadInput(f"{run_dir}: no manifest.json; pass a run folder") from None
+
+    res = guarded(go)
+    for label, names in (("changed", res.changed), ("appeared", res.appeared),
+                         ("vanished", res.vanished)):  # fmt: skip
+        for name in names:
+            out.print(f"{label}: {name}", markup=False, highlight=False)
+    if res.ok:
+        out.print(f"ok: {res.checked} files match manifest.json", highlight=False)
+    raise typer.Exit(0 if res.ok else 1)
+
+
+@app.command()
+def schema() -> None:
+    """The JSON Schema of evidence.json, from the models the writer validates against."""
+    from bsrctl.evidence.schema import json_schema_text
+
+    sys.stdout.write(json_schema_text())
 
 
 @app.command()
@@ -194,6 +352,7 @@ def stack_up(
     from bsrctl.stack.serving import ServingStack, check_ports
 
     def go() -> ServingStack:
+        reclaim_dead_runs()
         parsed, tuning = load_stack_section(spec)
         if (run_dir / "stack" / "state.json").exists() and _live_state(run_dir):
             raise BadInput(f"--run-dir: a stack is already up in {run_dir}; `bsrctl stack down`")

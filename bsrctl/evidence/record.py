@@ -1,15 +1,22 @@
-"""evidence.json: rewritten atomically after every point, so a crash keeps what was measured."""
+"""evidence.json: rewritten atomically after every point, so a crash keeps what was measured.
+
+Until ``finish`` the run's ``verdict`` is UNKNOWN, whatever the points say: a run killed
+after its second point must never read PASS. The points' merged verdict so far is kept
+under ``points_verdict``."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import secrets
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from bsrctl.evidence.atomic import write_atomic
+from bsrctl.evidence.manifest import write_manifest
+from bsrctl.evidence.schema import validate_evidence
 from bsrctl.evidence.verdict import Point, Verdict, merge
 
 SCHEMA = "bsrctl.evidence/1"
@@ -70,8 +77,11 @@ class EvidenceWriter:
             "complete": False,
             "points": [],
             "summary": {},
+            "points_verdict": str(Verdict.UNKNOWN),
             "verdict": str(Verdict.UNKNOWN),
         }
+        # Called with each point's JSON once it is on disk (the run's console listens).
+        self.listeners: list[Callable[[dict[str, Any]], None]] = []
         self._flush()
 
     @property
@@ -84,15 +94,23 @@ class EvidenceWriter:
 
     def add_point(self, point: Point) -> None:
         self.doc["points"].append(point.to_json())
-        self.doc["verdict"] = str(self._points_verdict())
+        self.doc["points_verdict"] = str(self._points_verdict())  # the run's stays UNKNOWN
         self._flush()
+        write_manifest(self.run_dir)  # the sums of every file so far: `bsrctl verify`
+        for listener in self.listeners:
+            listener(self.doc["points"][-1])
 
     def finish(self, summary: dict[str, Any], verdict: Verdict | None = None) -> Verdict:
         """Close the run. The run verdict merges the points and any run-level verdict given."""
-        merged = self._points_verdict()
-        if verdict is not None:
-            merged = merge([merged, verdict])
-        self.doc.update(summary=summary, finished_at=now_iso(), complete=True, verdict=str(merged))
+        points = self._points_verdict()
+        merged = points if verdict is None else merge([points, verdict])
+        self.doc.update(
+            summary=summary,
+            finished_at=now_iso(),
+            complete=True,
+            points_verdict=str(points),
+            verdict=str(merged),
+        )
         self._flush()
         return merged
 
@@ -106,6 +124,7 @@ class EvidenceWriter:
         return merge(Verdict(p["verdict"]) for p in self.doc["points"])
 
     def _flush(self) -> None:
+        validate_evidence(self.doc)  # the schema `bsrctl schema` exports is the one obeyed
         atomic_write_json(self.path, self.doc)
 
 

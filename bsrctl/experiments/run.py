@@ -6,17 +6,20 @@ stack torn down, and summary.md rendered from the evidence whatever happened."""
 from __future__ import annotations
 
 import signal
-import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, Protocol
 
+from bsrctl import liblogs
 from bsrctl.errors import StackFailed
 from bsrctl.evidence import EvidenceWriter, Verdict, merge
+from bsrctl.evidence.manifest import write_manifest
+from bsrctl.experiments.console import RunConsole, progress
 from bsrctl.report import write_summary
 
 Progress = Callable[[str], None]
+__all__ = ["Interrupted", "Progress", "RunConsole", "execute", "progress", "sigterm_interrupts"]
 
 
 class RunCheck(Protocol):
@@ -33,13 +36,6 @@ Body = Callable[[EvidenceWriter], tuple[dict[str, Any], Sequence[RunCheck]]]
 
 class Interrupted(KeyboardInterrupt):
     """The run got SIGTERM (handled like Ctrl-C)."""
-
-
-def progress(quiet: bool) -> Progress:
-    def say(msg: str) -> None:
-        print(f"· {msg}", file=sys.stderr, flush=True)
-
-    return (lambda _msg: None) if quiet else say
 
 
 class _TermGuard:
@@ -76,9 +72,14 @@ def sigterm_interrupts() -> Iterator[_TermGuard]:
 def execute(
     writer: EvidenceWriter, body: Body, teardown: Callable[[], None], say: Progress
 ) -> Verdict:
-    """Run `body`, finish or abort the evidence, always tear down and render summary.md."""
+    """Run `body`, finish or abort the evidence, always tear down and render summary.md.
+    Library logs land in the run folder meanwhile; `say`, a RunConsole, shows each point."""
+    console = say if isinstance(say, RunConsole) else None
+    if console is not None:
+        writer.listeners.append(console.point)
+    verdict = Verdict.UNKNOWN
     try:
-        with sigterm_interrupts() as guard:
+        with liblogs.into(writer.run_dir), sigterm_interrupts() as guard:
             try:
                 summary, run_checks = body(writer)
             finally:
@@ -99,5 +100,9 @@ def execute(
         raise
     finally:
         write_summary(writer.run_dir)
-    say(f"{verdict}: {writer.run_dir}")
+        write_manifest(writer.run_dir)
+        if console is not None:
+            console.finished(verdict, writer.path)
+    if console is None:
+        say(f"{verdict}: {writer.run_dir}")
     return verdict

@@ -2,17 +2,22 @@
 
 ``render(doc)`` picks the renderer of the run's kind; ``write_summary(run_dir)`` writes
 summary.md with it. Runs write their summary.md through this same function, so
-``bsrctl report RUN`` reproduces it byte for byte.
+``bsrctl report RUN`` reproduces it byte for byte. ``write_report(run_dirs)`` renders one
+run or several into report.md and a self-contained report.html with the figures
+(``figures``: matplotlib; ``claims``: paper vs measured; ``units``: MiB, ms, provenance).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from importlib import import_module
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bsrctl.evidence import load_evidence
+
+if TYPE_CHECKING:
+    from bsrctl.report.document import Written
 
 # kind -> module under bsrctl.report holding `render(doc) -> str`
 RENDERERS = {
@@ -41,3 +46,10 @@ def write_summary(run_dir: Path) -> Path:
     out = Path(run_dir) / "summary.md"
     out.write_text(render(load_evidence(Path(run_dir) / "evidence.json")))
     return out
+
+
+def write_report(run_dirs: Sequence[Path], out_dir: Path | None = None) -> Written:
+    """report.md and a self-contained report.html of one run or several (matplotlib)."""
+    from bsrctl.report.document import write_report as write
+
+    return write(run_dirs, out_dir)

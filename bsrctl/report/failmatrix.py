@@ -5,6 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from bsrctl.report.claims import claims_table, failmatrix_claims
+from bsrctl.report.units import registration_line, versions_line
+
 # The table's check columns, in the order the cells run them (a cell's other checks, e.g.
 # setup_seeded or fault_injected, show only under "Not passing").
 CHECK_ORDER = (
@@ -29,8 +32,17 @@ def render(doc: dict[str, Any]) -> str:
         f"- complete: {doc['complete']}; started {doc['started_at']}; finished "
         f"{doc.get('finished_at')}; salt `{doc['salt']}`",
     ]
+    stack = doc.get("stack") or {}
+    if stack:
+        lines.append(
+            f"- stack: {stack.get('kind')} ({versions_line(stack)}); registration: "
+            f"{registration_line(stack.get('registration') or {})}"
+        )
     if doc.get("summary", {}).get("aborted"):
         lines.append(f"- aborted: {doc['summary']['aborted']}")
+    paper = claims_table(failmatrix_claims(doc))
+    if paper:
+        lines += ["", "## Paper vs measured", "", *paper, "", "## Cells"]
     head = ["cell", "fault", "at", "expect", "verdict", "fallback_s", "cached", *names]
     lines += ["", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for p in points:

@@ -1,55 +1,181 @@
-"""summary.md of a restore run (ladder, sweep, law, round trip), from its evidence alone."""
+"""summary.md of a restore run (ladder, sweep, law, round trip), from its evidence alone.
+
+It leads with the few figures that matter, in MiB, ms and tokens (for a sweep: the peak
+against W·c, cached against expected, TTFT, the verdict per check), then the paper's claims
+beside what was measured, one compact row per point and the checks. Every other measure
+stays in evidence.json.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
-MEASURE_ORDER = (
-    "tokens", "window_chunks", "l1_capacity_bytes", "restore_pool_peak_bytes",
-    "cached_tokens", "external_hit_tokens", "expected_cached_tokens", "ttft_s", "restore_s",
-    "bytes_restored", "output_sha256", "canonical_sha256",
-)  # fmt: skip
-
-
-def _cell(value: Any) -> str:
-    if value is None:
-        return ""
-    if isinstance(value, str) and len(value) == 64:
-        return value[:12]  # a sha256: its prefix is enough to compare by eye
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    return str(value)
+from bsrctl.report.claims import claims, claims_table
+from bsrctl.report.units import header, mib, ms, size, span, table
 
 
 def render(doc: dict[str, Any]) -> str:
     points = doc.get("points", [])
-    # A measure no point has (None: not measured on this stack) gets no column.
-    present = {k for p in points for k, v in p["measures"].items() if v is not None}
-    keys = [k for k in MEASURE_ORDER if k in present]
-    keys += sorted(present - set(keys))
-    lines = [
-        f"# {doc['run_id']} ({doc['kind']}): {doc['verdict']}",
-        "",
-        f"- complete: {doc['complete']}; started {doc['started_at']}; finished "
-        f"{doc.get('finished_at')}",
-        f"- stack: {doc['stack'].get('kind')}; salt `{doc['salt']}`; spec sha256 "
-        f"`{doc['spec_sha256'][:12]}`",
-    ]
-    if doc.get("summary"):
-        lines.append(f"- summary: {doc['summary']}")
-    lines += ["", "| " + " | ".join(["point", "verdict", *keys]) + " |"]
-    lines.append("|" + "---|" * (len(keys) + 2))
-    for p in points:
-        row = [p["id"], p["verdict"]] + [_cell(p["measures"].get(k, "")) for k in keys]
-        lines.append("| " + " | ".join(row) + " |")
+    lines = header(doc)
+    glance = GLANCE.get(doc["kind"], lambda _d: [])(doc)
+    run_checks = (doc.get("summary") or {}).get("checks", [])
+    if run_checks:
+        glance.append(
+            "Run checks: " + "; ".join(f"{c['name']} {c['verdict']}" for c in run_checks) + "."
+        )
+    if glance:
+        lines += ["", "## At a glance", "", *(f"- {g}" for g in glance)]
+    paper = claims_table(claims(doc))
+    if paper:
+        lines += ["", "## Paper vs measured", "", *paper]
+    if points:
+        lines += ["", "## Points", "", *_points_table(doc)]
     names = list(dict.fromkeys(c["name"] for p in points for c in p["checks"]))
     if names:
-        lines += ["", "| point | " + " | ".join(names) + " |", "|" + "---|" * (len(names) + 1)]
+        lines += ["", "## Checks per point", ""]
+        rows = []
         for p in points:
             by = {c["name"]: c["verdict"] for c in p["checks"]}
-            lines.append("| " + " | ".join([p["id"], *(by.get(n, "") for n in names)]) + " |")
+            rows.append([p["id"], *(by.get(n, "") for n in names)])
+        lines += table(["point", *names], rows)
     bad = [(p["id"], c) for p in points for c in p["checks"] if c["verdict"] != "PASS"]
     if bad:
         lines += ["", "## Not passing", ""]
         lines += [f"- {pid} / {c['name']}: {c['verdict']}: {c['detail']}" for pid, c in bad]
+    lines += ["", "Every other measure of every point is in evidence.json."]
     return "\n".join(lines) + "\n"
+
+
+def _points_table(doc: dict[str, Any]) -> list[str]:
+    ladder = doc["kind"] == "ladder"
+    head = ["point", "verdict", "N tokens", "W", "L1 rung" if ladder else "L1", "peak",
+            "W·c + aux", "cached / expected tok", "TTFT", "restore", "restored"]  # fmt: skip
+    if ladder:
+        head.append("rung outcome")
+    rows = []
+    for p in doc["points"]:
+        m, prm = p.get("measures") or {}, p.get("params") or {}
+        cached, expected = m.get("cached_tokens"), m.get("expected_cached_tokens")
+        tokens = prm.get("tokens", m.get("tokens"))
+        l1 = prm.get("l1_capacity_bytes", m.get("l1_capacity_bytes"))
+        row = [
+            p["id"],
+            p["verdict"],
+            "" if tokens is None else str(tokens),
+            "" if prm.get("window_chunks") is None else str(prm["window_chunks"]),
+            "" if l1 is None else size(l1),
+            mib(m.get("restore_pool_peak_bytes")),
+            mib(m.get("rws_bound_bytes") or None),
+            "" if cached is None else f"{cached} / {'' if expected is None else expected}",
+            ms(m.get("ttft_s")),
+            ms(m.get("restore_s")),
+            mib(m.get("bytes_restored")),
+        ]
+        if ladder:
+            row.append(str(p.get("rung_outcome", "")))
+        rows.append(row)
+    return table(head, rows)
+
+
+# ---- at a glance, per kind ---------------------------------------------------------------
+
+
+def _by_window(points: list[dict[str, Any]]) -> dict[int, list[dict[str, Any]]]:
+    out: dict[int, list[dict[str, Any]]] = {}
+    for p in points:
+        if "salt" in p["params"] or p["params"].get("window_chunks") is None:
+            continue
+        out.setdefault(p["params"]["window_chunks"], []).append(p)
+    return out
+
+
+def _tokens_glance(points: list[dict[str, Any]]) -> str:
+    pairs = [
+        (p["id"], p["measures"].get("cached_tokens"), p["measures"].get("expected_cached_tokens"))
+        for p in points
+    ]
+    short = [f"{pid} {got} of {want}" for pid, got, want in pairs if got != want]
+    if not short:
+        return f"Cached tokens: every one of the {len(points)} points reused its whole prefix."
+    return "Cached tokens short of expected: " + "; ".join(short) + "."
+
+
+def _sweep(doc: dict[str, Any]) -> list[str]:
+    reg = (doc.get("stack") or {}).get("registration") or {}
+    c, chunk = reg.get("bytes_per_chunk"), reg.get("chunk_tokens") or 1
+    by_w = _by_window([p for p in doc.get("points", []) if p.get("measures")])
+    out = []
+    for w, pts in sorted(by_w.items(), reverse=True):
+        peaks = [(p["params"]["tokens"], p["measures"].get("restore_pool_peak_bytes")) for p in pts]
+        sizes = ", ".join(str(n) for n, _ in peaks)
+        if w:
+            full = [pk for n, pk in peaks if n // chunk >= w]
+            flat = "the same at every N ≥ W chunks" if len(set(full)) == 1 else "NOT flat"
+            out.append(
+                f"W = {w}: restore-pool peak {span([pk for _, pk in peaks], mib)} over N = {sizes} "
+                f"tokens, {flat}; W·c = {mib(c * w if c else None)}."
+            )
+        else:
+            out.append(
+                f"W = 0 (whole plan): peak {' → '.join(mib(pk) for _, pk in peaks)} over N = "
+                f"{sizes} tokens."
+            )
+    out.append(_tokens_glance([p for p in doc.get("points", []) if p.get("measures")]))
+    for label, key in (("TTFT", "ttft_s"), ("Restore time", "restore_s")):
+        parts = [
+            f"{span([p['measures'].get(key) for p in pts], ms)} at W = {w}"
+            for w, pts in sorted(by_w.items(), reverse=True)
+            if any(p["measures"].get(key) is not None for p in pts)
+        ]
+        if parts:
+            out.append(f"{label}: " + "; ".join(parts) + ".")
+    return out
+
+
+def _law(doc: dict[str, Any]) -> list[str]:
+    fit = (doc.get("summary") or {}).get("fit") or {}
+    if not fit:
+        return []
+    ws = ", ".join(str(w) for w in fit["windows_chunks"])
+    return [
+        f"Peak over W = {ws}: {', '.join(mib(p) for p in fit['restore_pool_peak_bytes'])}.",
+        f"Least-squares slope {mib(fit['slope_bytes_per_chunk'], 4)} per chunk against c = "
+        f"{mib(fit['bytes_per_chunk'], 4)} ({fit['slope_relative_error']:+.4%}); intercept "
+        f"{fit['intercept_bytes']:.0f} B; R² {fit['r2']}.",
+    ]
+
+
+def _ladder(doc: dict[str, Any]) -> list[str]:
+    out = []
+    for row in (doc.get("summary") or {}).get("sizes", []):
+        first, last = row.get("first_passing_rung_bytes"), row.get("last_failing_rung_bytes")
+        if first:
+            out.append(
+                f"N = {row['tokens']} tokens: first passing L1 rung {size(first)} (last failing "
+                f"{size(last) if last else 'none'}), L1 peak {mib(row.get('l1_peak_bytes'))}."
+            )
+        elif row.get("memory_ends_at_rung_bytes"):
+            out.append(
+                f"N = {row['tokens']} tokens: no passing rung; this machine's memory ends at "
+                f"{size(row['memory_ends_at_rung_bytes'])}."
+            )
+        else:
+            out.append(f"N = {row['tokens']} tokens: no passing rung.")
+    return out
+
+
+def _roundtrip(doc: dict[str, Any]) -> list[str]:
+    out = []
+    for p in doc.get("points", []):
+        m = p["measures"]
+        same = m.get("output_sha256") is not None and m.get("output_sha256") == m.get(
+            "canonical_sha256"
+        )
+        out.append(
+            f"{p['id']}: cached {m.get('cached_tokens')} tokens, TTFT {ms(m.get('ttft_s'))}, "
+            f"output {'canonical' if same else 'NOT canonical'} ({p['verdict']})."
+        )
+    return out
+
+
+GLANCE = {"sweep": _sweep, "law": _law, "ladder": _ladder, "roundtrip": _roundtrip}

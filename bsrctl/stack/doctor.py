@@ -9,6 +9,7 @@ from pathlib import Path
 
 import psutil
 
+from bsrctl.stack import shm_ledger
 from bsrctl.stack.netns import namespace_support
 from bsrctl.stack.versions import dist_version, provider
 
@@ -86,6 +87,7 @@ def diagnose(work_dir: Path = Path(".")) -> list[Finding]:
             "free space: the venv takes ~2.5 GiB, L2 tiers grow with prefixes",
         )  # fmt: skip
     )
+    rows.append(shm_finding(shm_ledger.reclaim()))
     avail = psutil.virtual_memory().available
     rows.append(
         Finding(
@@ -96,3 +98,15 @@ def diagnose(work_dir: Path = Path(".")) -> list[Finding]:
         )  # fmt: skip
     )
     return rows
+
+
+def shm_finding(gone: list[shm_ledger.Reclaimed]) -> Finding:
+    """What the reclaim of dead runs' /dev/shm segments removed (done, so always ok)."""
+    if not gone:
+        return Finding("/dev/shm of dead runs", True, "nothing to reclaim", required=False)
+    mib = sum(r.bytes for r in gone) / 2**20
+    names = ", ".join(r.name for r in gone)
+    return Finding(
+        "/dev/shm of dead runs", True, f"reclaimed {len(gone)} segment(s), {mib:.1f} MiB: {names}",
+        required=False,
+    )  # fmt: skip

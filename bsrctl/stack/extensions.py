@@ -143,6 +143,15 @@ def bsr_fs_config(base_path: Path, use_odirect: bool, load_concurrency: int) -> 
     )
 
 
+def fault_wrapped_config(name: str, inner: Any, control: Path) -> Any:
+    """An in-process L2 adapter config: `inner` behind bsrctl's fault adapter, re-reading
+    the rules in `control` (the storage stack's counterpart of ``fault_wrapped``)."""
+    from bsrctl.lmcache_ext.faults import adapter as _registers_the_type  # noqa: F401
+    from bsrctl.lmcache_ext.faults.config import BsrFaultL2AdapterConfig
+
+    return BsrFaultL2AdapterConfig(inner, name=name, control_path=str(control))
+
+
 def restore_storage(sm: Any, layouts: Mapping[int, Any], drain_timeout_s: float) -> RestoreStorage:
     """The BSR core's RestoreStorage over one LMCache StorageManager."""
     from bsrctl.lmcache_ext.storage import LMCacheRestoreStorage

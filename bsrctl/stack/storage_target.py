@@ -4,6 +4,7 @@ no model. Runs BSR at paper geometry without an engine."""
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ class StorageTarget:
         self.root = Path(spec.storage.root_dir or self.run_dir / "storage")
         self.stack: Any = None
         self.settings = RestoreSettings()
+        self.on_phase: Callable[[str], None] = lambda _step: None  # seed, forget, restore
 
     @property
     def l1_ranks(self) -> int:
@@ -78,11 +80,14 @@ class StorageTarget:
     def measure(self, prompt: Prompt, window_chunks: int, cold: bool = True) -> RestoreMeasures:
         st, reg = self.stack, self.reg
         tokens = prompt.tokens
+        self.on_phase("seed")
         seed = st.seed(tokens, prompt.salt)
+        self.on_phase("forget")
         st.forget()
         if self.spec.storage.drop_page_cache:
             st.drop_page_cache()
         budget = self.settings.admission_budget_chunks
+        self.on_phase("restore")
         res = st.restore(
             window_chunks, budget, request_id=f"{prompt.salt}-{tokens}-w{window_chunks}"
         )

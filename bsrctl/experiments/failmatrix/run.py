@@ -12,12 +12,14 @@ from bsrctl.evidence.verdict import Check
 from bsrctl.experiments.failmatrix.checks import table
 from bsrctl.experiments.failmatrix.rig import Say
 from bsrctl.experiments.failmatrix.serving import ServingRig
-from bsrctl.experiments.failmatrix.spec import load_matrix
+from bsrctl.experiments.failmatrix.spec import FailMatrixSpec, load_matrix
 from bsrctl.experiments.failmatrix.storage import StorageStackFactory, run_storage_cell
-from bsrctl.experiments.run import execute, progress
+from bsrctl.experiments.run import RunConsole, execute, progress
+from bsrctl.registration import tiny_llama_cpu
 from bsrctl.stack.extensions import ServerModule
 from bsrctl.stack.serving import check_ports
 from bsrctl.stack.storage import StorageStack
+from bsrctl.stack.versions import dist_version
 
 
 def run_failmatrix(spec_path: Path, out_dir: Path, stack: str = "serving", quiet: bool = False):
@@ -59,6 +61,10 @@ def run_matrix(
             rig = ServingRig(spec, w.run_dir, say, server_module)
             rig.prepare(serving)
             w.set_stack({"kind": "serving", "versions": rig.stack.versions(), **rig.stack.state()})
+        elif cells:  # storage cells only: what they ran on, for the report's provenance
+            w.set_stack(_storage_stack(spec))
+        if isinstance(say, RunConsole):
+            say.expect(len(cells))
         for cell in cells:
             say(f"cell {cell.id}: {cell.fault} {cell.at} (expect {cell.expect})")
             if cell.stack == "serving":
@@ -66,8 +72,7 @@ def run_matrix(
                 point = rig.run_cell(cell)
             else:
                 point = run_storage_cell(spec, cell, w.run_dir, storage_stack or StorageStack)
-            w.add_point(point)
-            say(f"  {point.verdict}: fallback in {point.measures.get('time_to_fallback_s')} s")
+            w.add_point(point)  # the run's console prints its line
         return _summary(w.points, skipped, substitutes), []
 
     def teardown() -> None:
@@ -75,6 +80,12 @@ def run_matrix(
             rig.close()
 
     return execute(writer, body, teardown, say)
+
+
+def _storage_stack(spec: FailMatrixSpec) -> dict[str, Any]:
+    reg = tiny_llama_cpu(chunk_tokens=spec.stack.lmcache.chunk_size, tp_size=spec.storage.tp_ranks)
+    versions = {d: v for d in ("lmcache", "bsrctl") if (v := dist_version(d)) is not None}
+    return {"kind": "storage", "versions": versions, "registration": reg.to_dict()}
 
 
 def _substitutes(

@@ -184,6 +184,7 @@ def run_ladder(
     say = progress(quiet)
     writer = LadderWriter(out_dir, "ladder", raw, spec.salt, {"kind": stack})
     target = make_target(stack, spec, writer.run_dir)
+    say.watch(target)
 
     def body(w: EvidenceWriter) -> tuple[dict[str, Any], list[Check]]:
         prompts = [Prompt(spec.salt, n) for n in lad.sizes_tokens]

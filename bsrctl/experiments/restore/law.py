@@ -69,6 +69,8 @@ def run_law(spec_path: Path, out_dir: Path, stack: str = "serving", quiet: bool 
     reg = spec.registration_for(stack)
     writer = EvidenceWriter(out_dir, "law", raw, spec.salt, {"kind": stack})
     target = make_target(stack, spec, writer.run_dir)
+    say.watch(target)
+    say.expect(len(law.windows_chunks))
     l1 = spec.stack.lmcache.l1_size_bytes
 
     def body(w: EvidenceWriter) -> tuple[dict[str, Any], list[Check]]:
@@ -82,13 +84,14 @@ def run_law(spec_path: Path, out_dir: Path, stack: str = "serving", quiet: bool 
         for win in law.windows_chunks:
             say(f"N = {law.tokens} tokens, W = {win}")
             m = target.measure(prompt, win)
+            say.step("check")
             params = {"tokens": law.tokens, "window_chunks": win, "l1_capacity_bytes": l1}
             w.add_point(restore_point(f"n{law.tokens}-w{win}", params, m, stack))
             peaks.append(m.restore_pool_peak_bytes)
         c, fit = law_check(
             list(law.windows_chunks), peaks, reg.bytes_per_chunk, law.slope_tolerance, law.min_r2
         )
-        print(f"law ({stack}): {c.detail}: {c.verdict}", flush=True)
+        say.result(f"law ({stack}): {c.detail}: {c.verdict}")
         return {"tokens": law.tokens, "fit": fit}, [c]
 
     return execute(writer, body, target.cleanup, say)

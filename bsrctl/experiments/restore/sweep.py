@@ -37,6 +37,8 @@ def run_sweep(
     writer = EvidenceWriter(out_dir, "sweep", raw, spec.salt, {"kind": stack})
     target = make_target(stack, spec, writer.run_dir)
     windows = [sw.window_chunks] + ([0] if sw.whole_plan_contrast and sw.window_chunks else [])
+    say.watch(target)
+    say.expect(len(sw.sizes_tokens) * len(windows) + (1 if new_salt else 0))
 
     def body(w: EvidenceWriter) -> tuple[dict[str, Any], list[Check]]:
         prompts = [Prompt(spec.salt, n) for n in sw.sizes_tokens]
@@ -52,6 +54,7 @@ def run_sweep(
             for win in windows:
                 say(f"N = {n} tokens, W = {win}")
                 m = target.measure(Prompt(spec.salt, n), win)
+                say.step("check")
                 w.add_point(restore_point(f"n{n}-w{win}", _params(n, win, l1), m, stack))
         if new_salt:
             n = sw.sizes_tokens[-1]

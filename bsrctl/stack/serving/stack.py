@@ -9,7 +9,7 @@ from typing import Any
 
 from bsrctl.errors import BadInput, StackFailed
 from bsrctl.specs import StackSpec
-from bsrctl.stack import tinymodel
+from bsrctl.stack import shm_ledger, tinymodel
 from bsrctl.stack.extensions import LMCacheExtensions
 from bsrctl.stack.netns import NetNamespace, maybe_inside, start_netns
 from bsrctl.stack.process import Supervised, ensure_port_free, free_port, http_ok, tcp_open
@@ -60,6 +60,9 @@ class ServingStack(ServingClient):
         self.mooncake: Any = None  # bsrctl.stack.mooncake handle when enabled
         self.launched: list[Supervised] = []  # every process ever started, for the audit
         self.shm_at_up: set[str] = set()  # segments there before this stack started
+        # The segments this stack's processes map, on record for a run killed by SIGKILL.
+        self.shm_key = f"serving-{os.getpid()}-{id(self):x}"
+        self.shm_named: set[str] = set()
 
     def _launch(self, part: Supervised) -> None:
         key = "vllm" if part.name.startswith("vllm") else part.name
@@ -88,6 +91,15 @@ class ServingStack(ServingClient):
             self.down()
             raise
         self._save_state()
+        self._record_shm()
+
+    def _record_shm(self) -> None:
+        """Name the /dev/shm segments the stack's processes map now (vLLM's psm_*, LMCache's
+        pools), owned by them and by this process: the next run reclaims them once all are
+        gone (``shm_ledger.reclaim``)."""
+        pids = self.all_pids()
+        self.shm_named |= shm_ledger.segments_of(pids)
+        shm_ledger.record(self.shm_key, self.shm_named, [os.getpid(), *pids], self.dir)
 
     def down(self) -> None:
         for name in ("vllm", "lmcache"):
@@ -103,6 +115,11 @@ class ServingStack(ServingClient):
             self.ns.stop()
             self.ns = None
         self._save_state()
+        left = {n for n in self.shm_named if (shm_ledger.SHM / n).exists()}
+        if left:  # still mapped by something: keep them on record for a later reclaim
+            shm_ledger.record(self.shm_key, left, [], self.dir)
+        else:
+            shm_ledger.release(self.shm_key)
 
     def all_pids(self) -> list[int]:
         pids: list[int] = []
@@ -218,6 +235,7 @@ class ServingStack(ServingClient):
         self._cleanup_shm(part)
         {"vllm": self.start_vllm, "lmcache": self.start_lmcache}[name]()
         self._save_state()
+        self._record_shm()
 
     def _cleanup_shm(self, part: Supervised) -> None:
         remove_unmapped_shm(part.shm_before)

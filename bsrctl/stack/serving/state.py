@@ -10,6 +10,7 @@ from typing import Any
 import psutil
 
 from bsrctl.specs import StackSpec
+from bsrctl.stack import shm_ledger
 from bsrctl.stack.process import ensure_port_free, pids_alive, stop_pids
 from bsrctl.stack.serving.shm import remove_unmapped_shm
 
@@ -49,6 +50,7 @@ def stop_from_state(state_path: Path, timeout_s: float = 15.0) -> list[int]:
     stop_pids(pids, timeout_s)
     if "shm_at_up" in state:
         remove_unmapped_shm(set(state["shm_at_up"]))
+    shm_ledger.reclaim()  # the stopped stack's record (and any other dead run's)
     return pids_alive(pids)
 
 

@@ -3,6 +3,7 @@ forget and restore the prefix of a salt."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import time
@@ -36,7 +37,7 @@ from bsrctl.restore import (
     RowId,
     RowKeys,
 )
-from bsrctl.stack import extensions
+from bsrctl.stack import extensions, shm_ledger
 from bsrctl.stack.storage.canonical import CanonicalKV
 from bsrctl.stack.storage.config import (
     FaultSpec,
@@ -71,6 +72,14 @@ class StorageStack:
         self.high_water: dict[int, L1HighWater] = {}
         self.seeded: _Seeded | None = None
         self.markers = ForceLocalMarkers()  # force-local markers outlive single restores
+        # On record before LMCache creates the L1 pools: a SIGKILLed run leaks none of them.
+        self.shm_key = f"storage-{os.getpid()}-{id(self):x}"
+        shm_ledger.record(
+            self.shm_key,
+            [self.l1_segment(r) for r in range(self.registration.tp_size)],
+            [os.getpid()],
+            Path(config.root_dir),
+        )
         try:
             for rank in range(self.registration.tp_size):
                 self.managers[rank] = StorageManager(self._sm_config(rank))
@@ -81,7 +90,20 @@ class StorageStack:
 
     # ---- deployment ----
 
-    def _l2_config(self) -> Any:
+    @property
+    def fault_control(self) -> Path:
+        """Rules written here before deploy put the FS tier behind the fault adapter (drop
+        or delay loads by real means); no file, no wrapper: the stack runs as stock."""
+        return Path(self.config.root_dir) / "faults-fs.json"
+
+    def _l2_config(self, rank: int) -> Any:
+        inner = self._fs_config()
+        if self.fault_control.is_file():
+            name = f"storage-fs-{id(self):x}-{rank}"
+            return extensions.fault_wrapped_config(name, inner, self.fault_control)
+        return inner
+
+    def _fs_config(self) -> Any:
         c = self.config.restore
         kind = self.config.l2_adapter
         if kind == "auto":
@@ -98,17 +120,22 @@ class StorageStack:
         except ImportError as e:
             raise BadInput(f"l2_adapter 'bsr_fs' unavailable ({e}); use l2_adapter 'stock'") from e
 
+    def l1_segment(self, rank: int) -> str:
+        """The /dev/shm name of a rank's L1 pool (LMCache prefixes ``lmcache_l1_pool_``)."""
+        return f"lmcache_l1_pool_bsrctl_storage_{os.getpid()}_{id(self):x}_{rank}"
+
     def _sm_config(self, rank: int) -> StorageManagerConfig:
-        shm = f"bsrctl_storage_{os.getpid()}_{id(self):x}_{rank}"
         l1 = L1ManagerConfig(
             L1MemoryManagerConfig(
-                size_in_bytes=self.config.l1_capacity_bytes, use_lazy=False, shm_name=shm
+                size_in_bytes=self.config.l1_capacity_bytes,
+                use_lazy=False,
+                shm_name=self.l1_segment(rank),
             )
         )
         return StorageManagerConfig(
             l1_manager_config=l1,
             eviction_config=EvictionConfig("LRU"),
-            l2_adapter_config=L2AdaptersConfig([self._l2_config()]),
+            l2_adapter_config=L2AdaptersConfig([self._l2_config(rank)]),
         )
 
     def versions(self) -> dict[str, str]:
@@ -127,6 +154,12 @@ class StorageStack:
             "use_odirect": c.restore.use_odirect,
             "load_concurrency": c.restore.load_concurrency,
             "destination": c.destination,
+            # the FS tier ran behind the fault adapter, with these rules at deploy
+            **(
+                {"fault_control": json.loads(self.fault_control.read_text())}
+                if self.fault_control.is_file()
+                else {}
+            ),
         }
 
     # ---- keys ----
@@ -371,6 +404,7 @@ class StorageStack:
                 pass
         self.managers.clear()
         self.high_water.clear()
+        shm_ledger.release(self.shm_key)
         if remove_files:
             shutil.rmtree(self.config.root_dir, ignore_errors=True)
 

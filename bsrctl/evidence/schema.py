@@ -1,0 +1,84 @@
+"""The evidence.json schema as pydantic models. The writer validates every document it
+writes against them, and `bsrctl schema` exports their JSON Schema, so the schema a reader
+gets is the one the writer obeys.
+
+The run-level fields are strict (``extra="forbid"``): a field added to the writer must be
+added here. What varies by kind (a point's params and measures, the summary, the stack's
+extra fields, a point's extras such as ``rung_outcome``) is open.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+VerdictName = Literal["PASS", "FAIL", "UNKNOWN"]
+KindName = Literal["ladder", "sweep", "law", "failmatrix", "tempokv", "roundtrip"]
+
+
+class CheckDoc(BaseModel):
+    """One check: a stable name, its verdict, why (TempoKV's carry claim, expect, ...)."""
+
+    model_config = ConfigDict(extra="allow")
+    name: str = Field(min_length=1)
+    verdict: VerdictName
+    detail: str = ""
+
+
+class PointDoc(BaseModel):
+    """One measured point; extras per kind (rung_outcome, superseded_by, attempt, ...)."""
+
+    model_config = ConfigDict(extra="allow")
+    id: str = Field(min_length=1)
+    params: dict[str, Any]
+    measures: dict[str, Any]
+    checks: list[CheckDoc]
+    verdict: VerdictName
+
+
+class StackDoc(BaseModel):
+    """What the run ran on; versions and registration once the stack is deployed."""
+
+    model_config = ConfigDict(extra="allow")
+    kind: Literal["serving", "storage", "sim"]
+    versions: dict[str, str] = Field(default_factory=dict)
+    registration: dict[str, Any] = Field(default_factory=dict)
+
+
+class EvidenceDoc(BaseModel):
+    """evidence.json (``bsrctl.evidence/1``)."""
+
+    model_config = ConfigDict(extra="forbid", title="bsrctl evidence")
+    schema_: Literal["bsrctl.evidence/1"] = Field(alias="schema")
+    run_id: str = Field(pattern=r"^br-[a-z0-9]+-[0-9a-f]{12}$")
+    kind: KindName
+    spec: dict[str, Any]
+    spec_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    salt: str
+    stack: StackDoc
+    started_at: str
+    finished_at: str | None
+    complete: bool
+    points: list[PointDoc]
+    summary: dict[str, Any]
+    points_verdict: VerdictName = Field(description="the points' merged verdict so far")
+    verdict: VerdictName = Field(description="UNKNOWN until the run finishes")
+
+
+def validate_evidence(doc: dict[str, Any]) -> None:
+    """Raise pydantic's ValidationError when the document breaks the schema."""
+    EvidenceDoc.model_validate(doc)
+
+
+def json_schema() -> dict[str, Any]:
+    """The JSON Schema (draft 2020-12) of evidence.json."""
+    schema = EvidenceDoc.model_json_schema(by_alias=True)
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["$id"] = "https://bsrctl/schemas/evidence-1.json"
+    return schema
+
+
+def json_schema_text() -> str:
+    return json.dumps(json_schema(), indent=2, sort_keys=True) + "\n"
