@@ -40,7 +40,7 @@ test: venv
 	$(PYTEST) -q
 
 test-fast: venv
-	$(PYTEST) -q -m "not e2e and not mooncake"
+	$(PYTEST) -q -m "not e2e and not mooncake and not process"
 
 lint: venv
 	$(VENV)/bin/ruff check bsrctl tests bench

@@ -14,6 +14,8 @@ import pytest
 
 from bsrctl.report import write_report
 
+pytestmark = pytest.mark.process  # runs bsrctl (or a browser) as a process: not in test-fast
+
 pytest.importorskip("lmcache")
 KINDS = ["sweep", "law", "ladder", "failmatrix", "tempokv"]
 N_PLOTS = 6  # sweep 2, law 1, ladder 1, failmatrix 1, tempokv 1

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.process  # runs bsrctl (or a browser) as a process: not in test-fast
+
 pytest.importorskip("lmcache")
 
 ROOT = Path(__file__).resolve().parents[3]
