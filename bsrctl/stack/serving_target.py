@@ -3,6 +3,7 @@ every process by PID. W is switched per point over ``bsr.configure``."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,7 @@ class ServingTarget:
         self.vocab = 0
         self.deployments = 0
         self.seeded: dict[Prompt, SeedRecord] = {}
+        self.on_phase: Callable[[str], None] = lambda _step: None  # seed, forget, restore, check
 
     def _model_dir(self) -> Path:
         from bsrctl.stack import tinymodel
@@ -141,12 +143,16 @@ class ServingTarget:
         st, c = self.stack, self.client
         tokens = prompt.tokens
         ids = prompt_ids(prompt.salt, tokens, self.vocab)
+        if cold:
+            self.on_phase("seed")
         seed = self._seed(ids) if cold else self.seeded.get(prompt)
         self._set_window(window_chunks)
+        self.on_phase("forget")
         c.forget(wait_s=120.0)  # L1 emptied first: only the L2 tier can serve
         st.forget_local()  # and vLLM's own prefix cache cannot
         l1_before = c.reset_peak().after.l1_used_bytes
         before = c.status()
+        self.on_phase("restore")
         comp = st.complete(ids, self.spec.max_tokens)
         peak = c.peak()
         after = c.status()
@@ -156,6 +162,7 @@ class ServingTarget:
         if seed is not None:
             m.update(seed_chunks_expected=seed.chunks, seed_chunks_held=seed.held_chunks)
             m["seed"] = seed
+        self.on_phase("check")
         healthy, detail = self._health(ids)
         return RestoreMeasures(**m, healthy=healthy, health_detail=detail)
 

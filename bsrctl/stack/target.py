@@ -15,6 +15,7 @@ A stack failure raises StackFailed; the experiment decides what that means for i
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
@@ -133,6 +134,7 @@ class Target(Protocol):
 
     kind: str  # "serving" | "storage" | ...
     reg: Registration  # the geometry restored: c and the digest are checked against it
+    on_phase: Callable[[str], None]  # told each step of a point (seed, forget, restore, ...)
 
     def prepare(self, prompts: list[Prompt]) -> None:
         """Before any deployment: canonical outputs, disk room; BadInput when impossible."""
