@@ -13,30 +13,8 @@ import yaml
 os.environ.setdefault("LMCACHE_LOG_LEVEL", "WARNING")
 ROOT = Path(__file__).resolve().parents[2]
 
-SMALL = """\
-stack:
-  lmcache:
-    l1_size_bytes: 8388608
-    chunk_size: 256
-registration: tiny-llama
-storage:
-  tp_ranks: 1
-  root_dir: {root}
-restore:
-  window_timeout_s: 20
-salt: t-report
-memory_reserve_bytes: 1 MiB
-ladder:
-  sizes_tokens: [1024, 2048]
-  rungs_bytes: [1 MiB, 2 MiB, 4 MiB]
-sweep:
-  sizes_tokens: [1024, 2048, 4096]
-  window_chunks: 2
-  whole_plan_contrast: true
-law:
-  tokens: 4096
-  windows_chunks: [1, 2, 4, 8]
-"""
+DATA = ROOT / "tests" / "data"
+SMALL = (DATA / "small-storage-stack.yaml").read_text() + (DATA / "small-sections.yaml").read_text()
 
 
 @pytest.fixture
@@ -63,7 +41,7 @@ def make_run(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
             return made[kind]
         base = tmp_path_factory.mktemp(f"run-{kind}")
         spec = base / "spec.yaml"
-        spec.write_text(SMALL.format(root=base / "storage"))
+        spec.write_text(SMALL.format(tp=1, root=base / "storage", salt="t-report"))
         out = base / "out"
         if kind in ("sweep", "law", "ladder"):
             from bsrctl.experiments.restore.ladder import run_ladder

@@ -16,19 +16,8 @@ from bsrctl.evidence import Verdict, load_evidence
 
 pytest.importorskip("lmcache")
 
-SPEC = """\
-stack:
-  lmcache:
-    l1_size_bytes: 8388608
-    chunk_size: 256
-registration: tiny-llama
-storage:
-  tp_ranks: 1
-  root_dir: {root}
-restore:
-  window_timeout_s: 20
-salt: t-gate
-memory_reserve_bytes: 1 MiB
+SPEC = (Path(__file__).resolve().parents[1] / "data" / "small-storage-stack.yaml").read_text()
+SPEC += """\
 sweep:
   sizes_tokens: [4096, 8192]
   window_chunks: 2
@@ -48,7 +37,7 @@ def sweep(spec: Path, out: Path) -> Path:
 def test_a_slowed_tier_fails_the_gate_and_an_unchanged_one_passes(tmp_path: Path) -> None:
     spec = tmp_path / "spec.yaml"
     root = tmp_path / "storage"
-    spec.write_text(SPEC.format(root=root))
+    spec.write_text(SPEC.format(tp=1, root=root, salt="t-gate"))
     base = sweep(spec, tmp_path / "base")
     root.mkdir(exist_ok=True)
     (root / "faults-fs.json").write_text(json.dumps(DELAY))  # arms the FS tier's wrapper

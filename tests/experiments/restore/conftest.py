@@ -12,30 +12,8 @@ os.environ.setdefault("LMCACHE_LOG_LEVEL", "WARNING")
 C = 262_144  # tiny-llama: bytes per 256-token chunk per rank
 MIB = 1 << 20
 
-SMALL = """\
-stack:
-  lmcache:
-    l1_size_bytes: 8388608
-    chunk_size: 256
-registration: tiny-llama
-storage:
-  tp_ranks: {tp}
-  root_dir: {root}
-restore:
-  window_timeout_s: 20
-salt: t-small
-memory_reserve_bytes: 1 MiB
-ladder:
-  sizes_tokens: [1024, 2048]
-  rungs_bytes: [1 MiB, 2 MiB, 4 MiB]
-sweep:
-  sizes_tokens: [1024, 2048, 4096]
-  window_chunks: 2
-  whole_plan_contrast: true
-law:
-  tokens: 4096
-  windows_chunks: [1, 2, 4, 8]
-"""
+DATA = Path(__file__).resolve().parents[2] / "data"
+SMALL = (DATA / "small-storage-stack.yaml").read_text() + (DATA / "small-sections.yaml").read_text()
 
 
 @pytest.fixture
@@ -44,7 +22,7 @@ def small_spec(tmp_path: Path):
 
     def write(tp: int = 1, extra: str = "") -> Path:
         p = tmp_path / "spec.yaml"
-        p.write_text(SMALL.format(tp=tp, root=tmp_path / "storage") + extra)
+        p.write_text(SMALL.format(tp=tp, root=tmp_path / "storage", salt="t-small") + extra)
         return p
 
     return write
