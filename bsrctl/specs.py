@@ -115,11 +115,11 @@ def resolve_registration(
             cfg = TinyModelRecipe().hf_config()
             return derive.derive(
                 cfg, tp_size=tp, chunk_tokens=chunk, dtype=vllm.dtype,
-                kv_cache_dtype=vllm.kv_cache_dtype, name="tiny-llama-cpu",
+                kv_cache_dtype=vllm.kv_cache_dtype, name="tiny-llama-cpu", tp_field=tp_field,
             )  # fmt: skip
         return derive.derive_from_folder(
             Path(vllm.model), tp_size=tp, chunk_tokens=chunk, dtype=vllm.dtype,
-            kv_cache_dtype=vllm.kv_cache_dtype,
+            kv_cache_dtype=vllm.kv_cache_dtype, tp_field=tp_field,
         )  # fmt: skip
     if value == "dsv4-flash":
         return dsv4_flash_mtp_off(tp_size=tp, chunk_tokens=chunk)

@@ -114,6 +114,7 @@ def derive(
     dtype: str = "auto",
     kv_cache_dtype: str = "auto",
     name: str = "",
+    tp_field: str = "stack.vllm.tensor_parallel_size",
 ) -> Registration:
     """The registration vLLM makes for this config on one of ``tp_size`` ranks."""
     archs = list(config.get("architectures") or [])
@@ -133,10 +134,10 @@ def derive(
     heads = int(config["num_attention_heads"])
     kv_heads = int(config.get("num_key_value_heads") or heads)
     head_dim = int(config.get("head_dim") or int(config["hidden_size"]) // heads)
-    if kv_heads >= tp_size and kv_heads % tp_size:
+    if (kv_heads % tp_size if kv_heads >= tp_size else tp_size % kv_heads) or heads % tp_size:
         raise BadInput(
-            f"stack.vllm.tensor_parallel_size: {tp_size} does not divide the {kv_heads} KV "
-            f"heads of {arch}; use a TP size that divides them (or exceeds them)"
+            f"{tp_field}: {tp_size} does not divide the {kv_heads} KV heads of {arch} (nor "
+            f"is it a multiple of them, with {heads} query heads); vLLM refuses it"
         )
     per_rank = max(1, kv_heads // tp_size)  # fewer KV heads than ranks: replicated
     kinds = layer_kinds(config, layers)
@@ -176,6 +177,7 @@ def derive_from_folder(
     chunk_tokens: int,
     dtype: str = "auto",
     kv_cache_dtype: str = "auto",
+    tp_field: str = "stack.vllm.tensor_parallel_size",
 ) -> Registration:
     """``derive`` over ``folder/config.json``, named after the folder."""
     return derive(
@@ -185,4 +187,5 @@ def derive_from_folder(
         dtype=dtype,
         kv_cache_dtype=kv_cache_dtype,
         name=Path(folder).name,
+        tp_field=tp_field,
     )

@@ -76,11 +76,13 @@ def vllm_command(
         "--port", str(port),
         "--enforce-eager",
         "--max-model-len", str(v.max_model_len),
-        "--dtype", "float32",
+        "--dtype", v.dtype,
         "--seed", "0",
         "--max-num-seqs", "4",
         "--enable-prompt-tokens-details",
     ]  # fmt: skip
+    if v.kv_cache_dtype != "auto":
+        argv += ["--kv-cache-dtype", v.kv_cache_dtype]
     if lmcache_port is None:
         return [*argv, "--no-enable-prefix-caching"]
     kv = {
