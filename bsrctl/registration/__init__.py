@@ -155,9 +155,7 @@ class Registration:
         }
 
 
-def first_difference(
-    expected: tuple[str, ...], other: tuple[str, ...], what: str
-) -> str | None:
+def first_difference(expected: tuple[str, ...], other: tuple[str, ...], what: str) -> str | None:
     """Where ``other`` (a ``geometry()``) first differs from ``expected``, naming the
     expected tensor; None when they are the same tensors in the same order."""
     for i, (a, b) in enumerate(zip(expected, other, strict=False)):

@@ -89,7 +89,7 @@ def cache_dtype(config: Mapping[str, Any], dtype: str, kv_cache_dtype: str) -> s
 
 
 def layer_kinds(config: Mapping[str, Any], layers: int) -> list[str]:
-    """"full" or "sliding" per layer: config's ``layer_types`` when given, else HF's rules
+    """ "full" or "sliding" per layer: config's ``layer_types`` when given, else HF's rules
     (Gemma-2's every other layer; ``use_sliding_window`` from ``max_window_layers`` on)."""
     if types := config.get("layer_types"):
         if len(types) != layers:

@@ -57,7 +57,9 @@ def live_registration(instance_id: int, entry: Any, chunk_tokens: int) -> LiveRe
             index=og,
             kind="aux" if o.aux else "recurrent" if o.recurrent else "attention",
             sliding_window_chunks=o.sw_size_chunks,
-            engine_group_ids=tuple(sorted({kernel[k].engine_group_idx for k in o.kernel_group_indices})),
+            engine_group_ids=tuple(
+                sorted({kernel[k].engine_group_idx for k in o.kernel_group_indices})
+            ),
         )
         for og, o in enumerate(manager.object_groups)
     )
@@ -77,6 +79,4 @@ def live_registrations(transfer_mod: Any, chunk_tokens: int) -> tuple[LiveRegist
     if transfer_mod is None:
         return ()
     entries = transfer_mod.context_entries_snapshot()
-    return tuple(
-        live_registration(i, e, chunk_tokens) for i, e in sorted(entries.items())
-    )
+    return tuple(live_registration(i, e, chunk_tokens) for i, e in sorted(entries.items()))
