@@ -3,9 +3,11 @@ chunks (per rank)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
+import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -233,3 +235,27 @@ def test_first_difference_names_the_first_tensor() -> None:
         "expected [2, 256, 2, 32] float32 g0"
     )
     assert first_difference(a, live[:1], "stored") == "stored has 1 tensors, expected 2"
+
+
+def test_the_gpu_spec_derives_llama_31_8b(tmp_path: Path) -> None:
+    """ladders/gpu-1x.yaml with a folder holding Llama-3.1-8B's config.json: c = 32 MiB, the
+    W = 32 pool 1 GiB, the largest whole plan within its 24 GiB L1 and 16 GiB rung."""
+    from bsrctl.experiments.restore.spec import load_experiment
+
+    folder = tmp_path / "Llama-3.1-8B-Instruct"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(LLAMA_31_8B))
+    doc = yaml.safe_load((LADDERS / "gpu-1x.yaml").read_text())
+    assert (doc["registration"], doc["stack"]["vllm"]["model"]) == (
+        "auto",
+        "/models/Llama-3.1-8B-Instruct",
+    )
+    doc["stack"]["vllm"]["model"] = str(folder)
+    path = tmp_path / "gpu-1x.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    spec, _ = load_experiment(path, "sweep", "serving")
+    reg = spec.registration_for("serving")
+    assert (reg.bytes_per_chunk, reg.window_bytes(32)) == (33_554_432, 1 << 30)
+    largest = reg.window_bytes(reg.num_chunks(max(doc["sweep"]["sizes_tokens"])))
+    assert largest == 17_045_651_456 < doc["stack"]["lmcache"]["l1_size_bytes"]
+    assert largest < (16 << 30) < (32 << 30)  # the ladder's 16 GiB rung holds it
