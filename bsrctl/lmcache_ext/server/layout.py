@@ -2,8 +2,9 @@
 
 vLLM's connector sends REGISTER_KV_CACHE with its per-layer KV tensors (no names, in layer
 order) and the ``EngineGroupInfo`` groups; LMCache's lmcache-driven transfer module keeps a
-cache context per instance whose kernel groups describe every layer (K/V or latent, heads,
-head size, slots per block, dtype) and whose object groups are what LMCache stores, one
+cache context per instance whose kernel groups describe every layer (engine KV format, K/V
+or latent, heads, head size, slots per block, dtype) and whose object groups are what
+LMCache stores, one
 object per chunk and rank. This module reads them back per tensor, per chunk, in the same
 shape convention as ``bsrctl.registration.derive``: ``(2, T, heads, head_dim)`` for K and V,
 ``(T, width)`` for a single latent.
@@ -20,11 +21,25 @@ def _dtype(d: Any) -> str:
     return str(d).removeprefix("torch.")
 
 
-def per_chunk_shape(kv_size: int, heads: int, head_size: int, slots: int) -> tuple[int, ...]:
-    """A layer's slice of one chunk of ``slots`` engine slots."""
+def per_chunk_shape(
+    kv_size: int, heads: int, head_size: int, slots: int, fused: bool
+) -> tuple[int, ...]:
+    """A layer's slice of one chunk of ``slots`` engine slots. ``fused``: K and V packed in
+    the content axis (vLLM's CPU backend: ``[blocks, heads, block, 2 * head_dim]``)."""
+    if fused:
+        return (2, slots, heads, head_size // 2)
     if kv_size == 2:
         return (2, slots, heads, head_size)
     return (slots, head_size) if heads == 1 else (slots, heads, head_size)
+
+
+def is_fused(engine_kv_format: Any) -> bool:
+    """Whether LMCache's spec of this engine KV format packs K and V in one content axis."""
+    if engine_kv_format is None:
+        return False
+    from lmcache.v1.gpu_connector.kv_format.specs.registry import get_spec_class
+
+    return bool(get_spec_class(engine_kv_format).is_fused_packed)
 
 
 def live_registration(instance_id: int, entry: Any, chunk_tokens: int) -> LiveRegistration:
@@ -46,7 +61,9 @@ def live_registration(instance_id: int, entry: Any, chunk_tokens: int) -> LiveRe
         tensors.append(
             LiveTensor(
                 index=i,
-                shape=per_chunk_shape(sd.kv_size, sd.nh, sd.hs, slots),
+                shape=per_chunk_shape(
+                    sd.kv_size, sd.nh, sd.hs, slots, is_fused(group.engine_kv_format)
+                ),
                 dtype=_dtype(group.dtype),
                 group=owner.get(k, 0),
                 registered_shape=tuple(int(d) for d in t.shape),

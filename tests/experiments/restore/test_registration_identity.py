@@ -59,14 +59,15 @@ def test_a_registration_not_reported_is_unknown() -> None:
     assert acc.registration_identity(C, C).verdict == Verdict.PASS
 
 
-def _entry(shape_descs, layers, dtype="torch.float32", object_groups=None, tpb=16):
+def _entry(shape_descs, layers, dtype="torch.float32", object_groups=None, fmt=None):
     kernel = [
         SimpleNamespace(
             layer_indices=ids,
             shape_desc=SimpleNamespace(kv_size=kv, nh=nh, hs=hs, bs=16),
             dtype=dtype,
-            tokens_per_block=tpb,
+            tokens_per_block=16,
             engine_group_idx=e,
+            engine_kv_format=fmt,
         )
         for (kv, nh, hs, e), ids in zip(shape_descs, layers, strict=True)
     ]
@@ -85,8 +86,11 @@ def _entry(shape_descs, layers, dtype="torch.float32", object_groups=None, tpb=1
 
 
 def test_the_live_layout_reads_lmcaches_kernel_and_object_groups() -> None:
-    # the CPU backend's (blocks, kv heads, block size, 2 x head dim) tensors of the tiny Llama
-    entry = _entry([(2, 2, 32, 0)], [[0, 1]])
+    # vLLM's CPU backend registers (blocks, kv heads, block size, 2 x head dim) per layer:
+    # LMCache reads it as NL_X_NB_NH_BS_CS, one fused plane of content 2 x 32 (the tiny Llama)
+    from lmcache.lmcache_native import EngineKVFormat
+
+    entry = _entry([(1, 2, 64, 0)], [[0, 1]], fmt=EngineKVFormat.NL_X_NB_NH_BS_CS)
     (live,) = live_registrations(SimpleNamespace(context_entries_snapshot=lambda: {7: entry}), 256)
     assert [t.shape for t in live.tensors] == [(2, 256, 2, 32), (2, 256, 2, 32)]
     assert (live.instance_id, live.tensors[0].dtype, live.tensors[0].registered_shape) == (
@@ -100,7 +104,10 @@ def test_the_live_layout_reads_lmcaches_kernel_and_object_groups() -> None:
         SimpleNamespace(kernel_group_indices=[0], sw_size_chunks=-1),
         SimpleNamespace(kernel_group_indices=[1], sw_size_chunks=16),
     ]
-    two = _entry([(1, 1, 576, 0), (1, 1, 576, 1)], [[0], [1]], "torch.bfloat16", groups)
+    two = _entry(
+        [(1, 1, 576, 0), (1, 1, 576, 1)], [[0], [1]], "torch.bfloat16", groups,
+        EngineKVFormat.NL_X_NB_BS_HS,
+    )  # fmt: skip
     (live,) = live_registrations(SimpleNamespace(context_entries_snapshot=lambda: {1: two}), 256)
     assert [(t.shape, t.group) for t in live.tensors] == [((256, 576), 0), ((256, 576), 1)]
     assert live.groups[1] == LiveGroup(1, "attention", 16, (1,))
