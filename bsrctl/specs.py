@@ -32,6 +32,9 @@ class LmcacheSpec(Strict):
     l1_size_bytes: int = Field(1 << 30, gt=0, description="L1 (DRAM) capacity")
     chunk_size: int = Field(256, gt=0, description="tokens per chunk")
     fs_l2: bool = Field(True, description="filesystem L2 under the run folder")
+    separate_object_groups: bool = Field(
+        False, description="--separate-object-groups: sliding-window layers in their own group"
+    )
     startup_timeout_s: float = Field(120.0, gt=0)
 
 
@@ -94,7 +97,7 @@ class TargetSpec(Strict):
         """The geometry restored: what c and the digest are checked against."""
         tp, chunk = self.tp_size(stack), self.chunk_tokens
         tp_field = "storage.tp_ranks" if stack == "storage" else "stack.vllm.tensor_parallel_size"
-        reg = resolve_registration(self.registration, self.stack.vllm, tp, chunk, tp_field)
+        reg = resolve_registration(self.registration, self.stack, tp, chunk, tp_field)
         aux = self.aux_bytes if "aux_bytes" in self.model_fields_set else reg.aux_bytes
         return dataclasses.replace(reg, aux_bytes=aux)
 
@@ -103,24 +106,27 @@ PRESETS = ("auto", "tiny-llama", "dsv4-flash")
 
 
 def resolve_registration(
-    value: str | dict[str, Any], vllm: VllmSpec, tp: int, chunk: int, tp_field: str
+    value: str | dict[str, Any], stack: StackSpec, tp: int, chunk: int, tp_field: str
 ) -> Registration:
     """``registration:`` of a spec: derived (auto), a preset, or declared (file or inline)."""
     from bsrctl.registration import declared, derive
 
     if value == "auto":
+        vllm = stack.vllm
+        how: dict[str, Any] = {
+            "tp_size": tp,
+            "chunk_tokens": chunk,
+            "dtype": vllm.dtype,
+            "kv_cache_dtype": vllm.kv_cache_dtype,
+            "tp_field": tp_field,
+            "separate_object_groups": stack.lmcache.separate_object_groups,
+        }
         if vllm.model == "tiny":
             from bsrctl.stack.tinymodel import TinyModelRecipe
 
             cfg = TinyModelRecipe().hf_config()
-            return derive.derive(
-                cfg, tp_size=tp, chunk_tokens=chunk, dtype=vllm.dtype,
-                kv_cache_dtype=vllm.kv_cache_dtype, name="tiny-llama-cpu", tp_field=tp_field,
-            )  # fmt: skip
-        return derive.derive_from_folder(
-            Path(vllm.model), tp_size=tp, chunk_tokens=chunk, dtype=vllm.dtype,
-            kv_cache_dtype=vllm.kv_cache_dtype, tp_field=tp_field,
-        )  # fmt: skip
+            return derive.derive(cfg, name="tiny-llama-cpu", **how)
+        return derive.derive_from_folder(Path(vllm.model), **how)
     if value == "dsv4-flash":
         return dsv4_flash_mtp_off(tp_size=tp, chunk_tokens=chunk)
     if value == "tiny-llama":

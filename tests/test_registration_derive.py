@@ -99,29 +99,45 @@ def test_mla_is_one_latent_per_layer_on_every_rank() -> None:
 
 
 def test_sliding_window_layers_are_their_own_group() -> None:
-    reg = derive(GEMMA2_9B)
-    # vLLM's `auto` serves a float32 checkpoint in bfloat16 on a GPU
-    assert {t.dtype for t in reg.tensors} == {"bfloat16"}
-    assert [(g.index, g.name, g.sliding_window_chunks) for g in reg.groups] == [
-        (0, "attention", -1),
-        (1, "sliding_window", 16),  # 4096 tokens / 256
+    # LMCache's default: every layer of a chunk in one object group (full attention)
+    one = derive(GEMMA2_9B)
+    assert [(g.index, g.name, g.sliding_window_chunks) for g in one.groups] == [
+        (0, "attention", -1)
     ]
-    assert [t.group for t in reg.tensors[:4]] == [1, 0, 1, 0]  # even layers slide
+    assert one.bytes_per_chunk == 344_064 * 256 == 88_080_384  # 42 x 2 x 8 x 256 x 2 B
+    # vLLM's `auto` serves a float32 checkpoint in bfloat16 on a GPU
+    assert {t.dtype for t in one.tensors} == {"bfloat16"}
+    # --separate-object-groups: the sliding layers (Gemma-2's even ones, layer 0 first) are a
+    # group of their own spanning 4096 / 256 chunks; groups in the order of their first layer
+    reg = derive(GEMMA2_9B, separate_object_groups=True)
+    assert [(g.index, g.name, g.sliding_window_chunks) for g in reg.groups] == [
+        (0, "sliding_window", 16),
+        (1, "attention", -1),
+    ]
+    assert [t.group for t in reg.tensors[:4]] == [0, 1, 0, 1]
     per_group = 21 * 2 * 8 * 256 * 2 * 256  # 21 layers each, 2 x 8 KV heads x 256 x 2 B
     assert [reg.group_bytes_per_chunk(g) for g in (0, 1)] == [per_group, per_group]
-    assert reg.bytes_per_chunk == 344_064 * 256 == 88_080_384
-    # config's layer_types (Gemma-3, gpt-oss style) win over any rule
-    types = {"layer_types": ["sliding_attention"] * 5 + ["full_attention"]}
-    six = derive(GEMMA2_9B | {"num_hidden_layers": 6, "sliding_window": 1024} | types)
-    assert [t.group for t in six.tensors] == [1, 1, 1, 1, 1, 0]
-    assert six.groups[1].sliding_window_chunks == 4
-    # Mistral-7B-v0.1: every layer slides, one group
-    mistral = derive(
-        LLAMA_31_8B | {"architectures": ["MistralForCausalLM"]} | {"sliding_window": 4096}
+    assert reg.bytes_per_chunk == one.bytes_per_chunk
+    # config's layer_types (Gemma-3, gpt-oss style) win over any rule; a 1000-token window
+    # spans 4 chunks (ceil, as LMCache counts it)
+    types = {"layer_types": ["full_attention"] + ["sliding_attention"] * 5}
+    six = derive(
+        GEMMA2_9B | {"num_hidden_layers": 6, "sliding_window": 1000} | types,
+        separate_object_groups=True,
     )
-    assert [(g.index, g.name, g.sliding_window_chunks) for g in mistral.groups] == [
-        (0, "sliding_window", 16)
+    assert [t.group for t in six.tensors] == [0, 1, 1, 1, 1, 1]
+    assert [(g.name, g.sliding_window_chunks) for g in six.groups] == [
+        ("attention", -1),
+        ("sliding_window", 4),
     ]
+    # Mistral-7B-v0.1: every layer slides, one group
+    mistral = LLAMA_31_8B | {"architectures": ["MistralForCausalLM"], "sliding_window": 4096}
+    assert [
+        (g.index, g.name, g.sliding_window_chunks)
+        for g in derive(mistral, separate_object_groups=True).groups
+    ] == [(0, "sliding_window", 16)]
+    # Qwen2.5's sliding_window with use_sliding_window false is no sliding window at all
+    assert derive(QWEN25_7B, separate_object_groups=True).groups[0].name == "attention"
 
 
 def test_an_fp8_kv_cache_is_one_byte_per_element_as_vllm_allocates_it() -> None:

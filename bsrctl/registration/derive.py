@@ -9,8 +9,11 @@ layer (``model.layers.{i}.self_attn.attn``):
   KV heads than ranks each rank holds one (replicated), as vLLM does.
 - MLA (DeepSeek-V2/V3): one latent per layer ``(T, kv_lora_rank + qk_rope_head_dim)``,
   the same on every rank (not split by TP).
-- sliding-window layers: their own group (BSR serves full-attention groups and leaves a
-  sliding-window group to LMCache's stock path), its span in chunks recorded.
+- sliding-window layers: LMCache stores every layer of a chunk in one object group unless
+  its server runs with ``--separate-object-groups`` (``stack.lmcache.separate_object_groups``);
+  then each window size is its own group, spanning ceil(window / chunk) chunks, groups in the
+  order of their first layer (LMCache buckets kernel groups so), and BSR leaves a request
+  with a sliding-window group to LMCache's stock path.
 - KV cache dtype: ``auto`` is the model's dtype; ``fp8``/``fp8_e4m3``/``fp8_e5m2`` caches are
   stored as ``uint8`` (vLLM allocates fp8 caches as bytes), 1 B per element.
 
@@ -115,8 +118,10 @@ def derive(
     kv_cache_dtype: str = "auto",
     name: str = "",
     tp_field: str = "stack.vllm.tensor_parallel_size",
+    separate_object_groups: bool = False,
 ) -> Registration:
-    """The registration vLLM makes for this config on one of ``tp_size`` ranks."""
+    """The registration vLLM makes for this config on one of ``tp_size`` ranks, grouped as
+    LMCache's server stores it."""
     archs = list(config.get("architectures") or [])
     arch = next((a for a in archs if a in KNOWN), None)
     if arch is None:
@@ -141,18 +146,18 @@ def derive(
         )
     per_rank = max(1, kv_heads // tp_size)  # fewer KV heads than ranks: replicated
     kinds = layer_kinds(config, layers)
-    groups = [GroupSpec(0, "attention")] if "full" in kinds else []
-    if "sliding" in kinds:
-        span = math.ceil(int(config["sliding_window"]) / t)
-        groups.append(GroupSpec(len(groups), "sliding_window", sliding_window_chunks=span))
-    group_of = {g.name: g.index for g in groups}
+    if not separate_object_groups:
+        kinds = ["full"] * layers  # one object group holds every layer of a chunk
+    span = math.ceil(int(config.get("sliding_window") or 0) / t)
+    group_of: dict[str, int] = {}
+    for k in kinds:  # in the order of each kind's first layer
+        group_of.setdefault(k, len(group_of))
+    groups = [
+        GroupSpec(i, "attention") if k == "full" else GroupSpec(i, "sliding_window", span)
+        for k, i in group_of.items()
+    ]
     tensors = tuple(
-        TensorSpec(
-            f"model.layers.{i}.self_attn.attn",
-            (2, t, per_rank, head_dim),
-            dt,
-            group_of["sliding_window" if k == "sliding" else "attention"],
-        )
+        TensorSpec(f"model.layers.{i}.self_attn.attn", (2, t, per_rank, head_dim), dt, group_of[k])
         for i, k in enumerate(kinds)
     )
     return Registration(prefix, tensors, tuple(groups), tp_size, t)
@@ -178,6 +183,7 @@ def derive_from_folder(
     dtype: str = "auto",
     kv_cache_dtype: str = "auto",
     tp_field: str = "stack.vllm.tensor_parallel_size",
+    separate_object_groups: bool = False,
 ) -> Registration:
     """``derive`` over ``folder/config.json``, named after the folder."""
     return derive(
@@ -188,4 +194,5 @@ def derive_from_folder(
         kv_cache_dtype=kv_cache_dtype,
         name=Path(folder).name,
         tp_field=tp_field,
+        separate_object_groups=separate_object_groups,
     )

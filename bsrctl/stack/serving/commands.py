@@ -58,6 +58,8 @@ def lmcache_command(
         "--disable-metrics",
         "--supported-transfer-mode", "auto",
     ]  # fmt: skip
+    if lm.separate_object_groups:
+        argv.append("--separate-object-groups")
     for adapter in l2_adapters:
         argv += ["--l2-adapter", json.dumps(adapter)]
     return [*argv, "--server-module", json.dumps(server_module)]
