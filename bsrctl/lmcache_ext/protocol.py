@@ -298,6 +298,20 @@ class LiveGroup(Reply):
 
 
 @dataclass(frozen=True)
+class LiveEngineGroup(Reply):
+    """One of the engine's KV cache groups as REGISTER_KV_CACHE's ``EngineGroupInfo`` gave it
+    (one entry per LMCache kernel group: layers of one engine group sharing a copy kernel)."""
+
+    WHAT: ClassVar[str] = "bsr.registration engine group"
+
+    engine_group_id: int = _f(_int)
+    layer_indices: tuple[int, ...] = _f(_ints)
+    tokens_per_block: int = _f(_int)  # 0: the engine did not say
+    sw_size_tokens: int = _f(_int)  # -1: not sliding-window attention
+    engine_kv_format: str = _f(_str)  # LMCache's name of the tensors' layout
+
+
+@dataclass(frozen=True)
 class LiveRegistration(Reply):
     """What one engine instance (one TP rank's worker) registered with this server."""
 
@@ -309,6 +323,7 @@ class LiveRegistration(Reply):
     chunk_tokens: int = _f(_int)
     num_blocks: int = _f(_int)
     groups: tuple[LiveGroup, ...] = _f(_list_of(LiveGroup.from_json))
+    engine_groups: tuple[LiveEngineGroup, ...] = _f(_list_of(LiveEngineGroup.from_json))
     tensors: tuple[LiveTensor, ...] = _f(_list_of(LiveTensor.from_json))
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bsrctl.lmcache_ext.protocol import LiveGroup, LiveRegistration, LiveTensor
+from bsrctl.lmcache_ext.protocol import LiveEngineGroup, LiveGroup, LiveRegistration, LiveTensor
 
 
 def _dtype(d: Any) -> str:
@@ -80,6 +80,16 @@ def live_registration(instance_id: int, entry: Any, chunk_tokens: int) -> LiveRe
         )
         for og, o in enumerate(manager.object_groups)
     )
+    engine_groups = tuple(
+        LiveEngineGroup(
+            engine_group_id=int(g.engine_group_idx),
+            layer_indices=tuple(int(i) for i in g.layer_indices),
+            tokens_per_block=int(g.tokens_per_block),
+            sw_size_tokens=int(getattr(g, "sw_size_tokens", -1)),
+            engine_kv_format=getattr(g.engine_kv_format, "name", str(g.engine_kv_format)),
+        )
+        for g in kernel
+    )
     return LiveRegistration(
         instance_id=int(instance_id),
         model_name=str(entry.model_name),
@@ -87,6 +97,7 @@ def live_registration(instance_id: int, entry: Any, chunk_tokens: int) -> LiveRe
         chunk_tokens=int(chunk_tokens),
         num_blocks=int(ctx.num_blocks),
         groups=groups,
+        engine_groups=engine_groups,
         tensors=tuple(tensors),
     )
 

@@ -49,6 +49,18 @@ def test_derived_c_is_live_c_is_the_measured_peak_over_w(qwen_sweep) -> None:
         ([2, 256, 1, 64], "float32", 0)
     ] * 3
     assert [g["sliding_window_chunks"] for g in live["groups"]] == [-1]
+    # vLLM's CPU backend: (blocks, KV heads, 128-token block, K and V of 64 packed) per layer,
+    # one engine group (EngineGroupInfo) of the three layers
+    assert live["tensors"][0]["registered_shape"][1:] == [1, 128, 128]
+    assert live["engine_groups"] == [
+        {
+            "engine_group_id": 0,
+            "layer_indices": [0, 1, 2],
+            "tokens_per_block": 128,
+            "sw_size_tokens": -1,
+            "engine_kv_format": "NL_X_NB_NH_BS_CS",
+        }
+    ]
     assert [p["id"] for p in doc["points"]] == ["n1024-w2", "n2048-w2"]
     for p in doc["points"]:
         m = p["measures"]

@@ -13,6 +13,7 @@ import yaml
 from bsrctl.evidence import Verdict, load_evidence
 from bsrctl.experiments.restore import acceptance as acc
 from bsrctl.lmcache_ext.protocol import (
+    LiveEngineGroup,
     LiveGroup,
     LiveRegistration,
     LiveTensor,
@@ -66,6 +67,7 @@ def _entry(shape_descs, layers, dtype="torch.float32", object_groups=None, fmt=N
             shape_desc=SimpleNamespace(kv_size=kv, nh=nh, hs=hs, bs=16),
             dtype=dtype,
             tokens_per_block=16,
+            sw_size_tokens=-1,
             engine_group_idx=e,
             engine_kv_format=fmt,
         )
@@ -99,6 +101,7 @@ def test_the_live_layout_reads_lmcaches_kernel_and_object_groups() -> None:
         (100, 2, 16, 64),
     )
     assert live.groups == (LiveGroup(0, "attention", -1, (0,)),)
+    assert live.engine_groups == (LiveEngineGroup(0, (0, 1), 16, -1, "NL_X_NB_NH_BS_CS"),)
     # an MLA latent (one "head" of 576) and a sliding-window object group of its own
     groups = [
         SimpleNamespace(kernel_group_indices=[0], sw_size_chunks=-1),
@@ -119,6 +122,7 @@ def test_the_registration_reply_round_trips() -> None:
         (
             LiveRegistration(
                 3, "m", 2, 256, 100, (LiveGroup(0, "attention", -1, (0,)),),
+                (LiveEngineGroup(0, (0,), 16, -1, "NL_X_NB_NH_BS_CS"),),
                 (LiveTensor(0, (2, 256, 1, 32), "float32", 0, (100, 1, 16, 64)),),
             ),
         )
