@@ -22,8 +22,12 @@ class VllmSpec(Strict):
     startup_timeout_s: float = Field(240.0, gt=0)
     request_timeout_s: float = Field(300.0, gt=0)
     model: str = Field("tiny", description="'tiny' builds the local tiny Llama; else a folder")
-    dtype: str = Field("float32", description="vLLM --dtype (the CPU stack serves float32)")
-    kv_cache_dtype: str = Field("auto", description="vLLM --kv-cache-dtype: auto | fp8 | ...")
+    dtype: Literal["auto", "half", "float16", "bfloat16", "float", "float32"] = Field(
+        "float32", description="vLLM --dtype (the CPU stack serves float32; GPU nodes: auto)"
+    )
+    kv_cache_dtype: Literal["auto", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2"] = Field(
+        "auto", description="vLLM --kv-cache-dtype (fp8: 1 B per element)"
+    )
 
 
 class LmcacheSpec(Strict):
