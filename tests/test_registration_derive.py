@@ -275,3 +275,22 @@ def test_the_gpu_spec_derives_llama_31_8b(tmp_path: Path) -> None:
     largest = reg.window_bytes(reg.num_chunks(max(doc["sweep"]["sizes_tokens"])))
     assert largest == 17_045_651_456 < doc["stack"]["lmcache"]["l1_size_bytes"]
     assert largest < (16 << 30) < (32 << 30)  # the ladder's 16 GiB rung holds it
+
+
+def test_bsrctl_sweep_on_an_unknown_architecture_exits_2_before_starting(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from bsrctl.cli import app
+
+    folder = tmp_path / "rwkv"
+    folder.mkdir()
+    (folder / "config.json").write_text('{"architectures": ["RwkvForCausalLM"]}')
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(f"stack: {{vllm: {{model: {folder}}}}}\nsweep: {{sizes_tokens: [1024]}}\n")
+    res = CliRunner().invoke(app, ["sweep", str(spec), "--out", str(tmp_path / "out")])
+    lines = [line for line in res.output.splitlines() if line.strip()]
+    assert res.exit_code == 2, res.output
+    assert len(lines) == 1
+    assert lines[0].startswith(f"error: {spec}: registration: auto does not know")
+    assert "RwkvForCausalLM" in lines[0] and "registration.yaml" in lines[0]
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
