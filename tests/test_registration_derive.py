@@ -4,6 +4,7 @@ chunks (per rank)."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -294,3 +295,43 @@ def test_bsrctl_sweep_on_an_unknown_architecture_exits_2_before_starting(tmp_pat
     assert lines[0].startswith(f"error: {spec}: registration: auto does not know")
     assert "RwkvForCausalLM" in lines[0] and "registration.yaml" in lines[0]
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+@given(
+    tensors=st.lists(
+        st.tuples(
+            st.lists(st.integers(1, 64), min_size=0, max_size=3),
+            st.sampled_from(["float32", "bfloat16", "uint8", "float8_e4m3fn"]),
+            st.integers(0, 2),
+        ),
+        min_size=1,
+        max_size=12,
+    ),
+    chunk=st.sampled_from([16, 256]),
+    tp=st.integers(1, 8),
+)
+def test_a_declared_registration_is_the_one_written(tensors, chunk, tp) -> None:
+    """Any registration written as YAML reads back with the same tensors, c and digest."""
+    from bsrctl.registration import DTYPE_BYTES, GroupSpec, Registration, TensorSpec
+
+    specs = tuple(
+        TensorSpec(f"t{i}", (chunk, *dims), dtype, group)
+        for i, (dims, dtype, group) in enumerate(tensors)
+    )
+    groups = tuple(GroupSpec(g, f"g{g}") for g in range(3))
+    want = Registration("m", specs, groups, tp, chunk)
+    doc = {
+        "model": "m",
+        "chunk_tokens": chunk,
+        "tp_size": tp,
+        "groups": [{"index": g.index, "name": g.name} for g in groups],
+        "tensors": [
+            {"name": t.name, "shape": ["T", *t.shape[1:]], "dtype": t.dtype, "group": t.group}
+            for t in specs
+        ],
+    }
+    got = declared.parse(yaml.safe_load(yaml.safe_dump(doc)), "registration")
+    assert got.digest() == want.digest()
+    assert got.bytes_per_chunk == sum(
+        DTYPE_BYTES[d] * chunk * math.prod(dims) for dims, d, _ in tensors
+    )
