@@ -137,8 +137,11 @@ def test_sliding_window_layers_are_their_own_group() -> None:
         (g.index, g.name, g.sliding_window_chunks)
         for g in derive(mistral, separate_object_groups=True).groups
     ] == [(0, "sliding_window", 16)]
-    # Qwen2.5's sliding_window with use_sliding_window false is no sliding window at all
-    assert derive(QWEN25_7B, separate_object_groups=True).groups[0].name == "attention"
+    # Qwen2.5's sliding_window with use_sliding_window false (HF's default for Qwen) is no
+    # sliding window at all
+    for qwen in (QWEN25_7B, {k: v for k, v in QWEN25_7B.items() if k != "use_sliding_window"}):
+        groups = derive(qwen, separate_object_groups=True).groups
+        assert [(g.name, g.sliding_window_chunks) for g in groups] == [("attention", -1)]
 
 
 def test_an_fp8_kv_cache_is_one_byte_per_element_as_vllm_allocates_it() -> None:

@@ -103,7 +103,9 @@ def layer_kinds(config: Mapping[str, Any], layers: int) -> list[str]:
         return ["full"] * layers
     if config.get("model_type") == "gemma2":
         return ["sliding" if i % 2 == 0 else "full" for i in range(layers)]
-    if config.get("use_sliding_window", True) is False:
+    # HF's Qwen configs default use_sliding_window to false; Mistral's window covers every layer
+    qwen = str(config.get("model_type", "")).startswith(("qwen2", "qwen3"))
+    if not config.get("use_sliding_window", not qwen):
         return ["full"] * layers
     first = int(config.get("max_window_layers", 0) or 0)
     return ["sliding" if i >= first else "full" for i in range(layers)]
