@@ -324,11 +324,17 @@ def schema() -> None:
 
 
 @app.command()
-def doctor() -> None:
-    """Versions of every part and what to do about each problem found."""
+def doctor(
+    model: Annotated[
+        Path | None,
+        typer.Option("--model", help="a local model folder to check (config.json, weights)"),
+    ] = None,
+) -> None:
+    """Versions of every part, the GPU (if any), a model folder, and what to do about each
+    problem found. A machine without a GPU is never failed for it."""
     from bsrctl.stack.doctor import diagnose
 
-    rows = diagnose()
+    rows = diagnose(model=model)
     for row in rows:
         mark = "[green]ok[/green]" if row.ok else "[red]!![/red]"
         out.print(f"{mark} {row.name}: {row.value}", highlight=False)

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, ValidationError, model_validator
 
@@ -21,6 +22,12 @@ class VllmSpec(Strict):
     startup_timeout_s: float = Field(240.0, gt=0)
     request_timeout_s: float = Field(300.0, gt=0)
     model: str = Field("tiny", description="'tiny' builds the local tiny Llama; else a folder")
+    dtype: Literal["auto", "half", "float16", "bfloat16", "float", "float32"] = Field(
+        "float32", description="vLLM --dtype (the CPU stack serves float32; GPU nodes: auto)"
+    )
+    kv_cache_dtype: Literal["auto", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2"] = Field(
+        "auto", description="vLLM --kv-cache-dtype (fp8: 1 B per element)"
+    )
 
 
 class LmcacheSpec(Strict):
@@ -29,6 +36,9 @@ class LmcacheSpec(Strict):
     l1_size_bytes: int = Field(1 << 30, gt=0, description="L1 (DRAM) capacity")
     chunk_size: int = Field(256, gt=0, description="tokens per chunk")
     fs_l2: bool = Field(True, description="filesystem L2 under the run folder")
+    separate_object_groups: bool = Field(
+        False, description="--separate-object-groups: sliding-window layers in their own group"
+    )
     startup_timeout_s: float = Field(120.0, gt=0)
 
 
@@ -64,7 +74,11 @@ class TargetSpec(Strict):
 
     stack: StackSpec = StackSpec()
     restore: RestoreTuning = RestoreTuning()
-    registration: Literal["tiny-llama", "dsv4-flash"] = "tiny-llama"
+    registration: str | dict[str, Any] = Field(
+        "auto",
+        description="auto (from the model's config.json), tiny-llama, dsv4-flash, a "
+        "registration YAML file, or one inline",
+    )
     storage: StorageSpec = StorageSpec()
     max_tokens: int = Field(16, gt=0)
     aux_bytes: int = Field(0, ge=0, description="restore-pool allowance beyond W*c, per rank")
@@ -86,20 +100,61 @@ class TargetSpec(Strict):
     def registration_for(self, stack: str) -> Registration:
         """The geometry restored: what c and the digest are checked against."""
         tp, chunk = self.tp_size(stack), self.chunk_tokens
-        if self.registration == "dsv4-flash":
-            reg = dsv4_flash_mtp_off(tp_size=tp, chunk_tokens=chunk)
-        else:
-            if 2 % tp:
-                field = "storage.tp_ranks"
-                if stack == "serving":
-                    field = "stack.vllm.tensor_parallel_size"
-                raise BadInput(
-                    f"{field}: tiny-llama has 2 KV heads, TP {tp} does not divide them; use 1 or 2"
-                )
-            reg = tiny_llama_cpu(chunk_tokens=chunk, tp_size=tp)
-        return Registration(
-            reg.model, reg.tensors, reg.groups, reg.tp_size, reg.chunk_tokens, self.aux_bytes
+        tp_field = "storage.tp_ranks" if stack == "storage" else "stack.vllm.tensor_parallel_size"
+        reg = resolve_registration(self.registration, self.stack, tp, chunk, tp_field)
+        aux = self.aux_bytes if "aux_bytes" in self.model_fields_set else reg.aux_bytes
+        return dataclasses.replace(reg, aux_bytes=aux)
+
+
+PRESETS = ("auto", "tiny-llama", "dsv4-flash")
+
+
+def resolve_registration(
+    value: str | dict[str, Any], stack: StackSpec, tp: int, chunk: int, tp_field: str
+) -> Registration:
+    """``registration:`` of a spec: derived (auto), a preset, or declared (file or inline)."""
+    from bsrctl.registration import declared, derive
+
+    if value == "auto":
+        vllm = stack.vllm
+        how: dict[str, Any] = {
+            "tp_size": tp,
+            "chunk_tokens": chunk,
+            "dtype": vllm.dtype,
+            "kv_cache_dtype": vllm.kv_cache_dtype,
+            "tp_field": tp_field,
+            "separate_object_groups": stack.lmcache.separate_object_groups,
+        }
+        if vllm.model == "tiny":
+            from bsrctl.stack.tinymodel import TinyModelRecipe
+
+            cfg = TinyModelRecipe().hf_config()
+            return derive.derive(cfg, name="tiny-llama-cpu", **how)
+        return derive.derive_from_folder(Path(vllm.model), **how)
+    if value == "dsv4-flash":
+        return dsv4_flash_mtp_off(tp_size=tp, chunk_tokens=chunk)
+    if value == "tiny-llama":
+        if 2 % tp:
+            raise BadInput(
+                f"{tp_field}: tiny-llama has 2 KV heads, TP {tp} does not divide them; use 1 or 2"
+            )
+        return tiny_llama_cpu(chunk_tokens=chunk, tp_size=tp)
+    if isinstance(value, dict):
+        reg = declared.parse(value, "registration")
+    elif value.endswith((".yaml", ".yml")):
+        reg = declared.load(Path(value))
+    else:
+        raise BadInput(
+            f"registration: {value!r} is none of {', '.join(PRESETS)}, a registration .yaml "
+            f"file or an inline mapping; see ladders/registrations/"
         )
+    if (reg.chunk_tokens, reg.tp_size) != (chunk, tp):
+        raise BadInput(
+            f"registration: {reg.model} is declared for chunk_tokens {reg.chunk_tokens} and "
+            f"tp_size {reg.tp_size}, the deployment has stack.lmcache.chunk_size {chunk} and "
+            f"{tp_field} {tp}; make them agree"
+        )
+    return reg
 
 
 class RoundTripSpec(Strict):

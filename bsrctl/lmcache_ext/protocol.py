@@ -263,6 +263,79 @@ class StatusReply(Reply):
         return self.counters.get(name, 0)
 
 
+# ---- bsr.registration ------------------------------------------------------------------
+
+
+def _ints(v: Any, w: str) -> tuple[int, ...]:
+    if not isinstance(v, list):
+        raise ProtocolError(f"{w}: expected a list of integers, got {v!r}")
+    return tuple(_int(x, f"{w}[{i}]") for i, x in enumerate(v))
+
+
+@dataclass(frozen=True)
+class LiveTensor(Reply):
+    """One KV tensor the engine registered (REGISTER_KV_CACHE), seen per chunk on its rank."""
+
+    WHAT: ClassVar[str] = "bsr.registration tensor"
+
+    index: int = _f(_int)  # registration order (the engine's layer order); names are not sent
+    shape: tuple[int, ...] = _f(_ints)  # per chunk: (2, T, heads, head_dim) K/V; (T, w) latent
+    dtype: str = _f(_str)  # torch dtype name without "torch."
+    group: int = _f(_int)  # LMCache object group the tensor's chunks are stored in
+    registered_shape: tuple[int, ...] = _f(_ints)  # the whole tensor as registered
+
+
+@dataclass(frozen=True)
+class LiveGroup(Reply):
+    """One LMCache object group of a registration (one storage object per chunk and rank)."""
+
+    WHAT: ClassVar[str] = "bsr.registration group"
+
+    index: int = _f(_int)
+    kind: str = _f(_str)  # attention | recurrent | aux
+    sliding_window_chunks: int = _f(_int)  # -1 full attention
+    engine_group_ids: tuple[int, ...] = _f(_ints)  # the engine's KV cache groups (EngineGroupInfo)
+
+
+@dataclass(frozen=True)
+class LiveEngineGroup(Reply):
+    """One of the engine's KV cache groups as REGISTER_KV_CACHE's ``EngineGroupInfo`` gave it
+    (one entry per LMCache kernel group: layers of one engine group sharing a copy kernel)."""
+
+    WHAT: ClassVar[str] = "bsr.registration engine group"
+
+    engine_group_id: int = _f(_int)
+    layer_indices: tuple[int, ...] = _f(_ints)
+    tokens_per_block: int = _f(_int)  # 0: the engine did not say
+    sw_size_tokens: int = _f(_int)  # -1: not sliding-window attention
+    engine_kv_format: str = _f(_str)  # LMCache's name of the tensors' layout
+
+
+@dataclass(frozen=True)
+class LiveRegistration(Reply):
+    """What one engine instance (one TP rank's worker) registered with this server."""
+
+    WHAT: ClassVar[str] = "bsr.registration entry"
+
+    instance_id: int = _f(_int)
+    model_name: str = _f(_str)
+    world_size: int = _f(_int)
+    chunk_tokens: int = _f(_int)
+    num_blocks: int = _f(_int)
+    groups: tuple[LiveGroup, ...] = _f(_list_of(LiveGroup.from_json))
+    engine_groups: tuple[LiveEngineGroup, ...] = _f(_list_of(LiveEngineGroup.from_json))
+    tensors: tuple[LiveTensor, ...] = _f(_list_of(LiveTensor.from_json))
+
+
+@dataclass(frozen=True)
+class RegistrationReply(Reply):
+    """``bsr.registration``: every live KV cache registration, by instance id."""
+
+    WHAT: ClassVar[str] = "bsr.registration"
+
+    registrations: tuple[LiveRegistration, ...] = _f(_list_of(LiveRegistration.from_json))
+
+
 # ---- bsr.markers ------------------------------------------------------------------------
 
 

@@ -26,6 +26,7 @@ from bsrctl.lmcache_ext.protocol import (
     MarkersReply,
     PeakReply,
     ProtocolError,
+    RegistrationReply,
     Reply,
     ResetPeakReply,
     RestoreOutcomeSummary,
@@ -93,6 +94,10 @@ class BsrModuleClient:
 
     def markers(self) -> MarkersReply:
         return self._typed("bsr.markers", MarkersReply)
+
+    def registration(self) -> RegistrationReply:
+        """The KV cache layouts the engines registered (the live registration)."""
+        return self._typed("bsr.registration", RegistrationReply)
 
     def forget(self, wait_s: float = 60.0) -> ForgetReply:
         """Empty L1. The server waits at most a few seconds per call (write-throughs may

@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from bsrctl.errors import StackFailed
-from bsrctl.lmcache_ext.protocol import PeakReply, RestoreOutcomeSummary
+from bsrctl.lmcache_ext.protocol import PeakReply, RegistrationReply, RestoreOutcomeSummary
 from bsrctl.prompts import expected_external_tokens, prompt_ids, tokens_sha256
-from bsrctl.registration import Registration
+from bsrctl.registration import Registration, first_difference
 from bsrctl.settings import RestoreSettings
 from bsrctl.specs import TargetSpec
 from bsrctl.stack.bsr_client import outcomes_since
@@ -39,6 +39,8 @@ class ServingTarget:
         self.vocab = 0
         self.deployments = 0
         self.seeded: dict[Prompt, SeedRecord] = {}
+        self.live: RegistrationReply | None = None  # what the engines registered, at deploy
+        self.stored: dict[Prompt, tuple[str, ...] | None] = {}  # live geometry when stored
         self.on_phase: Callable[[str], None] = lambda _step: None  # seed, forget, restore, check
 
     def _model_dir(self) -> Path:
@@ -86,14 +88,32 @@ class ServingTarget:
         status = self.client.status()
         if status.degraded:
             raise StackFailed(f"BSR server module degraded: {status.degraded}")
+        self.live = self.client.registration()
+
+    def live_geometry(self, reply: RegistrationReply | None = None) -> tuple[str, ...] | None:
+        """The live registration as ``Registration.geometry()``: of the first engine instance
+        (TP rank) whose tensors differ from the expected ones, else of the first instance;
+        None when no engine registered with this TP size."""
+        reply = reply if reply is not None else self.client.registration()
+        want = self.reg.geometry()
+        found = [
+            tuple(f"kv[{t.index}]={list(t.shape)} {t.dtype} g{t.group}" for t in r.tensors)
+            for r in reply.registrations
+            if r.world_size == self.reg.tp_size
+        ]
+        if not found:
+            return None
+        return next((g for g in found if first_difference(want, g, "live")), found[0])
 
     def describe(self) -> dict[str, Any]:
         if self.stack is None:
             return {"kind": "serving", "registration": self.reg.to_dict()}
+        live = [r.to_json() for r in self.live.registrations] if self.live else []
         return {
             "kind": "serving",
             "versions": self.stack.versions(),
             "registration": self.reg.to_dict(),
+            "registration_live": live,  # REGISTER_KV_CACHE as the server module saw it
             **self.stack.state(),
         }
 
@@ -108,6 +128,7 @@ class ServingTarget:
         chunk, then empty L1."""
         for p in prompts:
             self.seeded[p] = self._seed(prompt_ids(p.salt, p.tokens, self.vocab))
+            self.stored[p] = self.live_geometry()
         self.client.forget(wait_s=120.0)
 
     def _seed(self, ids: list[int]) -> SeedRecord:
@@ -146,6 +167,8 @@ class ServingTarget:
         if cold:
             self.on_phase("seed")
         seed = self._seed(ids) if cold else self.seeded.get(prompt)
+        if cold:
+            self.stored[prompt] = self.live_geometry()
         self._set_window(window_chunks)
         self.on_phase("forget")
         c.forget(wait_s=120.0)  # L1 emptied first: only the L2 tier can serve
@@ -158,6 +181,11 @@ class ServingTarget:
         after = c.status()
         outcomes = outcomes_since(before.recent_outcomes, after.recent_outcomes)
         m = self._measures(prompt, window_chunks, comp, peak, outcomes, l1_before)
+        m.update(
+            registration_tensors_expected=self.reg.geometry(),
+            registration_tensors_live=self.live_geometry(),
+            registration_tensors_stored=self.stored.get(prompt),
+        )
         m["cold_cached_tokens"] = seed.attempts[0]["cached_tokens"] if cold and seed else None
         if seed is not None:
             m.update(seed_chunks_expected=seed.chunks, seed_chunks_held=seed.held_chunks)

@@ -3,6 +3,7 @@ no model. Runs BSR at paper geometry without an engine."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -29,6 +30,21 @@ class StorageTarget:
         self.stack: Any = None
         self.settings = RestoreSettings()
         self.on_phase: Callable[[str], None] = lambda _step: None  # seed, forget, restore
+
+    @property
+    def stored_record(self) -> Path:
+        """The registration the L2 files were written with (kept beside them)."""
+        return self.root / "registration.json"
+
+    def _stored_geometry(self, wrote: int) -> tuple[str, ...] | None:
+        """The geometry recorded when the prefix was stored: this deployment's when it
+        wrote the first objects under the root, else the one recorded then."""
+        if not self.stored_record.is_file() and wrote:
+            doc = {"model": self.reg.model, "tensors": list(self.stack.registration.geometry())}
+            self.stored_record.write_text(json.dumps(doc, indent=1))
+        if not self.stored_record.is_file():
+            return None  # files from before records were kept: not known
+        return tuple(json.loads(self.stored_record.read_text())["tensors"])
 
     @property
     def l1_ranks(self) -> int:
@@ -82,6 +98,7 @@ class StorageTarget:
         tokens = prompt.tokens
         self.on_phase("seed")
         seed = st.seed(tokens, prompt.salt)
+        stored = self._stored_geometry(seed.objects_written)
         self.on_phase("forget")
         st.forget()
         if self.spec.storage.drop_page_cache:
@@ -102,6 +119,9 @@ class StorageTarget:
             bytes_per_chunk_expected=reg.bytes_per_chunk,
             bytes_per_chunk_measured=exact_div(res.bytes_restored, chunks * reg.tp_size),
             registration_digest_expected=reg.digest(),
+            registration_tensors_expected=reg.geometry(),
+            registration_tensors_live=st.registration.geometry(),
+            registration_tensors_stored=stored,
             rws_bound_bytes=reg.rws_bound_bytes(window_chunks) if window_chunks else 0,
             healthy=healthy and released,
             health_detail=(
@@ -120,6 +140,7 @@ class StorageTarget:
         if self.stack is not None and self.stack.l2_dir.is_dir():
             for f in self.stack.l2_dir.iterdir():
                 f.unlink(missing_ok=True)
+        self.stored_record.unlink(missing_ok=True)
 
     def teardown(self) -> None:
         if self.stack is not None:
@@ -132,3 +153,4 @@ class StorageTarget:
         if not self.spec.storage.keep_files:
             for sub in ("l2", "dest"):
                 shutil.rmtree(self.root / sub, ignore_errors=True)
+            self.stored_record.unlink(missing_ok=True)

@@ -73,6 +73,12 @@ class RestoreMeasures:
     bytes_per_chunk_measured: int | None = None
     registration_digest_expected: str | None = None
     registration_digest: str | None = None  # storage: digest of the registration restored
+    # Registration.geometry() ("name=[shape] dtype gN" per tensor) of the registration the
+    # spec derived or declared, of the live one (what the engine registered with LMCache;
+    # storage: what the stack deployed), and of the one recorded when the prefix was stored
+    registration_tensors_expected: tuple[str, ...] | None = None
+    registration_tensors_live: tuple[str, ...] | None = None
+    registration_tensors_stored: tuple[str, ...] | None = None
     # -- correctness
     output_sha256: str | None = None  # serving
     canonical_sha256: str | None = None  # serving
@@ -113,7 +119,13 @@ class RestoreMeasures:
         if unknown:
             raise ValueError(f"unknown restore measure(s) {unknown}; known: {sorted(known)}")
         d = dict(doc)
-        for name in ("restore_modes", "restore_failures"):
+        for name in (
+            "restore_modes",
+            "restore_failures",
+            "registration_tensors_expected",
+            "registration_tensors_live",
+            "registration_tensors_stored",
+        ):
             if d.get(name) is not None:
                 d[name] = tuple(d[name])
         if d.get("seed") is not None:

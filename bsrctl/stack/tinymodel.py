@@ -39,17 +39,57 @@ class TinyModelRecipe:
     vocab_size: int = 1024  # BPE target; the trained vocab may be smaller
     seed: int = 0
     recipe_version: int = RECIPE_VERSION
+    family: str = "llama"  # llama | qwen3 (q/k norms, explicit head_dim)
+    explicit_head_dim: int = 0  # 0: hidden_size / heads (Llama); qwen3 sets its own
 
     @property
     def head_dim(self) -> int:
-        return self.hidden_size // self.num_attention_heads
+        return self.explicit_head_dim or self.hidden_size // self.num_attention_heads
+
+    @property
+    def name(self) -> str:
+        return f"tiny-{self.family}"
 
     def digest(self) -> str:
-        return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()
+        doc = asdict(self)
+        if self.family == "llama" and not self.explicit_head_dim:
+            # recipes from before these fields hash (and name their folder) as they did
+            del doc["family"], doc["explicit_head_dim"]
+        return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
+
+    def hf_config(self) -> dict[str, object]:
+        """The config.json fields the model is built from (what `registration: auto` reads)."""
+        arch = {"llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM"}[self.family]
+        doc: dict[str, object] = {
+            "architectures": [arch],
+            "model_type": self.family,
+            "hidden_size": self.hidden_size,
+            "num_hidden_layers": self.num_hidden_layers,
+            "num_attention_heads": self.num_attention_heads,
+            "num_key_value_heads": self.num_key_value_heads,
+            "torch_dtype": "float32",
+        }
+        if self.explicit_head_dim:
+            doc["head_dim"] = self.explicit_head_dim
+        return doc
 
     def kv_bytes_per_token(self, dtype_bytes: int = 4) -> int:
         """K and V, every layer, float32 on CPU."""
         return 2 * self.num_hidden_layers * self.num_key_value_heads * self.head_dim * dtype_bytes
+
+
+# A second architecture for `registration: auto` end to end: Qwen3 (q/k norms), 3 layers,
+# 2 query heads of head dim 64 (not hidden / heads), 1 KV head: 2 x 3 x 1 x 64 x 4 B =
+# 1,536 B per token, c = 393,216 B per 256-token chunk (the tiny Llama: 1,024 and 262,144).
+TINY_QWEN3 = TinyModelRecipe(
+    hidden_size=128,
+    intermediate_size=256,
+    num_hidden_layers=3,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    family="qwen3",
+    explicit_head_dim=64,
+)
 
 
 def default_cache_dir() -> Path:
@@ -81,9 +121,15 @@ def _build_tokenizer(recipe: TinyModelRecipe, out: Path) -> None:
 
 def _build_weights(recipe: TinyModelRecipe, vocab_size: int, out: Path) -> None:
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
-    cfg = LlamaConfig(
+    config_cls, model_cls = {
+        "llama": (LlamaConfig, LlamaForCausalLM),
+        "qwen3": (Qwen3Config, Qwen3ForCausalLM),
+    }[recipe.family]
+    extra = {"head_dim": recipe.explicit_head_dim} if recipe.explicit_head_dim else {}
+    cfg = config_cls(
+        **extra,
         vocab_size=vocab_size,
         hidden_size=recipe.hidden_size,
         intermediate_size=recipe.intermediate_size,
@@ -96,7 +142,7 @@ def _build_weights(recipe: TinyModelRecipe, vocab_size: int, out: Path) -> None:
         torch_dtype="float32",
     )
     torch.manual_seed(recipe.seed)
-    model = LlamaForCausalLM(cfg)
+    model = model_cls(cfg)
     model.save_pretrained(out, safe_serialization=True)
 
 
@@ -112,7 +158,7 @@ def build(recipe: TinyModelRecipe | None = None, cache_dir: Path | None = None) 
     """Return the model folder, building it once. Safe against concurrent builders."""
     recipe = recipe or TinyModelRecipe()
     root = cache_dir or default_cache_dir()
-    final = root / f"tiny-llama-{recipe.digest()[:16]}"
+    final = root / f"{recipe.name}-{recipe.digest()[:16]}"
     if (final / MANIFEST).exists():
         return final
     root.mkdir(parents=True, exist_ok=True)

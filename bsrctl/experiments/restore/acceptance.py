@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from bsrctl.evidence.verdict import Check, Point, Verdict, check
+from bsrctl.registration import first_difference
 from bsrctl.stack.target import RestoreMeasures
 
 
@@ -108,9 +109,15 @@ def registration_identity(
     measured_bytes_per_chunk: int | None,
     expected_digest: str | None = None,
     restored_digest: str | None = None,
+    expected_tensors: tuple[str, ...] | None = None,
+    live_tensors: tuple[str, ...] | None = None,
+    stored_tensors: tuple[str, ...] | None = None,
 ) -> Check:
-    """The restored state has the registered geometry: bytes per chunk per rank (and the
-    tensor-list digest where the stack reports one)."""
+    """The restored state has the registered geometry: bytes per chunk per rank, the
+    tensor-list digest where the stack reports one, and, where the stack reports them, the
+    same tensors (shape, dtype, group, in order) in the derived or declared registration,
+    the live one and the one recorded when the prefix was stored; a difference names the
+    first tensor that differs."""
     name = "registration_identity"
     if expected_bytes_per_chunk is None or measured_bytes_per_chunk is None:
         return _missing(name, "bytes per chunk of the restored state")
@@ -125,6 +132,13 @@ def registration_identity(
         scope = f"digest {expected_digest[:12]}, "
     else:
         scope = "no digest from this stack, "
+    if expected_tensors is not None:
+        for what, got in (("live", live_tensors), ("stored", stored_tensors)):
+            if got is None:
+                return _missing(name, f"the {what} registration")
+            if diff := first_difference(expected_tensors, got, what):
+                diffs.append(diff)
+        scope += f"{len(expected_tensors)} tensors derived == live == stored, "
     if diffs:
         return check(name, False, "; ".join(diffs))
     return check(name, True, f"{scope}{measured_bytes_per_chunk} B per chunk per rank")
@@ -212,6 +226,9 @@ def judge(m: RestoreMeasures, stack: str) -> tuple[Check, ...]:
             m.bytes_per_chunk_measured,
             m.registration_digest_expected,
             m.registration_digest,
+            m.registration_tensors_expected,
+            m.registration_tensors_live,
+            m.registration_tensors_stored,
         ),
         canonical_bytes(m.verify_ok, m.verify_mismatches, m.bytes_restored)
         if stack == "storage"

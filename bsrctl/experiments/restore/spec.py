@@ -4,7 +4,9 @@ Layout (every field optional except the section the command needs)::
 
     stack: {...}            # bsrctl.specs.StackSpec: the serving stack (vLLM, LMCache, Mooncake)
     restore: {...}          # bsrctl.settings.RestoreTuning: timeouts, load concurrency, checksum
-    registration: tiny-llama   # state geometry: tiny-llama | dsv4-flash (the paper's MTP-off)
+    registration: auto      # state geometry: auto (the model's config.json + TP, chunk, dtypes),
+                            # tiny-llama | dsv4-flash (the paper's MTP-off), a registration
+                            # .yaml file or an inline mapping (bsrctl.registration.declared)
     storage: {...}          # --stack storage only: TP ranks, L2 root, destination, margins
     salt: bsrctl-e1         # prompts / canonical KV bytes derive from it
     max_tokens: 16          # tokens generated per request (serving)

@@ -19,10 +19,12 @@ from bsrctl.lmcache_ext.protocol import (
     ConfigureReply,
     ForgetReply,
     PeakReply,
+    RegistrationReply,
     ResetPeakReply,
     StatusReply,
 )
 from bsrctl.lmcache_ext.server.config import ServerConfigError
+from bsrctl.lmcache_ext.server.layout import live_registrations
 from bsrctl.lmcache_ext.server.state import ModuleState
 
 # bsr.forget runs on the pool that also answers PING: never hold it near the 10 s timeout.
@@ -44,7 +46,7 @@ def _payload(raw: bytes) -> dict[str, Any]:
 
 class ControlHandlers(ModuleState):
     """``bsr.status``, ``bsr.peak``, ``bsr.reset_peak``, ``bsr.forget``, ``bsr.configure``,
-    ``bsr.markers`` and ``bsr.fault``."""
+    ``bsr.markers``, ``bsr.registration`` and ``bsr.fault``."""
 
     def peak(self) -> PeakReply:
         used, total = self._sm.get_l1_usage()
@@ -153,6 +155,12 @@ class ControlHandlers(ModuleState):
                 }
             )
         return handler(payload)
+
+    @server_module_handler("bsr.registration")
+    def bsr_registration(self, payload: bytes) -> bytes:
+        """The KV cache layout every engine instance registered (REGISTER_KV_CACHE)."""
+        live = live_registrations(self._transfer_mod, self._ctx.chunk_size)
+        return _json(RegistrationReply(live).to_json())
 
     @server_module_handler("bsr.markers")
     def bsr_markers(self, payload: bytes) -> bytes:

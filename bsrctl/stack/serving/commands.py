@@ -58,6 +58,8 @@ def lmcache_command(
         "--disable-metrics",
         "--supported-transfer-mode", "auto",
     ]  # fmt: skip
+    if lm.separate_object_groups:
+        argv.append("--separate-object-groups")
     for adapter in l2_adapters:
         argv += ["--l2-adapter", json.dumps(adapter)]
     return [*argv, "--server-module", json.dumps(server_module)]
@@ -76,11 +78,13 @@ def vllm_command(
         "--port", str(port),
         "--enforce-eager",
         "--max-model-len", str(v.max_model_len),
-        "--dtype", "float32",
+        "--dtype", v.dtype,
         "--seed", "0",
         "--max-num-seqs", "4",
         "--enable-prompt-tokens-details",
     ]  # fmt: skip
+    if v.kv_cache_dtype != "auto":
+        argv += ["--kv-cache-dtype", v.kv_cache_dtype]
     if lmcache_port is None:
         return [*argv, "--no-enable-prefix-caching"]
     kv = {

@@ -62,3 +62,17 @@ def test_one_deployment_and_nothing_left_behind(sweep) -> None:
     assert list(run.glob("deploy-*")) == []  # one deployment: no engine relaunch
     assert (run / "stack" / "state.json").is_file()
     assert_nothing_left(out)
+
+
+def test_derived_registration_is_the_live_one(sweep) -> None:
+    """cpu-smoke says `registration: auto`: the tiny Llama's config.json derives c, and it is
+    what vLLM registered with LMCache (REGISTER_KV_CACHE, read back by bsr.registration)."""
+    _, _, doc = sweep
+    assert doc["stack"]["registration"]["bytes_per_chunk"] == C
+    (live,) = doc["stack"]["registration_live"]
+    assert [(t["shape"], t["dtype"], t["group"]) for t in live["tensors"]] == [
+        ([2, 256, 2, 32], "float32", 0)
+    ] * 2
+    for p in doc["points"]:
+        checks = {c["name"]: c for c in p["checks"]}
+        assert "2 tensors derived == live == stored" in checks["registration_identity"]["detail"]

@@ -88,8 +88,10 @@ def test_unknown_field_lists_valid_ones(tmp_path: Path) -> None:
         ("stack: {lmcache: {l1_size_bytes: 1048576}}\n"
          "sweep: {sizes_tokens: [8192], whole_plan_contrast: true}\n", "sweep", "storage",
          ["sweep.whole_plan_contrast", "needs 8388608 B", "l1_size_bytes = 1048576"]),
-        ("storage: {tp_ranks: 4}\nsweep: {sizes_tokens: [1024]}\n", "sweep", "storage",
-         ["storage.tp_ranks: tiny-llama has 2 KV heads, TP 4"]),
+        ("registration: tiny-llama\nstorage: {tp_ranks: 4}\nsweep: {sizes_tokens: [1024]}\n",
+         "sweep", "storage", ["storage.tp_ranks: tiny-llama has 2 KV heads, TP 4"]),
+        ("storage: {tp_ranks: 3}\nsweep: {sizes_tokens: [1024]}\n", "sweep", "storage",
+         ["storage.tp_ranks: 3 does not divide the 2 KV heads of LlamaForCausalLM"]),
         ("registration: llama\nsweep: {sizes_tokens: [1024]}\n", "sweep", "storage",
          ["registration", "tiny-llama", "dsv4-flash"]),
     ],

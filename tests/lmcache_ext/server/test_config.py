@@ -121,5 +121,5 @@ def test_handlers_match_the_rpc_contract_and_replace_the_builtins() -> None:
     methods = [h.method for h in iter_server_module_handlers(BsrServerModule)]
     assert methods == sorted(
         ["bsr.configure", "bsr.fault", "bsr.forget", "bsr.markers", "bsr.peak"]
-        + ["bsr.reset_peak", "bsr.status"]
+        + ["bsr.registration", "bsr.reset_peak", "bsr.status"]
     )

@@ -25,6 +25,7 @@ DTYPE_BYTES = {
     "float16": 2,
     "bfloat16": 2,
     "float8_e4m3fn": 1,
+    "float8_e5m2": 1,
     "uint8": 1,
     "int8": 1,
     "int32": 4,
@@ -127,6 +128,12 @@ class Registration:
         blob = json.dumps(doc, separators=(",", ":")).encode()
         return hashlib.sha256(blob).hexdigest()
 
+    def geometry(self) -> tuple[str, ...]:
+        """Per tensor, in order, ``name=[shape] dtype gN``: what registration identity
+        compares between the derived, the live and the stored registration. The engine
+        sends no tensor names, so only the part after ``=`` is compared."""
+        return tuple(f"{t.name}={list(t.shape)} {t.dtype} g{t.group}" for t in self.tensors)
+
     def to_dict(self) -> dict[str, Any]:
         """Summary for evidence records (``stack.registration``)."""
         return {
@@ -146,6 +153,19 @@ class Registration:
             "aux_bytes": self.aux_bytes,
             "digest": self.digest(),
         }
+
+
+def first_difference(expected: tuple[str, ...], other: tuple[str, ...], what: str) -> str | None:
+    """Where ``other`` (a ``geometry()``) first differs from ``expected``, naming the
+    expected tensor; None when they are the same tensors in the same order."""
+    for i, (a, b) in enumerate(zip(expected, other, strict=False)):
+        name, want = a.split("=", 1)
+        got = b.split("=", 1)[-1]
+        if want != got:
+            return f"tensor {i} ({name}): {what} {got} != expected {want}"
+    if len(expected) != len(other):
+        return f"{what} has {len(other)} tensors, expected {len(expected)}"
+    return None
 
 
 # ---- factories ----------------------------------------------------------------------------
