@@ -210,6 +210,10 @@ class ServingStack(ServingClient):
             out.append(ext.mooncake_adapter(params, self.fault_control("mooncake")))
         return out
 
+    @property
+    def fs_l2_dir(self) -> Path:
+        return self.dir / "l2-fs"
+
     def fault_control(self, tier: str) -> Path:
         """The file a tier's fault wrapper re-reads: write rules there to inject faults."""
         return self.dir / f"faults-{tier}.json"
