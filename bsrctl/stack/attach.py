@@ -238,7 +238,7 @@ class AttachedStack(ServingClient):
         return out
 
     def state(self) -> dict[str, Any]:
-        return {"attached": self.endpoints(), "operator_commands_run": self.commands_run}
+        return {"operator_commands_run": self.commands_run}
 
     # ---- the operator's commands -------------------------------------------------------------
 
