@@ -34,6 +34,11 @@ class LmcacheSpec(Strict):
 
 class MooncakeSpec(Strict):
     enabled: bool = False
+    topology: Literal["one-host", "two-hosts"] = Field(
+        "one-host",
+        description="two-hosts: Mooncake on a storage node (its own network namespace) "
+        "joined to the serving node's by a veth pair, 198.18.0.0/30",
+    )
     segment_size_bytes: int = Field(1 << 30, gt=0)
     startup_timeout_s: float = Field(60.0, gt=0)
 
