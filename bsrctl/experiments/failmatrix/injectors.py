@@ -26,6 +26,7 @@ from bsrctl.experiments.failmatrix.spec import CellSpec
 # The failure matrix's one import of the fault wrapper's control file.
 from bsrctl.lmcache_ext.faults.control import write_control_file
 from bsrctl.settings import RestoreSettings
+from bsrctl.stack.netns import wait_until
 from bsrctl.stack.serving import ServingStack
 from bsrctl.stack.tiers import (
     chunk_hashes_hex,
@@ -239,6 +240,32 @@ class LmcacheKilled(Injector):
         self.notes["restarted_lmcache"] = self.stack.parts["lmcache"].pid
 
 
+class StorageNodePartitioned(Injector):
+    """While window k of the Mooncake tier is held, the veth link to the storage node goes
+    down (both ends: the serving node loses its only route there); it comes up at recover."""
+
+    def arm(self) -> None:
+        if self.stack.hosts is None:
+            raise StackFailed("storage_node_partitioned needs stack.mooncake.topology: two-hosts")
+        self.hold_rule(self.cell.hold_s)
+
+    def strike(self) -> None:
+        self.wait_hold()
+        assert self.stack.hosts is not None
+        self.stack.hosts.link(up=False)
+        self.notes["link_down"] = {"at_s": round(time.monotonic(), 3),
+                                   "interface": self.stack.hosts.serving_if}  # fmt: skip
+
+    def recover(self) -> None:
+        assert self.stack.hosts is not None
+        self.stack.hosts.link(up=True)
+        moon = self.stack.mooncake
+        t0 = time.monotonic()
+        # the master and node answer across the link again before the next request
+        ok = wait_until(lambda: moon.master_healthy() and moon.node_healthy(), 30.0)
+        self.notes["link_up"] = {"healthy": ok, "after_s": round(time.monotonic() - t0, 3)}
+
+
 INJECTORS: dict[str, type[Injector]] = {
     "mooncake_master_down": MasterDown,
     "mooncake_and_fs_absent": MooncakeAndFsAbsent,
@@ -247,4 +274,5 @@ INJECTORS: dict[str, type[Injector]] = {
     "object_truncated": ObjectDamaged,
     "l1_exhausted": L1Exhausted,
     "lmcache_killed": LmcacheKilled,
+    "storage_node_partitioned": StorageNodePartitioned,
 }
