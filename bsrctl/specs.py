@@ -66,6 +66,11 @@ class AttachSpec(Strict):
         None, pattern=r"^[^/:\s]+:[0-9]+$", description="HOST:PORT of the Mooncake master"
     )
     connect_timeout_s: float = Field(10.0, gt=0, description="an endpoint must answer within")
+    vllm_log: Path | None = Field(
+        None,
+        description="vLLM's log on this host: failure cells count its KV-load recoveries "
+        "there (without it that check is UNKNOWN)",
+    )
     commands: AttachCommands = AttachCommands()
 
 

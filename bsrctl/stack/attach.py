@@ -62,6 +62,9 @@ def _compact_json(doc: Any) -> str:
 class AttachedStack(ServingClient):
     """The operator's running deployment, reached over its endpoints; owns no process."""
 
+    attached = True
+    mooncake = None  # no Mooncake handle: its master is the operator's
+
     def __init__(self, spec: StackSpec, run_dir: Path) -> None:
         if spec.attach is None:
             raise StackFailed("AttachedStack needs stack.attach")
@@ -148,6 +151,32 @@ class AttachedStack(ServingClient):
                 f"stack.lmcache.chunk_size: {want} but the attached LMCache server at "
                 f"{self.lmcache_http} reports chunk_size {got}; set stack.lmcache.chunk_size: {got}"
             )
+
+    def up(self, settings: RestoreSettings) -> None:
+        """Connect: every endpoint answers, the module is loaded, the geometry agrees.
+        Starts nothing. StackFailed names the endpoint, or prints the --server-module line."""
+        self.probe()
+        if not self.module_loaded():
+            raise StackFailed(
+                f"attach: the LMCache server at {self.lmcache_mq_url} does not run the BSR "
+                f"server module (bsr.status absent from {self.lmcache_http}/status); add this "
+                f"argument to the operator's `lmcache server` command:\n"
+                f"  {server_module_line(settings)}"
+            )
+        self.check_geometry()
+
+    def down(self) -> None:
+        """Nothing of it is bsrctl's to stop."""
+
+    def vllm_log(self) -> Path | None:
+        return self.at.vllm_log
+
+    def fault_tiers(self) -> tuple[str, ...]:
+        return tuple(
+            (a.get("bsr_fault") or {}).get("name")
+            for a in self.l2_adapters()
+            if (a.get("bsr_fault") or {}).get("control_path")
+        )
 
     def module_loaded(self) -> bool:
         """Whether the LMCache server runs the BSR server module (its status under "bsr")."""

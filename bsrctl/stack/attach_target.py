@@ -19,21 +19,13 @@ class AttachTarget(RunningStackTarget):
 
     def _connect(self, settings: RestoreSettings) -> None:
         """Probe every endpoint (bounded), check the module, open the bsr.* client."""
-        from bsrctl.stack.attach import AttachedStack, server_module_line
+        from bsrctl.stack.attach import AttachedStack
         from bsrctl.stack.bsr_client import BsrModuleClient
 
         if self.stack is not None:
             return
         stack = AttachedStack(self.spec.stack, self.run_dir)
-        stack.probe()
-        if not stack.module_loaded():
-            raise StackFailed(
-                f"attach: the LMCache server at {stack.lmcache_mq_url} does not run the BSR "
-                f"server module (bsr.status absent from {stack.lmcache_http}/status); add this "
-                f"argument to the operator's `lmcache server` command:\n"
-                f"  {server_module_line(settings)}"
-            )
-        stack.check_geometry()
+        stack.up(settings)
         self.stack = stack
         assert self.spec.stack.attach is not None
         self.client = BsrModuleClient(stack, timeout_s=max(30.0, 2 * stack.at.connect_timeout_s))

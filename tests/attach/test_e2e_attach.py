@@ -111,3 +111,56 @@ def test_lmcache_without_the_module_is_exit_3_with_the_line(deployment, tmp_path
     assert module["module_path"] == "bsrctl.lmcache_ext.server"
     assert module["config"]["window_chunks"] == 0  # W comes per point over bsr.configure
     assert marked(RUN_MARK, mark) == []
+
+
+MATRIX = SMOKE.parents[1] / "matrices" / "cpu.yaml"
+
+
+def matrix(tmp_path: Path, dep: Deployment, commands: dict[str, str], cells: list[str]) -> Path:
+    """matrices/cpu.yaml's workload and cells (those named), on the operator's deployment."""
+    import yaml
+
+    doc = yaml.safe_load(MATRIX.read_text())
+    doc["stack"] = {
+        "kind": "attach",
+        "vllm": doc["stack"]["vllm"],
+        "attach": {
+            **json.loads(dep.attach_section().split(": ", 1)[1]),
+            "vllm_log": str(dep.root / "vllm.log"),
+            "commands": commands,
+        },
+    }
+    doc["cells"] = [c for c in doc["cells"] if c["id"] in cells]
+    p = tmp_path / "matrix.yaml"
+    p.write_text(yaml.safe_dump(doc))
+    return p
+
+
+def test_failmatrix_same_verdicts_as_launched_and_unknown_without_command(
+    deployment: Deployment, tmp_path: Path
+) -> None:
+    before = deployment.processes()
+    cells = ["window-timeout", "object-corrupted", "mooncake-down-before-request"]
+    res, mark = run_bsrctl(
+        "failmatrix", str(matrix(tmp_path, deployment, deployment.commands(), cells)),
+        "--out", str(tmp_path / "out"), "--json",
+    )  # fmt: skip
+    doc = load_evidence(Path(json.loads(res.stdout.splitlines()[-1])["evidence"]))
+    points = {p["id"]: p for p in doc["points"]}
+    assert list(points) == cells
+    # as on the launched stack: the fault fails the restore closed, vLLM recomputes
+    for cid in ("window-timeout", "object-corrupted"):
+        p = points[cid]
+        assert p["verdict"] == "PASS", [c for c in p["checks"] if c["verdict"] != "PASS"]
+        assert p["measures"]["cached_tokens"] == 0
+        assert p["measures"]["output_sha256"] == p["measures"]["canonical_sha256"]
+        assert p["measures"]["recovered_delta"] >= 1  # read in the operator's vLLM log
+    # a Mooncake cell needs the operator's stop/start of the remote tier: not given here
+    (why,) = points["mooncake-down-before-request"]["checks"]
+    assert (why["name"], why["verdict"]) == ("operator_command", "UNKNOWN")
+    assert "stack.attach.commands.stop_remote_tier" in why["detail"]
+    assert doc["verdict"] == "UNKNOWN" and res.returncode == 3
+    # the object was damaged where the operator's server keeps its FS tier
+    assert points["object-corrupted"]["fault_notes"]["object"]["how"].startswith("4096 bytes")
+    assert deployment.processes() == before  # nothing of the operator's stopped or added
+    assert marked(RUN_MARK, mark) == []

@@ -162,6 +162,8 @@ def _check_cell(spec: FailMatrixSpec, c: CellSpec) -> None:
     if spec.workload.prompt_tokens + spec.workload.max_tokens > v.max_model_len:
         raise ValueError("workload.prompt_tokens + max_tokens exceeds stack.vllm.max_model_len")
     needs_moon = c.source in ("mooncake", "all") or c.fault.startswith("mooncake")
+    if spec.stack.kind == "attach":  # the deployment decides; a cell it cannot run is UNKNOWN
+        return
     if needs_moon and not spec.stack.mooncake.enabled:
         raise ValueError(f"{where}: needs stack.mooncake.enabled: true")
     if c.fault == "storage_node_partitioned" and (

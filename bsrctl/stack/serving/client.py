@@ -63,6 +63,15 @@ class ServingClient:
         """The control file a tier's fault wrapper re-reads (rules armed by writing it)."""
         raise NotImplementedError
 
+    def fault_tiers(self) -> tuple[str, ...]:
+        """The tiers behind a fault wrapper whose rules bsrctl can arm."""
+        return ("fs", "mooncake")
+
+    def vllm_log(self) -> Path | None:
+        """vLLM's log, where it reports each recovery from a KV load failure."""
+        part = self.parts.get("vllm")
+        return part.log_path if part else None
+
     def _http(self, method: str, url: str, body: Any = None, timeout_s: float = 30) -> Any:
         data = None if body is None else json.dumps(body).encode()
         req = urllib.request.Request(url, data=data, method=method)
@@ -110,12 +119,14 @@ class ServingClient:
             after = self.metrics()
         except OSError as exc:
             part = self.parts.get("vllm")
+            if part is None:  # an attached vLLM: its process is the operator's
+                raise StackFailed(f"vLLM request to {self.vllm_url} failed ({exc})") from None
             # A killed server drops the connection a moment before it can be reaped: give it
             # a bounded moment so "gone" is not misreported as "alive".
-            alive = part is not None and part.wait_exit(timeout_s=5.0) is None
+            alive = part.wait_exit(timeout_s=5.0) is None
             raise StackFailed(
                 f"vLLM request failed ({exc}); vLLM process {'alive' if alive else 'gone'}",
-                part.tail() if part else "",
+                part.tail(),
             ) from None
         usage = resp.get("usage") or {}
         details = usage.get("prompt_tokens_details") or {}
