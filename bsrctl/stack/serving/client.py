@@ -119,14 +119,14 @@ class ServingClient:
             after = self.metrics()
         except OSError as exc:
             part = self.parts.get("vllm")
-            if part is None:  # an attached vLLM: its process is the operator's
+            if getattr(self, "attached", False):  # its process is the operator's, not ours
                 raise StackFailed(f"vLLM request to {self.vllm_url} failed ({exc})") from None
             # A killed server drops the connection a moment before it can be reaped: give it
             # a bounded moment so "gone" is not misreported as "alive".
-            alive = part.wait_exit(timeout_s=5.0) is None
+            alive = part is not None and part.wait_exit(timeout_s=5.0) is None
             raise StackFailed(
                 f"vLLM request failed ({exc}); vLLM process {'alive' if alive else 'gone'}",
-                part.tail(),
+                part.tail() if part else "",
             ) from None
         usage = resp.get("usage") or {}
         details = usage.get("prompt_tokens_details") or {}
