@@ -121,3 +121,20 @@ def test_host_port() -> None:
     assert host_port("tcp://10.0.0.1:5555") == ("10.0.0.1", 5555)
     assert host_port("http://h:80/") == ("h", 80)
     assert host_port("198.18.0.2:50051") == ("198.18.0.2", 50051)
+
+
+@pytest.mark.parametrize("command", ["ladder", "roundtrip", "stack-up"])
+def test_commands_that_launch_refuse_attach(tmp_path: Path, command: str) -> None:
+    attach = (
+        "  attach:\n    vllm_url: http://127.0.0.1:1\n    lmcache_url: tcp://127.0.0.1:2\n"
+        "    lmcache_http_port: 3\n"
+    )
+    path = attach_spec(tmp_path, attach)
+    if command == "roundtrip":
+        path.write_text(
+            "stack:\n  kind: attach\n" + attach + "prompt_tokens: 1024\ntiers: [l1, fs]\n"
+        )
+    args = ["stack", "up", str(path)] if command == "stack-up" else [command, str(path)]
+    code, out = run(*args, "--out" if command != "stack-up" else "--run-dir", str(tmp_path / "o"))
+    assert code == 2, out
+    assert "attach" in out
