@@ -90,6 +90,21 @@ def test_operator_processes_still_running_and_only_those(sweep, deployment) -> N
     assert status["bsr"]["effective_window_chunks"] == 0
 
 
+def test_law_same_fit_as_launched(deployment: Deployment, tmp_path: Path) -> None:
+    """W over bsr.configure per point: the launched law's exact peaks and slope
+    (test_e2e_serving_law)."""
+    before = deployment.processes()
+    res, mark = run_bsrctl("law", str(spec(tmp_path, deployment.attach_section())), "--out",
+                           str(tmp_path / "out"), "--json")  # fmt: skip
+    assert res.returncode == 0, res.stderr[-3000:]
+    doc = load_evidence(Path(json.loads(res.stdout.splitlines()[-1])["evidence"]))
+    fit = doc["summary"]["fit"]
+    assert fit["restore_pool_peak_bytes"] == [2 * C, 4 * C, 8 * C]
+    assert fit["slope_bytes_per_chunk"] == C and fit["r2"] == 1.0
+    assert all(p["verdict"] == "PASS" for p in doc["points"])
+    assert deployment.processes() == before and marked(RUN_MARK, mark) == []
+
+
 def test_lmcache_without_the_module_is_exit_3_with_the_line(deployment, tmp_path: Path) -> None:
     bare = tmp_path / "bare"
     state = json.loads(operator("up", str(bare), "--model", "unused", "--no-module",
