@@ -360,6 +360,11 @@ def stack_up(
     def go() -> ServingStack:
         reclaim_dead_runs()
         parsed, tuning = load_stack_section(spec)
+        if parsed.kind == "attach":
+            raise BadInput(
+                "stack.kind: attach names a deployment someone else started; `stack up` starts "
+                "nothing for it (run sweep, law or failmatrix against it)"
+            )
         if (run_dir / "stack" / "state.json").exists() and _live_state(run_dir):
             raise BadInput(f"--run-dir: a stack is already up in {run_dir}; `bsrctl stack down`")
         check_ports(parsed)

@@ -44,15 +44,63 @@ class LmcacheSpec(Strict):
 
 class MooncakeSpec(Strict):
     enabled: bool = False
+    topology: Literal["one-host", "two-hosts"] = Field(
+        "one-host",
+        description="two-hosts: Mooncake on a storage node (its own network namespace) "
+        "joined to the serving node's by a veth pair, 198.18.0.0/30",
+    )
     segment_size_bytes: int = Field(1 << 30, gt=0)
     startup_timeout_s: float = Field(60.0, gt=0)
 
 
+class AttachCommands(Strict):
+    """The operator's own tooling, run as given (``sh -c``), each bounded by ``timeout_s``.
+    bsrctl starts and stops nothing else: a cell needing a missing one reads UNKNOWN."""
+
+    restart_vllm: str | None = Field(None, min_length=1)
+    restart_lmcache: str | None = Field(None, min_length=1)
+    stop_remote_tier: str | None = Field(None, min_length=1)
+    start_remote_tier: str | None = Field(None, min_length=1)
+    timeout_s: float = Field(300.0, gt=0, description="each command must return within this")
+
+
+class AttachSpec(Strict):
+    """A running deployment bsrctl did not start (``stack.kind: attach``)."""
+
+    vllm_url: str = Field(pattern=r"^https?://[^/\s]+/?$", description="http://HOST:PORT")
+    lmcache_url: str = Field(
+        pattern=r"^tcp://[^/:\s]+:[0-9]+$", description="LMCache MP server, tcp://HOST:PORT"
+    )
+    lmcache_http_port: int = Field(gt=0, le=65535, description="its --http-port, same host")
+    mooncake_master: str | None = Field(
+        None, pattern=r"^[^/:\s]+:[0-9]+$", description="HOST:PORT of the Mooncake master"
+    )
+    connect_timeout_s: float = Field(10.0, gt=0, description="an endpoint must answer within")
+    vllm_log: Path | None = Field(
+        None,
+        description="vLLM's log on this host: failure cells count its KV-load recoveries "
+        "there (without it that check is UNKNOWN)",
+    )
+    commands: AttachCommands = AttachCommands()
+
+
 class StackSpec(Strict):
-    kind: Literal["serving", "storage", "sim"] = "serving"
+    kind: Literal["serving", "storage", "sim", "attach"] = "serving"
     vllm: VllmSpec = VllmSpec()
     lmcache: LmcacheSpec = LmcacheSpec()
     mooncake: MooncakeSpec = MooncakeSpec()
+    attach: AttachSpec | None = Field(None, description="kind attach: the running deployment")
+
+    @model_validator(mode="after")
+    def _attach_coherent(self) -> StackSpec:
+        if self.kind == "attach" and self.attach is None:
+            raise ValueError(
+                "kind attach needs an `attach:` section (vllm_url, lmcache_url, "
+                "lmcache_http_port); see README 'Attach to a running deployment'"
+            )
+        if self.kind != "attach" and self.attach is not None:
+            raise ValueError(f"attach: given with kind {self.kind!r}; set kind: attach")
+        return self
 
 
 class StorageSpec(Strict):

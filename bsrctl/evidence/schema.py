@@ -42,7 +42,7 @@ class StackDoc(BaseModel):
     """What the run ran on; versions and registration once the stack is deployed."""
 
     model_config = ConfigDict(extra="allow")
-    kind: Literal["serving", "storage", "sim"]
+    kind: Literal["serving", "storage", "sim", "attach"]
     versions: dict[str, str] = Field(default_factory=dict)
     registration: dict[str, Any] = Field(default_factory=dict)
 

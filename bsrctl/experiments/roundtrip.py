@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from bsrctl.errors import BadInput
 from bsrctl.evidence import EvidenceWriter, Point, Verdict
 from bsrctl.evidence.verdict import Check, check
 from bsrctl.experiments.restore.acceptance import canonical_output, tier_isolation
@@ -94,6 +95,11 @@ def tier_point(
 def run_roundtrip(spec_path: Path, out_dir: Path, quiet: bool = False) -> Verdict:
     """Store, forget and reload the spec's prompt through each tier; the run verdict."""
     spec, raw = load_spec(spec_path, RoundTripSpec)
+    if spec.stack.kind == "attach":
+        raise BadInput(
+            f"{spec_path}: stack.kind: attach: the round trip hides the FS tier's files and "
+            "launches its own stack; use kind serving"
+        )
     say = progress(quiet)
     check_ports(spec.stack)
     model_dir = (

@@ -33,7 +33,7 @@ from bsrctl.lmcache_ext.protocol import (
     StatusReply,
 )
 from bsrctl.stack.netns import maybe_inside
-from bsrctl.stack.serving import ServingStack
+from bsrctl.stack.serving import ServingClient
 
 R = TypeVar("R", bound=Reply)
 
@@ -41,7 +41,7 @@ R = TypeVar("R", bound=Reply)
 class BsrModuleClient:
     """server_module_call client for one LMCache server (recreate after a restart)."""
 
-    def __init__(self, stack: ServingStack, timeout_s: float = 120.0) -> None:
+    def __init__(self, stack: ServingClient, timeout_s: float = 120.0) -> None:
         self.stack = stack
         self.timeout_s = timeout_s
         self._client: Any = None
@@ -52,7 +52,7 @@ class BsrModuleClient:
             import zmq
             from lmcache.v1.multiprocess.transport.factory import RequestClientFactory
 
-            url = f"tcp://127.0.0.1:{self.stack.ports['lmcache.port']}"
+            url = self.stack.lmcache_mq_url
             with maybe_inside(self.stack.ns):  # the socket's I/O thread joins the namespace
                 self._zmq = zmq.Context()
                 self._client = RequestClientFactory.create(url, context=self._zmq)

@@ -55,26 +55,27 @@ class MooncakeEndpoints:
     rpc_port: int  # master RPC, clients' master_server_address
     metrics_port: int  # master HTTP: /health, /metrics
     node_port: int  # storage node's transfer-engine port
+    host: str = LOOPBACK  # the storage node's address (its veth end on two hosts)
 
     @property
     def master_address(self) -> str:
-        return f"{LOOPBACK}:{self.rpc_port}"
+        return f"{self.host}:{self.rpc_port}"
 
     @property
     def health_url(self) -> str:
-        return f"http://{LOOPBACK}:{self.metrics_port}/health"
+        return f"http://{self.host}:{self.metrics_port}/health"
 
     @property
     def metrics_url(self) -> str:
-        return f"http://{LOOPBACK}:{self.metrics_port}/metrics"
+        return f"http://{self.host}:{self.metrics_port}/metrics"
 
 
 def master_argv(binary: Path, ep: MooncakeEndpoints) -> list[str]:
     return [
         str(binary),
-        f"--rpc_address={LOOPBACK}",
+        f"--rpc_address={ep.host}",
         f"--rpc_port={ep.rpc_port}",
-        f"--metrics_host={LOOPBACK}",
+        f"--metrics_host={ep.host}",
         f"--metrics_port={ep.metrics_port}",
         "--enable_http_metadata_server=false",
     ]
@@ -83,7 +84,7 @@ def master_argv(binary: Path, ep: MooncakeEndpoints) -> list[str]:
 def node_argv(binary: Path, ep: MooncakeEndpoints, segment_size: str) -> list[str]:
     return [
         str(binary),
-        f"--host={LOOPBACK}",
+        f"--host={ep.host}",
         f"--port={ep.node_port}",
         f"--global_segment_size={segment_size}",
         "--local_buffer_size=0",
@@ -174,7 +175,7 @@ class MooncakeStack:
 
     def node_healthy(self) -> bool:
         """The node's port listens and the master reports a mounted segment."""
-        if not self.netns.tcp_open(self.endpoints.node_port):
+        if not self.netns.tcp_open(self.endpoints.node_port, self.endpoints.host):
             return False
         return self.mounted_bytes() > 0
 
@@ -224,6 +225,7 @@ class MooncakeStack:
                 "rpc_port": self.endpoints.rpc_port,
                 "metrics_port": self.endpoints.metrics_port,
                 "node_port": self.endpoints.node_port,
+                "host": self.endpoints.host,
             },
             "netns_pid": self.netns.pid,
             "segment_size": self.segment_size,
@@ -246,7 +248,7 @@ class MooncakeStack:
                 "pid": self.node.pid,
                 "alive": self.node.alive(),
                 "healthy": node_ok,
-                "endpoint": f"{LOOPBACK}:{self.endpoints.node_port}",
+                "endpoint": f"{self.endpoints.host}:{self.endpoints.node_port}",
                 "segment_size": self.segment_size,
                 "log": str(self.node.log_path),
                 "argv": self.node.argv,
@@ -274,23 +276,25 @@ def start_mooncake(
     segment_size: str = "1GB",
     health_timeout_s: float = 20.0,
     endpoints: MooncakeEndpoints | None = None,
+    host: str = LOOPBACK,
 ) -> MooncakeStack:
-    """Master + one storage node in netns, ports picked free inside it, both healthy."""
+    """Master + one storage node in netns bound to `host`, ports picked free inside it, both
+    healthy."""
     ensure_ready(netns, min(health_timeout_s, 10.0))
     if endpoints is None:
         ports: set[int] = set()
         while len(ports) < 3:
             ports.add(netns.free_port())
         rpc, metrics, node = sorted(ports)
-        endpoints = MooncakeEndpoints(rpc_port=rpc, metrics_port=metrics, node_port=node)
+        endpoints = MooncakeEndpoints(rpc_port=rpc, metrics_port=metrics, node_port=node, host=host)
     stack = MooncakeStack(netns, endpoints, log_dir, segment_size, health_timeout_s)
     return stack.start()
 
 
-def start(spec: object, run_dir: Path, ns: object) -> MooncakeStack:
+def start(spec: object, run_dir: Path, ns: object, host: str = LOOPBACK) -> MooncakeStack:
     """Serving-stack entry: ``spec`` is ``specs.MooncakeSpec`` (segment_size_bytes,
-    startup_timeout_s), ``ns`` the stack's namespace (``NetNamespace`` or anything with the
-    holder's ``pid``). Logs go to ``run_dir``."""
+    startup_timeout_s), ``ns`` the namespace Mooncake runs in (``NetNamespace`` or anything
+    with the holder's ``pid``), ``host`` the address it binds there. Logs go to ``run_dir``."""
     segment_bytes = int(getattr(spec, "segment_size_bytes", 1 << 30))
     timeout_s = float(getattr(spec, "startup_timeout_s", 60.0))
     return start_mooncake(
@@ -298,4 +302,5 @@ def start(spec: object, run_dir: Path, ns: object) -> MooncakeStack:
         Path(run_dir),
         segment_size=str(segment_bytes),
         health_timeout_s=timeout_s,
+        host=host,
     )

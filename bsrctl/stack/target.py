@@ -174,11 +174,16 @@ class Target(Protocol):
 
 
 def make_target(kind: str, spec: Any, run_dir: Path) -> Target:
-    """The target of an experiment spec on stack `kind` ("serving" | "storage")."""
+    """The target of an experiment spec on stack `kind` ("serving" | "storage"); a serving
+    spec with ``stack.kind: attach`` attaches to the operator's running deployment."""
     if kind == "storage":
         from bsrctl.stack.storage_target import StorageTarget
 
         return StorageTarget(spec, run_dir)
+    if getattr(spec.stack, "kind", None) == "attach":
+        from bsrctl.stack.attach_target import AttachTarget
+
+        return AttachTarget(spec, run_dir)
     from bsrctl.stack.serving_target import ServingTarget
 
     return ServingTarget(spec, run_dir)

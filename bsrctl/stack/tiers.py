@@ -11,7 +11,7 @@ from typing import Any
 
 from bsrctl.errors import StackFailed
 from bsrctl.stack.extensions import write_control_file
-from bsrctl.stack.serving import ServingStack
+from bsrctl.stack.serving import ServingClient
 
 
 def chunk_hashes_hex(token_ids: list[int], chunk_size: int, num_chunks: int) -> list[str]:
@@ -22,12 +22,12 @@ def chunk_hashes_hex(token_ids: list[int], chunk_size: int, num_chunks: int) -> 
     return [h.hex() for h in hasher.compute_chunk_hashes(token_ids, end=num_chunks * chunk_size)]
 
 
-def fs_objects(stack: ServingStack, chunk_hash: str) -> list[Path]:
-    return sorted((stack.dir / "l2-fs").glob(f"*@{chunk_hash}*.data"))
+def fs_objects(stack: ServingClient, chunk_hash: str) -> list[Path]:
+    return sorted(stack.fs_l2_dir.glob(f"*@{chunk_hash}*.data"))
 
 
 def chunks_held(
-    stack: ServingStack, ids: list[int], hashes: list[str], tier: str, ranks: int = 1
+    stack: ServingClient, ids: list[int], hashes: list[str], tier: str, ranks: int = 1
 ) -> int:
     """Chunks of the prompt `tier` holds: FS by its files (one per rank), Mooncake by a real
     lookup (``mooncake_holds``; it prefetches into L1, so forget L1 afterwards)."""
@@ -40,7 +40,7 @@ def chunks_held(
 
 
 def wait_tiers_hold(
-    stack: ServingStack,
+    stack: ServingClient,
     ids: list[int],
     chunk_size: int,
     tiers: tuple[str, ...],
@@ -56,13 +56,13 @@ def wait_tiers_hold(
     return _poll_held(n, tiers, lambda t: chunks_held(stack, ids, hashes, t, ranks), wait_s)
 
 
-def mooncake_stored_keys(stack: ServingStack) -> int:
+def mooncake_stored_keys(stack: ServingClient) -> int:
     """Keys Mooncake's adapter has stored since the server started (its own counter)."""
     return int(fault_stats(stack, "mooncake").get("inner", {}).get("stored", 0))
 
 
 def wait_written_through(
-    stack: ServingStack,
+    stack: ServingClient,
     ids: list[int],
     chunk_size: int,
     tiers: tuple[str, ...],
@@ -98,7 +98,7 @@ def _poll_held(
         time.sleep(0.2)
 
 
-def fault_stats(stack: ServingStack, tier: str) -> dict[str, Any]:
+def fault_stats(stack: ServingClient, tier: str) -> dict[str, Any]:
     """The fault wrapper's counters of one tier and its inner adapter's own counters."""
     for adapter in stack.lmcache_status()["storage_manager"].get("l2_adapters", []):
         fault = adapter.get("bsr_fault") or {}
@@ -107,16 +107,16 @@ def fault_stats(stack: ServingStack, tier: str) -> dict[str, Any]:
     return {}
 
 
-def prefetch(stack: ServingStack, token_ids: list[int]) -> str:
+def prefetch(stack: ServingClient, token_ids: list[int]) -> str:
     """Submit LMCache's warm prefetch (L2 -> L1) of a prompt's chunks; returns its id."""
-    body = {"model_name": str(stack.model_dir), "world_size": 1, "token_ids": token_ids}
+    body = {"model_name": stack.model_name, "world_size": 1, "token_ids": token_ids}
     out = stack._http("POST", f"{stack.lmcache_http}/cache/prefetches", body)  # noqa: SLF001
     if not isinstance(out, dict) or "request_id" not in out:
         raise StackFailed(f"warm prefetch refused: {out!r}"[:300])
     return str(out["request_id"])
 
 
-def prefetch_found(stack: ServingStack, request_id: str, timeout_s: float) -> int | None:
+def prefetch_found(stack: ServingClient, request_id: str, timeout_s: float) -> int | None:
     """found_keys of a completed warm prefetch, or None if not completed within timeout_s."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -127,7 +127,7 @@ def prefetch_found(stack: ServingStack, request_id: str, timeout_s: float) -> in
     return None
 
 
-def mooncake_holds(stack: ServingStack, token_ids: list[int], timeout_s: float = 15.0) -> int:
+def mooncake_holds(stack: ServingClient, token_ids: list[int], timeout_s: float = 15.0) -> int:
     """Chunks of the prompt Mooncake answers for, by a real lookup through LMCache: a warm
     prefetch with the FS tier's lookups dropped (so only Mooncake can answer), counted by
     Mooncake's fault-wrapper lookup counter. Leaves no rule armed (L1 is forgotten after)."""
@@ -141,7 +141,7 @@ def mooncake_holds(stack: ServingStack, token_ids: list[int], timeout_s: float =
     return 0 if found is None else min(found, hits)
 
 
-def wait_held(stack: ServingStack, tier: str, before: int, timeout_s: float) -> float:
+def wait_held(stack: ServingClient, tier: str, before: int, timeout_s: float) -> float:
     """Seconds until tier's wrapper has delayed one more task (window k is being held)."""
     t0 = time.monotonic()
     while time.monotonic() - t0 < timeout_s:

@@ -20,6 +20,7 @@ def fake_stack(tmp_path: Path):
     return spec, SimpleNamespace(
         spec=spec.stack,
         dir=tmp_path,
+        fs_l2_dir=tmp_path / "l2-fs",
         fault_control=lambda tier: tmp_path / f"faults-{tier}.json",
         lmcache_status=lambda: {"storage_manager": {"l2_adapters": []}},
     )

@@ -29,8 +29,11 @@ def write(tmp_path: Path, cells: str, base: str = BASE) -> Path:
 
 def test_shipped_matrices_load_with_every_issue_cell() -> None:
     cpu, _ = load_matrix(MATRICES / "cpu.yaml")
-    assert {c.fault for c in cpu.cells} == set(FAULTS) - {"storage_window_timeout"}
+    not_in_cpu_yaml = {"storage_window_timeout", "storage_node_partitioned"}
+    assert {c.fault for c in cpu.cells} == set(FAULTS) - not_in_cpu_yaml
     assert [c.id for c in cpu.cells][-1] == "lmcache-killed-mid-restore"  # destructive last
+    two, _ = load_matrix(MATRICES / "cpu-two-hosts.yaml")
+    assert "storage_node_partitioned" in {c.fault for c in two.cells}
     paper, _ = load_matrix(MATRICES / "paper.yaml")
     assert [c.fault for c in paper.cells] == [
         "mooncake_master_down",
@@ -114,3 +117,33 @@ def test_storage_windows_follow_the_stacks_chunk_size(tmp_path: Path) -> None:
     assert (at_256.storage_windows(), at_128.storage_windows()) == (8, 16)
     with pytest.raises(BadInput, match="window 8 >= 8 windows of the storage prefix"):
         load_matrix(write(tmp_path, STORAGE_CELL % 8))
+
+
+PARTITION = (
+    "  - {id: p, fault: storage_node_partitioned, at: between_windows, window: 1, hold_s: 3, "
+    "source: SOURCE, expect: recompute}"
+)
+
+
+@pytest.mark.parametrize(
+    ("topology", "source", "ok"),
+    [("two-hosts", "mooncake", True), ("one-host", "mooncake", False),
+     ("two-hosts", "fs", False)],
+)  # fmt: skip
+def test_partition_cell_needs_two_hosts_and_the_mooncake_source(
+    tmp_path: Path, topology: str, source: str, ok: bool
+) -> None:
+    base = BASE.replace("{{enabled: true}}", f"{{{{enabled: true, topology: {topology}}}}}")
+    path = write(tmp_path, PARTITION.replace("SOURCE", source), base)
+    if ok:
+        spec, _ = load_matrix(path)
+        assert spec.stack.mooncake.topology == "two-hosts"
+        return
+    with pytest.raises(BadInput, match="needs stack.mooncake.topology: two-hosts and source"):
+        load_matrix(path)
+
+
+def test_unknown_topology_is_bad_input(tmp_path: Path) -> None:
+    base = BASE.replace("{{enabled: true}}", "{{enabled: true, topology: three-hosts}}")
+    with pytest.raises(BadInput, match="stack.mooncake.topology"):
+        load_matrix(write(tmp_path, PARTITION.replace("SOURCE", "mooncake"), base))

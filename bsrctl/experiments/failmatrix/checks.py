@@ -27,7 +27,9 @@ class Observation:
     canonical_sha256: str  # of the connector-less vLLM's answer
     failed_outcomes: list[dict[str, Any]]  # the module's restore outcomes with ok = False
     ok_outcomes: list[dict[str, Any]]  # the module's restore outcomes with ok = True
-    recovered_delta: int  # vLLM log lines "Recovered from KV load failure" during the request
+    # vLLM's log lines "Recovered from KV load failure" during the request; None: no log
+    # to read (an attached deployment whose spec gives no vllm_log)
+    recovered_delta: int | None
     lower_tier_reads: int  # keys the lower tier served (lower_tier cells)
     lower_tier_prefix_tokens: int  # the lower tier's contiguous prefix at request time (evidence)
     marker_events: list[dict[str, Any]]  # bsr.markers events during the request
@@ -82,6 +84,13 @@ def invalidation_check(o: Observation) -> Check:
         return check(name, True, f"no failed restore ({len(o.ok_outcomes)} committed)")
     f = o.failed_outcomes[0]
     what = f"restore failed {f.get('failure')}: {f.get('detail')}"
+    if o.recovered_delta is None:
+        return check(
+            name,
+            None,
+            f"{what}; vLLM's recoveries unread: no vLLM log on this host (give "
+            "stack.attach.vllm_log)",
+        )
     ok = o.recovered_delta >= 1 and o.cached_tokens in (0, None)
     how = (
         "vLLM reported every block as a load error and recomputed "

@@ -26,6 +26,7 @@ from bsrctl.experiments.failmatrix.spec import CellSpec
 # The failure matrix's one import of the fault wrapper's control file.
 from bsrctl.lmcache_ext.faults.control import write_control_file
 from bsrctl.settings import RestoreSettings
+from bsrctl.stack.netns import wait_until
 from bsrctl.stack.serving import ServingStack
 from bsrctl.stack.tiers import (
     chunk_hashes_hex,
@@ -44,7 +45,7 @@ def write_rules(stack: ServingStack, tier: str, rules: list[dict[str, Any]]) -> 
 
 def clear_rules(stack: ServingStack) -> None:
     """No rule left armed in any tier's fault wrapper."""
-    for tier in ("fs", "mooncake"):
+    for tier in stack.fault_tiers() if _attached(stack) else ("fs", "mooncake"):
         write_control_file(stack.fault_control(tier), [])
 
 
@@ -65,18 +66,19 @@ class Injector:
     def isolate(self) -> None:
         st = self.stack
         if self.cell.source == "mooncake":
-            fs_dir, hidden = st.dir / "l2-fs", st.dir / "l2-fs.hidden"
+            fs_dir = _fs_dir(st)
+            hidden = fs_dir.with_name(fs_dir.name + ".hidden")
             fs_dir.rename(hidden)
             fs_dir.mkdir()
             self._hidden = hidden
-        elif self.cell.source == "fs" and st.mooncake is not None:
+        elif self.cell.source == "fs" and "mooncake" in _wrapped(st):
             write_rules(st, "mooncake", [{"action": "drop", "phase": "lookup"}])
 
     def unisolate(self) -> None:
         st = self.stack
         if self._hidden is not None:
-            shutil.rmtree(st.dir / "l2-fs", ignore_errors=True)
-            self._hidden.rename(st.dir / "l2-fs")
+            shutil.rmtree(_fs_dir(st), ignore_errors=True)
+            self._hidden.rename(_fs_dir(st))
             self._hidden = None
         clear_rules(st)
 
@@ -130,6 +132,10 @@ class MasterDown(Injector):
             self._stop()
 
     def _stop(self) -> None:
+        if _attached(self.stack):  # the operator's tooling stops its remote tier
+            took = self.stack.run_command("stop_remote_tier")
+            self.notes["stopped"] = {"operator_command": "stop_remote_tier", "s": took}
+            return
         moon = self.stack.mooncake
         pid = moon.master.pid
         moon.stop_master(timeout_s=5.0)
@@ -137,6 +143,10 @@ class MasterDown(Injector):
         self.notes["stopped"] = {"mooncake-master": pid, "at_s": round(time.monotonic(), 3)}
 
     def recover(self) -> None:
+        if _attached(self.stack):
+            took = self.stack.run_command("start_remote_tier")
+            self.notes["restarted"] = {"operator_command": "start_remote_tier", "s": took}
+            return
         moon = self.stack.mooncake
         moon.start_master()
         moon.start_node()
@@ -149,7 +159,7 @@ class MooncakeAndFsAbsent(MasterDown):
 
     def arm(self) -> None:
         self._stop()
-        fs_dir = self.stack.dir / "l2-fs"
+        fs_dir = _fs_dir(self.stack)
         removed = 0
         for path in fs_dir.iterdir():
             if path.is_file():
@@ -228,15 +238,73 @@ class LmcacheKilled(Injector):
 
     def strike(self) -> None:
         self.wait_hold()
+        if _attached(self.stack):  # the operator's restart stops the server, then starts it
+            took = self.stack.run_command("restart_lmcache")
+            self.notes["killed"] = {"operator_command": "restart_lmcache", "s": took}
+            return
         part = self.stack.parts["lmcache"]
         self.stopped_pids += [part.pid, *part.descendants()]
         part.stop(timeout_s=1.0)
         self.notes["killed"] = {"lmcache": self.stopped_pids, "at_s": round(time.monotonic(), 3)}
 
     def recover(self) -> None:
+        if _attached(self.stack):
+            self.stack.wait_healthy("lmcache", 60.0)
+            return
         # restart() also removes the dead server's /dev/shm segments and records the new PIDs
         self.stack.restart("lmcache")
         self.notes["restarted_lmcache"] = self.stack.parts["lmcache"].pid
+
+
+class StorageNodePartitioned(Injector):
+    """While window k of the Mooncake tier is held, the veth link to the storage node goes
+    down (both ends: the serving node loses its only route there); it comes up at recover."""
+
+    def arm(self) -> None:
+        if self.stack.hosts is None:
+            raise StackFailed("storage_node_partitioned needs stack.mooncake.topology: two-hosts")
+        self.hold_rule(self.cell.hold_s)
+
+    def strike(self) -> None:
+        self.wait_hold()
+        assert self.stack.hosts is not None
+        self.stack.hosts.link(up=False)
+        self.notes["link_down"] = {"at_s": round(time.monotonic(), 3),
+                                   "interface": self.stack.hosts.serving_if}  # fmt: skip
+
+    def recover(self) -> None:
+        assert self.stack.hosts is not None
+        self.stack.hosts.link(up=True)
+        moon = self.stack.mooncake
+        t0 = time.monotonic()
+        # the master and node answer across the link again before the next request
+        ok = wait_until(lambda: moon.master_healthy() and moon.node_healthy(), 30.0)
+        self.notes["link_up"] = {"healthy": ok, "after_s": round(time.monotonic() - t0, 3)}
+
+
+def _attached(stack: Any) -> bool:
+    return getattr(stack, "attached", False)
+
+
+def _fs_dir(stack: Any) -> Path:
+    """The FS tier's folder (an attached server reports where its own is)."""
+    return stack.fs_l2_dir if _attached(stack) else stack.dir / "l2-fs"
+
+
+def _wrapped(stack: Any) -> tuple[str, ...]:
+    """The tiers this deployment has behind a fault wrapper."""
+    if _attached(stack):
+        return stack.fault_tiers()
+    return ("fs", "mooncake") if stack.mooncake is not None else ("fs",)
+
+
+# fault -> the operator commands it needs on an attached deployment (None: not possible there)
+ATTACH_COMMANDS: dict[str, tuple[str, ...] | None] = {
+    "mooncake_master_down": ("stop_remote_tier", "start_remote_tier"),
+    "mooncake_and_fs_absent": ("stop_remote_tier", "start_remote_tier"),
+    "lmcache_killed": ("restart_lmcache",),
+    "storage_node_partitioned": None,  # the link of a topology bsrctl created
+}
 
 
 INJECTORS: dict[str, type[Injector]] = {
@@ -247,4 +315,5 @@ INJECTORS: dict[str, type[Injector]] = {
     "object_truncated": ObjectDamaged,
     "l1_exhausted": L1Exhausted,
     "lmcache_killed": LmcacheKilled,
+    "storage_node_partitioned": StorageNodePartitioned,
 }

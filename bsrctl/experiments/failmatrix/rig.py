@@ -18,6 +18,7 @@ from bsrctl.experiments.failmatrix.injectors import Injector, clear_rules
 from bsrctl.experiments.failmatrix.spec import CellSpec, FailMatrixSpec
 from bsrctl.prompts import prompt_ids
 from bsrctl.stack import tinymodel
+from bsrctl.stack.attach import AttachedStack
 from bsrctl.stack.bsr_client import BsrModuleClient, outcomes_since
 from bsrctl.stack.canonical import canonical_outputs
 from bsrctl.stack.extensions import ServerModule, bsr_extensions
@@ -29,6 +30,8 @@ from bsrctl.stack.tiers import chunk_hashes_hex, fault_stats, fs_objects
 Say = Callable[[str], None]
 RECOVERED = "Recovered from KV load failure"
 HEALTH_TOKENS = 320
+TIMEOUTS = ("window_timeout_s", "probe_timeout_s", "admission_timeout_s", "retrieve_deadline_s",
+            "drain_timeout_s", "stall_guard_s")  # fmt: skip
 FORGET_WAIT_S = 3.0  # per L1 forget of a cell (the server itself waits a few seconds)
 
 
@@ -55,7 +58,13 @@ class Rig:
                 server_module.pythonpath,
             )
         )
-        self.stack = ServingStack(spec.stack, run_dir, ext)
+        self.attached = spec.stack.kind == "attach"
+        self.stack: Any = (
+            AttachedStack(spec.stack, run_dir)
+            if self.attached
+            else ServingStack(spec.stack, run_dir, ext)
+        )
+        self.operator_config: dict[str, Any] = {}  # attach: the module's config to give back
         self.client: BsrModuleClient | None = None
         self.canonical: dict[str, tuple[int, ...]] = {}
         self.vocab = 0
@@ -73,12 +82,36 @@ class Rig:
             self.spec.stack, self.run_dir, list(prompts.values()), wl.max_tokens
         )
         self.canonical = dict(zip(prompts, outs, strict=True))
+        if self.attached:
+            self.say("attaching to the operator's deployment")
+            self.stack.up(self.spec.settings())
+            self.client = BsrModuleClient(self.stack, timeout_s=30.0)
+            self._configure_attached()
+            return
         self.say("starting the serving stack")
         self.stack.up()
         self.client = BsrModuleClient(self.stack, timeout_s=30.0)
 
+    def _configure_attached(self) -> None:
+        """The matrix's W, B and timeouts on the operator's module (given back at close)."""
+        assert self.client is not None
+        config = self.client.status().config
+        keys = ("window_chunks", "admission_budget_chunks", *TIMEOUTS)
+        self.operator_config = {k: config[k] for k in keys if k in config}
+        want = self.spec.settings()
+        self.client.configure(
+            window_chunks=want.window_chunks,
+            admission_budget_chunks=want.budget_chunks,
+            **{k: getattr(want, k) for k in TIMEOUTS},
+        )
+
     def close(self) -> None:
         if self.client is not None:
+            if self.attached and self.operator_config:
+                try:
+                    self.client.configure(**self.operator_config)
+                except (StackFailed, OSError):
+                    pass  # the deployment went away: nothing of ours to give back
             self.client.close()
         self.stack.down()
 
@@ -90,11 +123,19 @@ class Rig:
         if self.client is not None:
             self.client.close()
         self.client = BsrModuleClient(self.stack, timeout_s=30.0)
+        if self.attached:  # a restarted server runs the operator's config: the matrix's again
+            self._configure_attached()
         return self.client
 
     def ensure_up(self) -> None:
-        """Restart a part a previous cell left down (bounded by the stack's own waits)."""
+        """Restart a part a previous cell left down (bounded by the stack's own waits); an
+        attached deployment is the operator's: a part down there is a StackFailed."""
         st = self.stack
+        if self.attached:
+            bad = sorted(n for n, h in st.health().items() if not h.get("healthy"))
+            if bad:
+                raise StackFailed(f"attach: {bad} not healthy before the cell (the operator's)")
+            return
         for name in ("lmcache", "vllm"):
             part = st.parts.get(name)
             if part is None or not part.alive():
@@ -189,13 +230,17 @@ class Rig:
         records them (the server's JSON)."""
         return [o.to_json() for o in outcomes_since(before["outcomes"], after["outcomes"])]
 
-    def _recovered(self) -> int:
-        part = self.stack.parts.get("vllm")
-        log = part.log_path if part else self.stack.dir / "vllm.log"
+    def _recovered(self) -> int | None:
+        """vLLM's KV-load recoveries so far (its log); None when there is no log to read."""
+        log = self.stack.vllm_log()
+        if log is None and not self.attached:
+            log = self.stack.dir / "vllm.log"
+        if log is None:
+            return None
         try:
-            return log.read_text(errors="replace").count(RECOVERED)
+            return Path(log).read_text(errors="replace").count(RECOVERED)
         except OSError:
-            return 0
+            return None if self.attached else 0
 
     def markers_active(self) -> int | None:
         try:
@@ -238,8 +283,11 @@ class Rig:
         )
 
     def audit(self, stopped: list[int]) -> tuple[list[int], dict]:
-        """Stopped and replaced PIDs are gone; every current part is alive."""
+        """Stopped and replaced PIDs are gone; every current part is alive (attached: every
+        part answers; bsrctl holds none of their PIDs)."""
         st = self.stack
+        if self.attached:
+            return [], {n: bool(h.get("healthy")) for n, h in st.health().items()}
         current = set(st.all_pids())
         if st.mooncake is not None:
             current |= {p for p in st.mooncake.pids().values() if p}

@@ -49,7 +49,7 @@ def run_matrix(
     skipped = [c.id for c in cells if stack == "storage" and c.stack == "serving"]
     cells = [c for c in cells if c.id not in skipped]
     serving = [c for c in cells if c.stack == "serving"]
-    if serving:
+    if serving and spec.stack.kind != "attach":
         check_ports(spec.stack)
     writer = EvidenceWriter(out_dir, "failmatrix", raw, spec.workload.salt, {"kind": stack})
     substitutes = _substitutes(server_module, storage_stack)
@@ -60,7 +60,7 @@ def run_matrix(
         if serving:
             rig = ServingRig(spec, w.run_dir, say, server_module)
             rig.prepare(serving)
-            w.set_stack({"kind": "serving", "versions": rig.stack.versions(), **rig.stack.state()})
+            w.set_stack(_serving_stack(rig))
         elif cells:  # storage cells only: what they ran on, for the report's provenance
             w.set_stack(_storage_stack(spec))
         if isinstance(say, RunConsole):
@@ -80,6 +80,14 @@ def run_matrix(
             rig.close()
 
     return execute(writer, body, teardown, say)
+
+
+def _serving_stack(rig: ServingRig) -> dict[str, Any]:
+    st = rig.stack
+    if rig.attached:  # the endpoints and what the operator's servers report
+        return {"kind": "attach", "versions": st.versions(), "endpoints": st.endpoints(),
+                "reported": st.settings_reported(), **st.state()}  # fmt: skip
+    return {"kind": "serving", "versions": st.versions(), **st.state()}
 
 
 def _storage_stack(spec: FailMatrixSpec) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from typing import Any
 from bsrctl.evidence import Point
 from bsrctl.evidence.verdict import check
 from bsrctl.experiments.failmatrix.checks import Observation, serving_checks
-from bsrctl.experiments.failmatrix.injectors import INJECTORS, L1Exhausted
+from bsrctl.experiments.failmatrix.injectors import ATTACH_COMMANDS, INJECTORS, L1Exhausted
 from bsrctl.experiments.failmatrix.rig import Rig
 from bsrctl.experiments.failmatrix.spec import CellSpec
 from bsrctl.prompts import expected_external_tokens, tokens_sha256
@@ -42,6 +42,9 @@ class ServingRig(Rig):
         t_cell = time.monotonic()
         st, wl = self.stack, self.spec.workload
         ids = self.prompt(cell.id)
+        missing = self.missing_commands(cell)
+        if missing:  # an attached deployment: bsrctl kills or restarts nothing by itself
+            return self._unrunnable(cell, t_cell, missing)
         self.ensure_up()
         inj = INJECTORS[cell.fault](st, cell, ids, self.spec.settings())
         flood: list[dict[str, Any]] = []
@@ -95,7 +98,9 @@ class ServingRig(Rig):
             canonical_sha256=tokens_sha256(self.canonical[cell.id]),
             failed_outcomes=[o for o in outcomes if not o.get("ok")],
             ok_outcomes=[o for o in outcomes if o.get("ok")],
-            recovered_delta=after["recovered"] - before["recovered"],
+            recovered_delta=None
+            if after["recovered"] is None or before["recovered"] is None
+            else after["recovered"] - before["recovered"],
             lower_tier_reads=after["reads"].get("fs", 0) - before["reads"].get("fs", 0),
             lower_tier_prefix_tokens=lower_prefix,
             marker_events=[e for e in after["markers"] if e.get("t", 0) >= wall0 - 1.0],
@@ -152,6 +157,39 @@ class ServingRig(Rig):
             },
             checks=tuple(checks),
             extra={"fault_notes": inj.notes, "marker_events": obs.marker_events},
+        )
+
+    def missing_commands(self, cell: CellSpec) -> str:
+        """Why this cell cannot run on an attached deployment ('' when it can)."""
+        if not self.attached:
+            return ""
+        needs = ATTACH_COMMANDS.get(cell.fault, ())
+        if needs is None:
+            return f"fault {cell.fault} needs a topology bsrctl launched; not on attach"
+        lacking = [n for n in needs if not self.stack.has_command(n)]
+        if not lacking:
+            return ""
+        return (
+            f"fault {cell.fault} needs the operator's "
+            + " and ".join(f"stack.attach.commands.{n}" for n in lacking)
+            + " (bsrctl stops or restarts nothing it did not start)"
+        )
+
+    def _unrunnable(self, cell: CellSpec, t_cell: float, why: str) -> Point:
+        """A cell an attached deployment cannot run: UNKNOWN naming what is missing."""
+        wl = self.spec.workload
+        return Point(
+            id=cell.id,
+            params=cell.model_dump(),
+            measures={
+                "tokens": wl.prompt_tokens,
+                "window_chunks": wl.window_chunks,
+                "cached_tokens": None,
+                "expected_cached_tokens": None,
+                "time_to_fallback_s": None,
+                "cell_s": round(time.monotonic() - t_cell, 3),
+            },
+            checks=(check("operator_command", None, why),),
         )
 
     def _unseeded(

@@ -54,6 +54,7 @@ FAULTS: dict[str, tuple[str, tuple[str, ...]]] = {
     "object_truncated": ("serving", ("during_window",)),
     "l1_exhausted": ("serving", ("between_windows",)),
     "lmcache_killed": ("serving", ("between_windows",)),
+    "storage_node_partitioned": ("serving", ("between_windows",)),
     "rank_keys_dropped": ("storage", ("during_window",)),
     "storage_window_timeout": ("storage", ("during_window",)),
 }
@@ -161,8 +162,17 @@ def _check_cell(spec: FailMatrixSpec, c: CellSpec) -> None:
     if spec.workload.prompt_tokens + spec.workload.max_tokens > v.max_model_len:
         raise ValueError("workload.prompt_tokens + max_tokens exceeds stack.vllm.max_model_len")
     needs_moon = c.source in ("mooncake", "all") or c.fault.startswith("mooncake")
+    if spec.stack.kind == "attach":  # the deployment decides; a cell it cannot run is UNKNOWN
+        return
     if needs_moon and not spec.stack.mooncake.enabled:
         raise ValueError(f"{where}: needs stack.mooncake.enabled: true")
+    if c.fault == "storage_node_partitioned" and (
+        spec.stack.mooncake.topology != "two-hosts" or c.source != "mooncake"
+    ):
+        raise ValueError(
+            f"{where}: needs stack.mooncake.topology: two-hosts and source mooncake (the link "
+            "to the storage node goes down while the restore reads it)"
+        )
     if (
         c.source in ("fs", "all")
         and not lm.fs_l2

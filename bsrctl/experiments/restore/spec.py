@@ -156,6 +156,11 @@ def check_spec(spec: ExperimentSpec, command: str, stack: str) -> None:
             f"{command}: section missing; add a `{command}:` section "
             f"(sections here: {', '.join(have) or 'none'}; see ladders/cpu-e1.yaml)"
         )
+    if command == "ladder" and spec.stack.kind == "attach":
+        raise BadInput(
+            "stack.kind: attach: the ladder deploys one L1 per rung, and an attached L1 is the "
+            "operator's; run sweep or law against it, or the ladder on kind serving"
+        )
     chunk = spec.chunk_tokens
     sizes = sizes_of(spec, command)
     for i, n in enumerate(sizes):

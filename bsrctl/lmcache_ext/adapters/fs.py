@@ -179,6 +179,7 @@ class BsrFSL2Adapter(FSL2Adapter):
         if config.use_odirect:
             check_odirect_supported(Path(config.base_path))
         super().__init__(config)
+        self._fs_root = str(config.base_path)
         self._closed = False
         self._load_concurrency = config.load_concurrency
         self._checksum = config.checksum
@@ -222,6 +223,7 @@ class BsrFSL2Adapter(FSL2Adapter):
         status = super().report_status()
         status.update(
             type="BsrFSL2Adapter",
+            base_path=self._fs_root,
             load_concurrency=self._load_concurrency,
             checksum=self._checksum,
             counters=self.counters(),

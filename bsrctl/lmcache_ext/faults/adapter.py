@@ -272,6 +272,8 @@ class BsrFaultL2Adapter(FaultPump, L2AdapterInterface):
         status = self._inner.report_status()
         status["bsr_fault"] = {
             "name": self._name,
+            # where its rules are armed: attach mode writes here (same host) to inject
+            "control_path": str(self._control.path) if self._control else None,
             "pump_alive": self._pump_thread.is_alive(),
             **{k: v for k, v in self.stats().items() if k != "events"},
         }

@@ -44,6 +44,34 @@ class ServingClient:
     def lmcache_http(self) -> str:
         return f"http://127.0.0.1:{self.ports['lmcache.http_port']}"
 
+    @property
+    def lmcache_mq_url(self) -> str:
+        """The MP server's request socket (the connector's and bsr.* calls)."""
+        return f"tcp://127.0.0.1:{self.ports['lmcache.port']}"
+
+    @property
+    def model_name(self) -> str:
+        """The model name requests carry: the folder vLLM was started with."""
+        return str(self.model_dir)
+
+    @property
+    def fs_l2_dir(self) -> Path:
+        """Where the FS tier's object files are (seeding and faults read them)."""
+        raise NotImplementedError
+
+    def fault_control(self, tier: str) -> Path:
+        """The control file a tier's fault wrapper re-reads (rules armed by writing it)."""
+        raise NotImplementedError
+
+    def fault_tiers(self) -> tuple[str, ...]:
+        """The tiers behind a fault wrapper whose rules bsrctl can arm."""
+        return ("fs", "mooncake")
+
+    def vllm_log(self) -> Path | None:
+        """vLLM's log, where it reports each recovery from a KV load failure."""
+        part = self.parts.get("vllm")
+        return part.log_path if part else None
+
     def _http(self, method: str, url: str, body: Any = None, timeout_s: float = 30) -> Any:
         data = None if body is None else json.dumps(body).encode()
         req = urllib.request.Request(url, data=data, method=method)
@@ -74,7 +102,7 @@ class ServingClient:
         """One greedy request by token ids; raises StackFailed when vLLM does not answer
         (the request, or the metrics read around it: a vLLM gone between requests too)."""
         body = {
-            "model": str(self.model_dir),
+            "model": self.model_name,
             "prompt": prompt_ids,
             "max_tokens": max_tokens,
             "temperature": 0.0,
@@ -91,6 +119,8 @@ class ServingClient:
             after = self.metrics()
         except OSError as exc:
             part = self.parts.get("vllm")
+            if getattr(self, "attached", False):  # its process is the operator's, not ours
+                raise StackFailed(f"vLLM request to {self.vllm_url} failed ({exc})") from None
             # A killed server drops the connection a moment before it can be reaped: give it
             # a bounded moment so "gone" is not misreported as "alive".
             alive = part is not None and part.wait_exit(timeout_s=5.0) is None

@@ -23,6 +23,7 @@ from bsrctl.stack.serving.commands import (
 )
 from bsrctl.stack.serving.shm import remove_unmapped_shm, shm_segments
 from bsrctl.stack.serving.state import start_times, write_state
+from bsrctl.stack.twohost import TwoHosts, start_two_hosts
 from bsrctl.stack.versions import dist_version
 
 VERSIONED = (
@@ -58,6 +59,7 @@ class ServingStack(ServingClient):
         self.ports: dict[str, int] = {}
         self.model_dir: Path | None = None
         self.mooncake: Any = None  # bsrctl.stack.mooncake handle when enabled
+        self.hosts: TwoHosts | None = None  # mooncake.topology two-hosts: the storage node
         self.launched: list[Supervised] = []  # every process ever started, for the audit
         self.shm_at_up: set[str] = set()  # segments there before this stack started
         # The segments this stack's processes map, on record for a run killed by SIGKILL.
@@ -79,7 +81,11 @@ class ServingStack(ServingClient):
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
             self.model_dir = self._model()
-            if self.spec.mooncake.enabled:
+            if self.spec.mooncake.enabled and self.spec.mooncake.topology == "two-hosts":
+                self.hosts = start_two_hosts(self.dir)
+                self.ns = self.hosts.serving  # vLLM + LMCache: the serving node
+                self.launched += [self.hosts.serving.holder, self.hosts.storage.holder]
+            elif self.spec.mooncake.enabled:
                 self.ns = start_netns(self.dir)
                 self.launched.append(self.ns.holder)
             self._allocate_ports()  # a port in use is bad input: fail before starting anything
@@ -111,9 +117,12 @@ class ServingStack(ServingClient):
             self._note_mooncake()
             self.mooncake.stop()
             self.mooncake = None
-        if self.ns is not None:
+        if self.hosts is not None:  # the veth pair and both nodes' namespaces
+            self.hosts.stop()
+            self.hosts = None
+        elif self.ns is not None:
             self.ns.stop()
-            self.ns = None
+        self.ns = None
         self._save_state()
         left = {n for n in self.shm_named if (shm_ledger.SHM / n).exists()}
         if left:  # still mapped by something: keep them on record for a later reclaim
@@ -127,6 +136,8 @@ class ServingStack(ServingClient):
             pids += [*part.descendants(), *([part.pid] if part.pid else [])]
         if self.ns is not None and self.ns.holder.pid:
             pids.append(self.ns.holder.pid)
+        if self.hosts is not None and self.hosts.storage.holder.pid:
+            pids.append(self.hosts.storage.holder.pid)
         return pids
 
     def _model(self) -> Path:
@@ -168,7 +179,12 @@ class ServingStack(ServingClient):
     def _start_mooncake(self) -> None:
         from bsrctl.stack import mooncake  # imports the Mooncake wheel
 
-        self.mooncake = mooncake.start(self.spec.mooncake, self.dir, self.ns)
+        if self.hosts is not None:  # on the storage node, reached over the veth pair
+            self.mooncake = mooncake.start(
+                self.spec.mooncake, self.dir, self.hosts.storage, host=self.hosts.storage_addr
+            )
+        else:
+            self.mooncake = mooncake.start(self.spec.mooncake, self.dir, self.ns)
         self._note_mooncake()  # the audit lists parts in launch order
 
     def start_lmcache(self, l1_size_bytes: int | None = None) -> None:
@@ -207,8 +223,14 @@ class ServingStack(ServingClient):
             out.append(ext.fs_adapter(l2, self.fault_control("fs")))
         if self.spec.mooncake.enabled and self.mooncake is not None:
             params = self.mooncake.l2_adapter_config()["adapter_params"]
+            if self.hosts is not None:  # the storage node reaches this client over the veth
+                params["local_hostname"] = self.hosts.serving_addr
             out.append(ext.mooncake_adapter(params, self.fault_control("mooncake")))
         return out
+
+    @property
+    def fs_l2_dir(self) -> Path:
+        return self.dir / "l2-fs"
 
     def fault_control(self, tier: str) -> Path:
         """The file a tier's fault wrapper re-reads: write rules there to inject faults."""
@@ -264,6 +286,7 @@ class ServingStack(ServingClient):
     def state(self) -> dict[str, Any]:
         return {
             "netns_pid": self.ns.pid if self.ns else None,
+            "topology": self.hosts.describe() if self.hosts is not None else None,
             "ports": self.ports,
             "model_dir": str(self.model_dir) if self.model_dir else None,
             "parts": {

@@ -43,6 +43,9 @@ def stop_from_state(state_path: Path, timeout_s: float = 15.0) -> list[int]:
     pids += [p for p in moon.get("pids", []) if p]
     if state.get("netns_pid"):
         pids.append(state["netns_pid"])
+    storage_node = (state.get("topology") or {}).get("storage_node") or {}
+    if storage_node.get("netns_pid"):  # two hosts: its veth goes with the namespaces
+        pids.append(storage_node["netns_pid"])
     known = {int(k): v for k, v in state.get("pid_start_times", {}).items()}
     now = start_times([p for p in pids if p])
     # Only the processes we started: same PID and same start time as recorded.

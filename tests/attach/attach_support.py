@@ -1,0 +1,84 @@
+"""Shared by the attach tests (imported top-level): the operator script's runner, finding
+processes by an environment mark, the operator's deployment handle, bsrctl as a process."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).parent
+SCRIPT = HERE / "operator_stack.py"
+SMOKE = HERE.parents[1] / "ladders" / "cpu-smoke.yaml"
+MARK = "BSRCTL_OPERATOR_DEPLOYMENT"
+RUN_MARK = "BSRCTL_ATTACH_TEST_RUN"
+
+
+def operator(*args: str, timeout: float = 400) -> str:
+    res = subprocess.run(
+        [sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=timeout
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    return res.stdout
+
+
+def marked(name: str, value: str) -> list[int]:
+    """PIDs of every live process whose environment carries name=value."""
+    needle = f"{name}={value}".encode()
+    out = []
+    for env in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            if needle in env.read_bytes().split(b"\0"):
+                out.append(int(env.parent.name))
+        except OSError:
+            continue
+    return sorted(out)
+
+
+@dataclass
+class Deployment:
+    root: Path
+    state: dict[str, Any]
+
+    @property
+    def ports(self) -> dict[str, int]:
+        return self.state["ports"]
+
+    def reload(self) -> None:
+        self.state = json.loads((self.root / "state.json").read_text())
+
+    def processes(self) -> list[int]:
+        return marked(MARK, str(self.root))
+
+    def attach_section(self, **over: Any) -> str:
+        p = self.ports
+        doc = {
+            "vllm_url": f"http://127.0.0.1:{p['vllm']}",
+            "lmcache_url": f"tcp://127.0.0.1:{p['lmcache']}",
+            "lmcache_http_port": p["lmcache_http"],
+            **over,
+        }
+        return "  attach: " + json.dumps(doc) + "\n"
+
+    def commands(self) -> dict[str, str]:
+        base = f"{sys.executable} {SCRIPT}"
+        return {
+            "restart_vllm": f"{base} restart-vllm {self.root}",
+            "restart_lmcache": f"{base} restart-lmcache {self.root}",
+        }
+
+
+def run_bsrctl(*args: str, timeout: float = 600) -> tuple[subprocess.CompletedProcess[str], str]:
+    """bsrctl as a process, its environment marked: whatever it starts carries the mark."""
+    mark = uuid.uuid4().hex
+    env = {**os.environ, RUN_MARK: mark}
+    res = subprocess.run(
+        [sys.executable, "-m", "bsrctl.cli", *args],
+        capture_output=True, text=True, timeout=timeout, env=env,
+    )  # fmt: skip
+    return res, mark

@@ -1,0 +1,35 @@
+"""One operator deployment (vLLM + LMCache with the BSR module, started by
+``operator_stack.py``'s own command lines) shared by every attach e2e test of the session."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).parent
+if str(HERE) not in sys.path:  # --import-mode=importlib: make attach_support importable
+    sys.path.insert(0, str(HERE))
+
+from attach_support import Deployment, operator  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
+    try:
+        import bsrctl.lmcache_ext.server  # noqa: F401
+    except Exception as exc:
+        pytest.skip(f"bsrctl.lmcache_ext.server does not import ({exc!r})")
+    from bsrctl.stack import tinymodel  # the model folder an operator would have
+
+    root = tmp_path_factory.mktemp("operator")
+    state = json.loads(operator("up", str(root), "--model", str(tinymodel.build())))
+    dep = Deployment(root, state)
+    try:
+        yield dep
+    finally:
+        operator("down", str(root))
+        assert dep.processes() == [], f"operator parts left: {dep.processes()}"
