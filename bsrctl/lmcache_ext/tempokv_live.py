@@ -32,7 +32,7 @@ from typing import Any
 from lmcache.v1.distributed.api import ObjectKey
 
 from bsrctl.clock import WallClock
-from bsrctl.lmcache_ext.storage import LMCacheRestoreStorage, LMCacheTicket
+from bsrctl.lmcache_ext.storage import LMCacheTicket
 from bsrctl.restore.types import RestoreRequest, RowId, RowKeys, Window
 from bsrctl.tempokv.claims import ClaimState
 from bsrctl.tempokv.controller import Controller, RetrievalGrant
@@ -90,7 +90,7 @@ class LiveConfig:
 
 @dataclass(slots=True)
 class _Op:
-    ticket: LMCacheTicket
+    ticket: Any  # LMCacheTicket, or the server storage's routed ticket around one
     objects: list[LiveObject]
     size_bytes: int
     start_s: float
@@ -109,9 +109,8 @@ class StageRecord:
 class LmcStagingDevice:
     """``StagingDevice`` over a StorageManager: an op is a LOCK prefetch of its objects."""
 
-    def __init__(
-        self, storage: LMCacheRestoreStorage, now: Callable[[], float], est_bytes_s: float
-    ) -> None:
+    def __init__(self, storage: Any, now: Callable[[], float], est_bytes_s: float) -> None:
+        """`storage`: an ``LMCacheRestoreStorage`` or the server's ``ServerRestoreStorage``."""
         self.storage = storage
         self.now = now
         self.est_bytes_s = est_bytes_s
@@ -153,14 +152,15 @@ class LmcStagingDevice:
             if result is None:
                 continue
             del self._ops[op_id]
-            locked = set(op.ticket.hit_keys)
+            ticket: LMCacheTicket = getattr(op.ticket, "ticket", op.ticket)
+            locked = set(ticket.hit_keys)
             missed = 0
             for obj in op.objects:
                 keys = [k for _, k, _ in obj.keys if k in locked]
                 if len(keys) < len(obj.keys):
                     missed += 1
                 self.locked.setdefault(obj.object_id, []).extend(keys)
-            op.ticket.released = True  # its locks are now held per object, released below
+            ticket.released = True  # its locks are now held per object, released below
             self.stages.append(StageRecord(op_id, op.size_bytes, op.start_s, self.now(), missed))
             op.on_done(op_id)
 
@@ -226,7 +226,7 @@ class Samples:
 class LiveTempo:
     """Controller + provider + device on one loop thread over a StorageManager."""
 
-    def __init__(self, storage: LMCacheRestoreStorage, config: LiveConfig) -> None:
+    def __init__(self, storage: Any, config: LiveConfig) -> None:
         self.config = config
         self.clock = WallClock()
         self.device = LmcStagingDevice(storage, self.clock.now, config.prior_bytes_s)

@@ -176,6 +176,9 @@ class TempoKVAdapter(StepRecorder):
         sched: Any = self
         out = {}
         chunk = self._tk.s.chunk_tokens
+        lmc = getattr(self.get_kv_connector(), "scheduler_adapter", None)  # type: ignore[attr-defined]
+        model = getattr(lmc, "model_name", None) or sched.vllm_config.model_config.model
+        world = int(getattr(lmc, "world_size", 1) or 1)
         for rid in req_ids:
             req = sched.requests.get(rid)
             if req is None:
@@ -184,6 +187,8 @@ class TempoKVAdapter(StepRecorder):
             out[rid] = {
                 "token_ids": list(req.prompt_token_ids[:n]),
                 "cache_salt": req.cache_salt or "",
+                "model_name": model,
+                "world_size": world,
             }
         return out
 
