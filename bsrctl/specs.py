@@ -21,6 +21,7 @@ class VllmSpec(Strict):
     startup_timeout_s: float = Field(240.0, gt=0)
     request_timeout_s: float = Field(300.0, gt=0)
     model: str = Field("tiny", description="'tiny' builds the local tiny Llama; else a folder")
+    max_num_seqs: int = Field(4, ge=1, description="vLLM's running slots (--max-num-seqs)")
 
 
 class LmcacheSpec(Strict):

@@ -86,6 +86,26 @@ def odirect_allowed(path: Path) -> bool:
 
 
 @dataclass(frozen=True)
+class TempoKVLaunch:
+    """TempoKV on the serving stack: vLLM schedules with the runtime adapter (its settings
+    in ``BSRCTL_TEMPOKV``), LMCache keeps staged objects in L1 once unpinned (``retain``)
+    and holds read locks (the pins) longer than any protection lasts."""
+
+    adapter: Mapping[str, Any]  # bsrctl.tempokv.live.AdapterSettings fields
+    read_ttl_s: int = 600
+    scheduler_cls: str = "bsrctl.vllm_ext.scheduler.TempoKVScheduler"
+    trace_path: str | None = None
+
+    def vllm_env(self) -> dict[str, str]:
+        import json
+
+        cfg: dict[str, Any] = {"adapter": dict(self.adapter), "transport": "connector"}
+        if self.trace_path is not None:
+            cfg["trace_path"] = self.trace_path
+        return {"BSRCTL_TEMPOKV": json.dumps(cfg)}
+
+
+@dataclass(frozen=True)
 class LMCacheExtensions:
     """What a serving stack's LMCache loads beyond stock LMCache: a server module, and the
     parameters of bsrctl's L2 adapters (each behind the fault wrapper)."""
@@ -94,6 +114,7 @@ class LMCacheExtensions:
     load_concurrency: int = 1  # FS L2 loads in flight per rank (bsr_fs)
     checksum: bool = True  # sha256 per L2 object, verified before install
     l2_device: L2Device | None = None  # an SSD-like FS tier (TempoKV); None: as it comes
+    tempokv: TempoKVLaunch | None = None  # the runtime adapter in vLLM (TempoKV runs)
 
     @property
     def retrieve_deadline_s(self) -> float | None:

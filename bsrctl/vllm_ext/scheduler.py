@@ -23,6 +23,7 @@ import json
 import os
 import time
 from collections import deque
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -211,6 +212,12 @@ class TempoKVAdapter(StepRecorder):
             for rid, hit in (reply.get("hit_tokens") or {}).items():
                 self._tk.set_hit(rid, int(hit))
             self._tk.eta_s.update({k: float(v) for k, v in (reply.get("eta_s") or {}).items()})
+            if "needs_ttu" in reply:  # the controller's policy says what it reads
+                self._tk.s = replace(
+                    self._tk.s,
+                    needs_ttu=bool(reply["needs_ttu"]),
+                    ttu_quantile=reply.get("ttu_quantile"),
+                )
 
     def _tk_send(self, payload: dict[str, Any]) -> None:
         transport = self._tk_transport

@@ -98,7 +98,15 @@ class TempoKVHandlers(ModuleState):
             tempo.cancel(rid)
         tempo.update(list(req.get("order") or ()), req.get("ttus_s") or None)
         claimed = [r for r in req.get("order") or () if r in tempo.controller.claims]
-        return _json({"hit_tokens": hit_tokens, "eta_s": tempo.eta_s(claimed)})
+        policy = tempo.policy
+        return _json(
+            {
+                "hit_tokens": hit_tokens,
+                "eta_s": tempo.eta_s(claimed),
+                "needs_ttu": policy.needs_ttu,
+                "ttu_quantile": getattr(policy, "ttu_quantile", None),
+            }
+        )
 
     def _tempo_objects(self, rid: str, hit: dict[str, Any]) -> list[LiveObject]:
         """The claim's objects: the complete hit prefix, one chunk column each."""
