@@ -86,6 +86,13 @@ class TempoKVHandlers(ModuleState):
         req = _payload(payload)
         hit_tokens: dict[str, int] = {}
         for rid, hit in (req.get("hits") or {}).items():
+            with self._lock:
+                looked_up = rid in self._modes
+            if looked_up:
+                # its lookup (= retrieval start) came first: a claim now could only stage
+                # what the ordinary path is already reading
+                self._count("tempokv_reports_after_lookup")
+                continue
             try:
                 objects = self._tempo_objects(rid, hit)
             except Exception:
