@@ -22,8 +22,9 @@ from dataclasses import replace
 from typing import Any
 
 from bsrctl.evidence import EvidenceWriter, Verdict
-from bsrctl.evidence.verdict import Check, Point, check
+from bsrctl.evidence.verdict import Point, check
 from bsrctl.experiments.run import Progress
+from bsrctl.experiments.tempokv.expectations import JudgedCheck
 from bsrctl.prompts import prompt_ids
 from bsrctl.settings import RestoreSettings, RestoreTuning
 from bsrctl.specs import LmcacheSpec, StackSpec, VllmSpec
@@ -89,7 +90,7 @@ def stack_for(spec: TempoKVSpec, run_dir: Any) -> tuple[ServingStack, dict[str, 
 
 def run_serving(
     spec: TempoKVSpec, exp: PolicyGrid, writer: EvidenceWriter, say: Progress, holder: dict
-) -> tuple[dict[str, Any], list[Check]]:
+) -> tuple[dict[str, Any], list[JudgedCheck]]:
     run = spec.serving
     policies = [p for p in exp.policies if p not in LIVE_POLICIES_EXCLUDED]
     skipped = {p: LIVE_POLICIES_EXCLUDED[p] for p in exp.policies if p not in policies}
@@ -239,24 +240,32 @@ def _p95x(s: list[float], q: float) -> float:
     return s[lo] + (s[hi] - s[lo]) * (pos - lo)
 
 
-def _run_checks(rows: dict[str, dict[str, Any]]) -> list[Check]:
+def _judged(name: str, ok: bool, detail: str, claim: str) -> JudgedCheck:
+    verdict = Verdict.PASS if ok else Verdict.FAIL
+    outcome = "reproduces" if ok else "does not reproduce"
+    return JudgedCheck(name, verdict, detail, claim, "reproduce", None, outcome)
+
+
+def _run_checks(rows: dict[str, dict[str, Any]]) -> list[JudgedCheck]:
     out = []
     tk, imm, dem = rows.get("tempokv"), rows.get("immediate"), rows.get("demand")
     if tk and imm:
         out.append(
-            check(
+            _judged(
                 "c_below_immediate",
                 tk["c_byte_s"] < imm["c_byte_s"],
                 f"TempoKV C {tk['c_mib_s_per_req']} vs Immediate {imm['c_mib_s_per_req']} "
                 "MiB·s/req",
+                "Fig. 4: TempoKV's protected byte-time C below Immediate's",
             )
         )
     if tk and dem:
         out.append(
-            check(
+            _judged(
                 "p95_below_demand",
                 tk["p95_ttft_s"] < dem["p95_ttft_s"],
                 f"TempoKV p95 TTFT {tk['p95_ttft_s']} s vs Demand {dem['p95_ttft_s']} s",
+                "Fig. 4: TempoKV's p95 TTFT below Demand's",
             )
         )
     return out
