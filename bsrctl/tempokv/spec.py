@@ -274,7 +274,10 @@ class ServingRun(Strict):
     locally (no hub); arrivals at a fixed interval; one stack shared by every policy."""
 
     documents_tokens: list[Annotated[int, Field(ge=256)]] = Field(
-        default_factory=lambda: [3072, 2048, 4096, 2560], min_length=1
+        default_factory=lambda: [3072, 2048, 4096, 2560, 3072, 2048, 4096, 2560],
+        min_length=1,
+        description="request i reads document i mod n; a document repeated while vLLM still "
+        "holds it locally is a local prefix hit (no external retrieval, its claim wasted)",
     )
     question_tokens: int = Field(32, ge=1)
     num_requests: int = Field(8, ge=1)

@@ -19,7 +19,9 @@ SPEC = {
     "seed": 5,
     "models": [{"name": "llama-3.1-8b"}],
     "serving": {
-        "documents_tokens": [3072, 2048, 2560],
+        # one document per request: a repeated document would be a hit in vLLM's own prefix
+        # cache (no external retrieval), so its claim could only stage bytes nobody reads
+        "documents_tokens": [3072, 2048, 2560, 3072, 2048, 2560, 3072, 2048],
         "question_tokens": 32,
         "num_requests": 8,
         "interval_s": 0.08,
@@ -61,3 +63,65 @@ def test_every_policy_on_the_serving_stack(tmp_path: Path, bsrctl) -> None:
     names = {c["name"] for c in doc["summary"]["checks"]}
     assert names == {"c_below_immediate", "p95_below_demand"}
     assert (run / "summary.md").read_text().count("| tempokv |") == 1
+
+
+def test_lmcache_killed_with_committed_claims_leaves_no_pin(tmp_path: Path) -> None:
+    """LMCache is killed by PID while TempoKV holds committed, pinned claims, then restarted:
+    no pin survives (the new server holds no controller and no locked object: a plain forget
+    empties its L1), every request completes (vLLM recomputes what the dead server could not
+    serve) and every output equals the canonical one."""
+    import threading
+    import time
+
+    from bsrctl.experiments.tempokv.serving import MIB, _arrivals, _prompts, stack_for
+    from bsrctl.stack import tinymodel
+    from bsrctl.stack.bsr_client import BsrModuleClient
+    from bsrctl.stack.canonical import canonical_outputs
+    from bsrctl.stack.seeding import seed_tiers
+    from bsrctl.tempokv.spec import TempoKVSpec
+
+    raw = {**SPEC, "serving": {**SPEC["serving"], "budget_mib": 12.0, "interval_s": 0.05}}
+    spec = TempoKVSpec.model_validate(raw)
+    run = spec.serving
+    docs, reqs = _prompts(run, tinymodel.vocab_size(tinymodel.build()), spec.seed)
+    stack, _ = stack_for(spec, tmp_path)
+    canonical = canonical_outputs(stack.spec, tmp_path, reqs, run.max_tokens)
+    stack.up()
+    client = BsrModuleClient(stack)
+    try:
+        for doc in docs:
+            seed_tiers(stack, client, doc, chunk_tokens=256, tiers=("fs",), max_tokens=1,
+                       forget_first=False, forget_wait_s=30.0)  # fmt: skip
+        client.forget(wait_s=30.0)
+        stack.forget_local()
+        got = client.call("tempokv.configure", {
+            "policy": "immediate", "capacity_bytes": run.l1_mib * MIB,
+            "budget_bytes": int(run.budget_mib * MIB),
+            "prior_bytes_s": run.l2_bandwidth_mib_s * MIB})  # fmt: skip
+        assert got["ok"], got
+        out: dict[str, list] = {}
+        sender = threading.Thread(
+            target=lambda: out.setdefault("res", _arrivals(stack, reqs, run)), daemon=True
+        )
+        sender.start()
+        deadline = time.monotonic() + 30
+        pinned = 0
+        while time.monotonic() < deadline and not pinned:
+            pinned = client.call("tempokv.status", {})["locked_bytes_now"]
+            time.sleep(0.02)
+        assert pinned > 0, "no claim was committed and pinned before the kill"
+        part = stack.parts["lmcache"]
+        part.stop(timeout_s=1.0)  # by PID (and children): SIGTERM, then SIGKILL
+        client.close()
+        stack.restart("lmcache")
+        sender.join(timeout=300)
+        assert not sender.is_alive(), "requests did not complete after the restart"
+        res = out["res"]
+        assert [r.output_token_ids for r in res] == canonical
+        client = BsrModuleClient(stack)
+        assert client.call("tempokv.status", {}) == {"policy": None}  # no controller, no claim
+        after = client.forget(wait_s=10.0)  # a plain forget skips locked objects
+        assert after.l1_used_bytes_after == 0, after
+    finally:
+        client.close()
+        stack.down()
