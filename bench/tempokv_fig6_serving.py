@@ -31,7 +31,8 @@ DEFAULT_SPEC = {
     "name": "fig6-serving",
     "seed": 11,
     "models": [{"name": "llama-3.1-8b"}],
-    "serving": {"documents_tokens": [3072, 2048, 2560, 4096], "num_requests": 10,
+    "serving": {"documents_tokens": [3072, 2048, 2560, 4096, 3072, 2048, 2560, 4096, 3072,
+                                     2048], "num_requests": 10,
                 "max_tokens": 32, "budget_mib": 6.0, "max_num_seqs": 1},
     "experiment": {"kind": "policies", "cache_ratios": [1.0]},
 }  # fmt: skip
