@@ -243,6 +243,10 @@ class RecordingScheduler(StepRecorder, Scheduler):
     """The stock scheduler, its decisions recorded (the adapter-off side)."""
 
 
+class RecordingAsyncScheduler(StepRecorder, AsyncScheduler):
+    """The stock async scheduler, its decisions recorded."""
+
+
 class TempoKVScheduler(TempoKVAdapter, Scheduler):
     pass
 

@@ -63,7 +63,14 @@ def _plain(step: dict) -> dict:
     }
 
 
-def test_adapter_on_and_off_decide_the_same(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("off_cls", "on_cls"),
+    [
+        ("RecordingScheduler", "TempoKVScheduler"),
+        ("RecordingAsyncScheduler", "TempoKVAsyncScheduler"),  # the GPU default's class
+    ],
+)
+def test_adapter_on_and_off_decide_the_same(tmp_path: Path, off_cls: str, on_cls: str) -> None:
     model = tinymodel.build()
     adapter = {
         "k": 2,
@@ -75,12 +82,8 @@ def test_adapter_on_and_off_decide_the_same(tmp_path: Path) -> None:
         "cost": {"step_base_s": 0.005, "token_s": 2e-5, "attn_pair_s": 0.0,
                  "decode_ctx_token_s": 0.0},
     }  # fmt: skip
-    off_steps, off_out, _ = run(
-        tmp_path, model, "bsrctl.vllm_ext.scheduler.RecordingScheduler", None
-    )
-    on_steps, on_out, records = run(
-        tmp_path, model, "bsrctl.vllm_ext.scheduler.TempoKVScheduler", adapter
-    )
+    off_steps, off_out, _ = run(tmp_path, model, f"bsrctl.vllm_ext.scheduler.{off_cls}", None)
+    on_steps, on_out, records = run(tmp_path, model, f"bsrctl.vllm_ext.scheduler.{on_cls}", adapter)
     assert len(off_steps) > 10  # chunked prefill over several steps, a queue behind 2 slots
     assert on_steps == off_steps  # same request order and token counts at every step
     assert on_out == off_out
