@@ -24,8 +24,10 @@ SPEC = {
         "documents_tokens": [3072, 2048, 2560, 3072, 2048, 2560, 3072, 2048],
         "question_tokens": 32,
         "num_requests": 8,
-        "interval_s": 0.08,
-        "max_tokens": 32,
+        "interval_s": 0.1,
+        # decode-dominated service: a loading request holds no slot in vLLM (queued loads),
+        # so only requests arriving while another one decodes wait long enough to be claimed
+        "max_tokens": 64,
         "l2_bandwidth_mib_s": 16.0,
         "budget_mib": 6.0,
         "max_num_seqs": 1,
@@ -80,7 +82,7 @@ def test_lmcache_killed_with_committed_claims_leaves_no_pin(tmp_path: Path) -> N
     from bsrctl.stack.seeding import seed_tiers
     from bsrctl.tempokv.spec import TempoKVSpec
 
-    raw = {**SPEC, "serving": {**SPEC["serving"], "budget_mib": 12.0, "interval_s": 0.05}}
+    raw = {**SPEC, "serving": {**SPEC["serving"], "budget_mib": 12.0, "interval_s": 0.15}}
     spec = TempoKVSpec.model_validate(raw)
     run = spec.serving
     docs, reqs = _prompts(run, tinymodel.vocab_size(tinymodel.build()), spec.seed)
