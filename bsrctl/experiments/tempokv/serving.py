@@ -198,6 +198,8 @@ def _measure(
         "requests": n,
         "committed": len(ttr),
         "deferred_claims": status.get("deferred_claims", 0),
+        "claims": len(status.get("claims", {})),
+        "reports_dropped_since_start": status.get("reports_dropped", {}),
         "retrievals": status.get("retrievals", {}),
         "ttr_error_s": sorted(round(e, 6) for e in errors),
         "ttr_error_abs_p50_s": round(_p95x(sorted(abs(e) for e in errors), 0.5), 6),

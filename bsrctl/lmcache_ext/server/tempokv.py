@@ -76,7 +76,11 @@ class TempoKVHandlers(ModuleState):
     @server_module_handler("tempokv.status")
     def tempokv_status(self, payload: bytes) -> bytes:
         tempo = self._tempo
-        return _json(tempo.report_json() if tempo is not None else {"policy": None})
+        if tempo is None:
+            return _json({"policy": None})
+        with self._lock:
+            counts = {k: v for k, v in self._counters.items() if k.startswith("tempokv_")}
+        return _json({**tempo.report_json(), "reports_dropped": counts})
 
     @server_module_handler("tempokv.update")
     def tempokv_update(self, payload: bytes) -> bytes:
@@ -101,6 +105,8 @@ class TempoKVHandlers(ModuleState):
             hit_tokens[rid] = len(objects) * self._ctx.chunk_size
             if objects:
                 tempo.report(rid, objects)
+            else:
+                self._count("tempokv_reports_no_hit")
         for rid in req.get("cancel") or ():
             tempo.cancel(rid)
         tempo.update(list(req.get("order") or ()), req.get("ttus_s") or None)
