@@ -28,6 +28,7 @@ class VllmSpec(Strict):
     kv_cache_dtype: Literal["auto", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2"] = Field(
         "auto", description="vLLM --kv-cache-dtype (fp8: 1 B per element)"
     )
+    max_num_seqs: int = Field(4, ge=1, description="vLLM's running slots (--max-num-seqs)")
 
 
 class LmcacheSpec(Strict):

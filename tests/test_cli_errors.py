@@ -95,9 +95,17 @@ def test_stack_down_without_state(tmp_path: Path) -> None:
     assert_bad_input(code, out, "no stack state")
 
 
-@pytest.mark.parametrize("stack", ["serving"])
-def test_tempokv_rejects_unavailable_stacks(tmp_path: Path, stack: str) -> None:
+@pytest.mark.parametrize(
+    ("ladder", "stack", "field"),
+    [
+        ("tempokv-fig4.yaml", "storage", "--stack"),  # no TempoKV on the storage stack
+        ("tempokv-fig1.yaml", "serving", "experiment.kind"),  # serving runs the grid only
+    ],
+)
+def test_tempokv_rejects_unavailable_stacks(
+    tmp_path: Path, ladder: str, stack: str, field: str
+) -> None:
     pytest.importorskip("bsrctl.experiments.tempokv")
-    ladder = Path(__file__).parents[1] / "ladders" / "tempokv-fig4.yaml"
-    code, out = run("tempokv", str(ladder), "--stack", stack, "--out", str(tmp_path))
-    assert_bad_input(code, out, "--stack")
+    path = Path(__file__).parents[1] / "ladders" / ladder
+    code, out = run("tempokv", str(path), "--stack", stack, "--out", str(tmp_path))
+    assert_bad_input(code, out, field)

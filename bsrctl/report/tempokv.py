@@ -21,10 +21,34 @@ def render(doc: dict[str, Any]) -> str:
         body = _lead(summary)
     elif kind == "rank":
         body = _rank(summary)
+    elif kind == "serving-policies":
+        body = _serving(summary)
     else:
         body = f"No figure: the run did not finish ({summary.get('aborted', 'no summary')})."
     checks = summary.get("checks", [])
     return head + body + _deviations(checks) + _checks(checks)
+
+
+# ---- the policy grid on the serving stack ----------------------------------------------
+def _serving(summary: dict[str, Any]) -> str:
+    lines = [
+        "Real vLLM + LMCache (tiny model, CPU), shaped FS L2. C from the sampled pins, in "
+        "MiB·s per request; TTFT client side (streamed); TTR error = stage-ready − estimate.",
+        "",
+        "| policy | p95 TTFT s | mean TTFT s | tok/s | C MiB·s/req | peak pinned B | budget B "
+        "| canonical | committed | TTR abs err p50 / p95 s |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for policy, m in summary.get("policies", {}).items():
+        lines.append(
+            f"| {policy} | {m['p95_ttft_s']:.3f} | {m['mean_ttft_s']:.3f} | "
+            f"{m['output_tok_s']:.1f} | {m['c_mib_s_per_req']:.4f} | {m['peak_locked_bytes']} "
+            f"| {m['budget_bytes']} | {m['canonical']}/{m['requests']} | {m['committed']} | "
+            f"{m['ttr_error_abs_p50_s']:.3f} / {m['ttr_error_abs_p95_s']:.3f} |"
+        )
+    for policy, why in summary.get("skipped_policies", {}).items():
+        lines.append(f"\n{policy}: not run live ({why}).")
+    return "\n".join(lines) + "\n"
 
 
 # ---- Figures 4 and 5 --------------------------------------------------------------------

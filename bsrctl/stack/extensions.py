@@ -55,6 +55,57 @@ class ServerModule:
 
 
 @dataclass(frozen=True)
+class L2Device:
+    """What the FS tier should cost: reads paced at ``bandwidth_bytes_s`` with
+    ``latency_s`` per op by the wrapper's shaping (``adapters.shaping``), and O_DIRECT
+    where the filesystem takes it (``odirect_allowed``), so staging is not a page-cache
+    copy. A fast tier of MiBs then stands in for one of GiBs at the same time scale."""
+
+    bandwidth_bytes_s: float
+    latency_s: float = 0.0
+    use_odirect: bool = False
+
+    def shape(self) -> dict[str, float]:
+        return {"bandwidth_bytes_s": self.bandwidth_bytes_s, "latency_s": self.latency_s}
+
+
+def odirect_allowed(path: Path) -> bool:
+    """Does the filesystem of ``path`` (a folder, created if missing) take O_DIRECT?
+    tmpfs does not; the caller then runs buffered and says so in its evidence."""
+    path.mkdir(parents=True, exist_ok=True)
+    probe = path / ".odirect-allowed"
+    try:
+        fd = os.open(probe, os.O_CREAT | os.O_WRONLY | os.O_DIRECT, 0o644)
+    except OSError:
+        return False
+    else:
+        os.close(fd)
+        return True
+    finally:
+        probe.unlink(missing_ok=True)
+
+
+@dataclass(frozen=True)
+class TempoKVLaunch:
+    """TempoKV on the serving stack: vLLM schedules with the runtime adapter (its settings
+    in ``BSRCTL_TEMPOKV``), LMCache keeps staged objects in L1 once unpinned (``retain``)
+    and holds read locks (the pins) longer than any protection lasts."""
+
+    adapter: Mapping[str, Any]  # bsrctl.tempokv.live.AdapterSettings fields
+    read_ttl_s: int = 600
+    scheduler_cls: str = "bsrctl.vllm_ext.scheduler.TempoKVScheduler"
+    trace_path: str | None = None
+
+    def vllm_env(self) -> dict[str, str]:
+        import json
+
+        cfg: dict[str, Any] = {"adapter": dict(self.adapter), "transport": "connector"}
+        if self.trace_path is not None:
+            cfg["trace_path"] = self.trace_path
+        return {"BSRCTL_TEMPOKV": json.dumps(cfg)}
+
+
+@dataclass(frozen=True)
 class LMCacheExtensions:
     """What a serving stack's LMCache loads beyond stock LMCache: a server module, and the
     parameters of bsrctl's L2 adapters (each behind the fault wrapper)."""
@@ -62,6 +113,8 @@ class LMCacheExtensions:
     server_module: ServerModule
     load_concurrency: int = 1  # FS L2 loads in flight per rank (bsr_fs)
     checksum: bool = True  # sha256 per L2 object, verified before install
+    l2_device: L2Device | None = None  # an SSD-like FS tier (TempoKV); None: as it comes
+    tempokv: TempoKVLaunch | None = None  # the runtime adapter in vLLM (TempoKV runs)
 
     @property
     def retrieve_deadline_s(self) -> float | None:
@@ -71,14 +124,19 @@ class LMCacheExtensions:
         return None if got is None else float(got)
 
     def fs_adapter(self, base_path: Path, control: Path) -> dict[str, Any]:
-        """The ``--l2-adapter`` spec of the FS tier under ``base_path``."""
-        inner = {
+        """The ``--l2-adapter`` spec of the FS tier under ``base_path`` (O_DIRECT and the
+        device shape when ``l2_device`` asks for them)."""
+        inner: dict[str, Any] = {
             "type": "bsr_fs",
             "base_path": str(base_path),
             "load_concurrency": self.load_concurrency,
             "checksum": self.checksum,
         }
-        return fault_wrapped("fs", inner, control)
+        device = self.l2_device
+        if device is not None and device.use_odirect:
+            inner["use_odirect"] = True
+        shape = device.shape() if device is not None else None
+        return fault_wrapped("fs", inner, control, shape=shape)
 
     def mooncake_adapter(self, params: Mapping[str, Any], control: Path) -> dict[str, Any]:
         """The ``--l2-adapter`` spec of the Mooncake tier with these adapter params."""
@@ -109,11 +167,18 @@ def bsr_extensions(
 
 
 def fault_wrapped(
-    name: str, inner: dict[str, Any], control: Path, verify: bool = False
+    name: str,
+    inner: dict[str, Any],
+    control: Path,
+    verify: bool = False,
+    shape: dict[str, float] | None = None,
 ) -> dict[str, Any]:
     """An --l2-adapter spec: `inner` behind bsrctl's fault adapter, loaded via LMCache's
-    plugin type (the server builds adapters before any server module runs)."""
+    plugin type (the server builds adapters before any server module runs); `shape`
+    paces its loads (``adapters.shaping``)."""
     params: dict[str, Any] = {"name": name, "control_path": str(control), "inner": inner}
+    if shape is not None:
+        params["shape"] = dict(shape)
     if verify:  # the inner adapter keeps no checksums of its own (Mooncake)
         params.update(verify=True, checksum_dir=str(control.parent / f"checksums-{name}"))
     return {
@@ -143,13 +208,18 @@ def bsr_fs_config(base_path: Path, use_odirect: bool, load_concurrency: int) -> 
     )
 
 
-def fault_wrapped_config(name: str, inner: Any, control: Path) -> Any:
+def fault_wrapped_config(
+    name: str, inner: Any, control: Path, shape: dict[str, float] | None = None
+) -> Any:
     """An in-process L2 adapter config: `inner` behind bsrctl's fault adapter, re-reading
     the rules in `control` (the storage stack's counterpart of ``fault_wrapped``)."""
+    from bsrctl.lmcache_ext.adapters.shaping import DeviceShape
     from bsrctl.lmcache_ext.faults import adapter as _registers_the_type  # noqa: F401
     from bsrctl.lmcache_ext.faults.config import BsrFaultL2AdapterConfig
 
-    return BsrFaultL2AdapterConfig(inner, name=name, control_path=str(control))
+    return BsrFaultL2AdapterConfig(
+        inner, name=name, control_path=str(control), shape=DeviceShape.parse(shape)
+    )
 
 
 def restore_storage(sm: Any, layouts: Mapping[int, Any], drain_timeout_s: float) -> RestoreStorage:

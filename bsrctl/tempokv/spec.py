@@ -268,6 +268,33 @@ class RankGrid(Strict):
 Experiment = Annotated[PolicyGrid | LeadSweep | RankGrid, Field(discriminator="kind")]
 
 
+class ServingRun(Strict):
+    """`--stack serving`: the policy grid on real vLLM + LMCache (tiny model, CPU). A fast
+    tier of MiBs over a shaped FS L2 stands in for the paper's GiBs; prompts are made
+    locally (no hub); arrivals at a fixed interval; one stack shared by every policy."""
+
+    documents_tokens: list[Annotated[int, Field(ge=256)]] = Field(
+        default_factory=lambda: [3072, 2048, 4096, 2560, 3072, 2048, 4096, 2560],
+        min_length=1,
+        description="request i reads document i mod n; a document repeated while vLLM still "
+        "holds it locally is a local prefix hit (no external retrieval, its claim wasted)",
+    )
+    question_tokens: int = Field(32, ge=1)
+    num_requests: int = Field(8, ge=1)
+    interval_s: float = Field(0.5, ge=0)
+    max_tokens: int = Field(16, ge=1)
+    l2_bandwidth_mib_s: float = Field(
+        16.0, gt=0, description="shaped FS L2 read rate (the SSD stand-in)"
+    )
+    l2_latency_s: float = Field(0.005, ge=0, description="shaped FS L2 latency per load")
+    l1_mib: int = Field(256, gt=0, description="LMCache L1 (the fast tier)")
+    budget_mib: float = Field(8.0, gt=0, description="protected-capacity budget")
+    claims_k: int = Field(4, ge=1, description="the runtime adapter claims the first K waiting")
+    step_base_s: float = Field(0.02, gt=0, description="TTU cost model prior, calibrated live")
+    token_s: float = Field(5e-5, ge=0)
+    max_num_seqs: int = Field(2, ge=1, description="vLLM slots (a queue forms behind them)")
+
+
 class TempoKVSpec(Strict):
     kind: Literal["tempokv"] = "tempokv"
     name: str = Field("tempokv", min_length=1)
@@ -277,6 +304,7 @@ class TempoKVSpec(Strict):
     engine: EngineSpec = EngineSpec()
     control: ControlSpec = ControlSpec()
     workload: WorkloadSpec = WorkloadSpec()
+    serving: ServingRun = ServingRun()
     experiment: Experiment
 
 

@@ -203,3 +203,29 @@ def test_rule_and_config_validation(tmp_path):
     cfg = fault_config(tmp_path, "x")
     assert cfg.inner_config.__class__.__name__ == "BsrFSL2AdapterConfig"
     assert issubclass(BsrFaultL2Adapter, object)
+
+
+def test_shaped_odirect_fs_tier_costs_the_spec(tmp_path, sm_factory):
+    """A shaped bsr_fs tier (O_DIRECT where the filesystem takes it) in the real
+    StorageManager: staging 6 chunks from L2 issues loads whose shaped schedule carries
+    exactly their bytes at the spec's rate and latency, back to back on one device."""
+    from bsrctl.stack.extensions import odirect_allowed
+
+    base = tmp_path / "l2"
+    odirect = odirect_allowed(base)
+    shape = {"bandwidth_bytes_s": 16 * CHUNK, "latency_s": 0.01}  # 16 chunks/s
+    inner = {"type": "bsr_fs", "base_path": str(base), "use_odirect": odirect}
+    sm = sm_factory(fault_config(base, "shaped-fs", inner=inner, shape=shape))
+    ks = kv.make_keys(6, "s")
+    kv.store(sm, ks, CHUNK)
+    kv.forget(sm, ks)
+    assert fetch(sm, ks).exact == list(range(6))
+    report = fault_stats("shaped-fs")["shaping"]
+    assert report["shape"] == shape
+    assert report["bytes"] == 6 * CHUNK  # every staged byte went through the device
+    sched = report["schedule"]
+    for i, op in enumerate(sched):
+        service_s = 0.01 + op["size_bytes"] / (16 * CHUNK)
+        assert op["done_s"] - op["start_s"] == pytest.approx(service_s, abs=2e-6)
+        if i:
+            assert op["start_s"] == pytest.approx(max(op["submitted_s"], sched[i - 1]["done_s"]))

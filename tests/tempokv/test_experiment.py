@@ -60,9 +60,18 @@ def test_identical_traces_are_deterministic(tmp_path):
     assert a == b and [p["measures"] for p in pa["points"]] == [p["measures"] for p in pb["points"]]
 
 
-def test_serving_stack_is_rejected(tmp_path):
-    with pytest.raises(BadInput, match=r"--stack serving: only `sim`"):
-        run_tempokv(_spec(tmp_path), tmp_path / "out", "serving", True)
+def test_serving_stack_runs_only_the_policy_grid(tmp_path):
+    lead = {"kind": "lead", "leads_s": [0.0, 1.0]}
+    doc = yaml.safe_load(_spec(tmp_path).read_text())
+    doc["experiment"] = lead
+    path = tmp_path / "lead.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    with pytest.raises(BadInput, match=r"experiment.kind: lead runs on --stack sim only"):
+        run_tempokv(path, tmp_path / "out", "serving", True)
+    with pytest.raises(
+        BadInput, match=r"--stack storage: valid names for tempokv are sim, serving"
+    ):
+        run_tempokv(_spec(tmp_path), tmp_path / "out", "storage", True)
 
 
 @pytest.mark.parametrize(

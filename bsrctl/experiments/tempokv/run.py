@@ -22,15 +22,19 @@ STACKS = ("sim", "serving")
 
 
 def run_tempokv(spec_path: Path, out_dir: Path, stack: str, quiet: bool) -> Verdict:
-    """Run the spec's experiment on the sim stack; returns the run verdict."""
-    if stack != "sim":
+    """Run the spec's experiment on the sim or serving stack; returns the run verdict."""
+    if stack not in STACKS:
         valid = ", ".join(STACKS)
-        raise BadInput(
-            f"--stack {stack}: only `sim` is available for tempokv (valid names: {valid}; the "
-            "serving integration is not built yet); pass --stack sim"
-        )
+        raise BadInput(f"--stack {stack}: valid names for tempokv are {valid}")
     spec, raw = load(spec_path)
     say = progress(quiet)
+    if stack == "serving":
+        if not isinstance(spec.experiment, PolicyGrid):
+            raise BadInput(
+                f"experiment.kind: {spec.experiment.kind} runs on --stack sim only; the "
+                "serving stack runs the policy grid (kind: policies)"
+            )
+        return _run_serving(spec, raw, out_dir, say)
     writer = EvidenceWriter(
         out_dir,
         "tempokv",
@@ -48,3 +52,20 @@ def run_tempokv(spec_path: Path, out_dir: Path, stack: str, quiet: bool) -> Verd
         return run_rank(spec, exp, w, say)
 
     return execute(writer, body, lambda: None, say)  # virtual time: nothing to tear down
+
+
+def _run_serving(spec: Any, raw: dict, out_dir: Path, say: Any) -> Verdict:
+    from bsrctl.experiments.tempokv.serving import run_serving, teardown
+
+    writer = EvidenceWriter(
+        out_dir,
+        "tempokv",
+        raw,
+        salt=f"tempokv-seed-{spec.seed}",
+        stack={"kind": "serving", "versions": {"bsrctl": __version__}, "registration": {}},
+    )
+    holder: dict[str, Any] = {}
+    exp = spec.experiment
+    return execute(
+        writer, lambda w: run_serving(spec, exp, w, say, holder), lambda: teardown(holder), say
+    )

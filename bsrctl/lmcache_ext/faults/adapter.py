@@ -41,6 +41,7 @@ from lmcache.v1.distributed.l2_adapters.factory import (
 from lmcache.v1.platform import create_event_notifier
 
 from bsrctl.lmcache_ext.adapters.checksum import format_checksum, sha256_hex
+from bsrctl.lmcache_ext.adapters.shaping import ShapingSchedule
 from bsrctl.lmcache_ext.extensions import register_control
 from bsrctl.lmcache_ext.faults.config import TYPE_NAME, BsrFaultL2AdapterConfig
 from bsrctl.lmcache_ext.faults.control import (
@@ -72,6 +73,8 @@ class BsrFaultL2Adapter(FaultPump, L2AdapterInterface):
         )
         self._verify = config.verify
         self._digests = Digests(Path(config.checksum_dir) if config.checksum_dir else None)
+        # loads paced by a device of the spec's speed (the page cache would make them free)
+        self._shaping = ShapingSchedule(config.shape) if config.shape is not None else None
         self._lock = threading.Lock()
         self._rules: list[FaultRule] = parse_rules(config.rules)
         self._phases = {p: PhaseState() for p in PHASES}
@@ -148,7 +151,20 @@ class BsrFaultL2Adapter(FaultPump, L2AdapterInterface):
             out: dict[str, Any] = dict(self._stats)
             out["rules"] = len(self._rules)
             out["events"] = list(self._events)
+            out["shaping"] = self.shaping_report()
         return out
+
+    def shaping_report(self) -> dict | None:  # holds self._lock
+        """The shaped device and its schedule so far (monotonic seconds), None if unshaped."""
+        shaping = self._shaping
+        if shaping is None:
+            return None
+        return {
+            "shape": shaping.shape.to_json(),
+            "ops": shaping.total_ops,
+            "bytes": shaping.total_bytes,
+            "schedule": [op.to_json() for op in shaping.ops],
+        }
 
     # ---- event fds -----------------------------------------------------
 
@@ -243,6 +259,9 @@ class BsrFaultL2Adapter(FaultPump, L2AdapterInterface):
                 {"fault": "delay", "phase": phase, "task": task_ordinal, "delay_s": delay_s}
             )
         release_at = sub.at + delay_s
+        if phase == "load" and self._shaping is not None:
+            size = sum(_object_bytes(o) for o in sub.objects or ())
+            release_at = max(release_at, self._shaping.admit(sub.at, size).done_s)
         state.pending[sub.task_id] = Pending(keys, sub.objects, drops, release_at)
         heapq.heappush(self._heap, (release_at, next(self._seq), phase, sub.task_id))
 
@@ -275,7 +294,7 @@ class BsrFaultL2Adapter(FaultPump, L2AdapterInterface):
             # where its rules are armed: attach mode writes here (same host) to inject
             "control_path": str(self._control.path) if self._control else None,
             "pump_alive": self._pump_thread.is_alive(),
-            **{k: v for k, v in self.stats().items() if k != "events"},
+            **{k: v for k, v in self.stats().items() if k not in ("events", "shaping")},
         }
         status["is_healthy"] = bool(status.get("is_healthy", True)) and (
             self._pump_thread.is_alive()
@@ -295,6 +314,12 @@ class BsrFaultL2Adapter(FaultPump, L2AdapterInterface):
         self._inner.close()
         for efd in (self._lookup_efd, self._load_efd, self._wake_efd):
             efd.close()
+
+
+def _object_bytes(obj: Any) -> int:
+    """Bytes an L1 memory object holds (LMCache's MemoryObj: ``get_size``)."""
+    get_size = getattr(obj, "get_size", None)
+    return int(get_size()) if get_size is not None else len(obj.byte_array)
 
 
 # ---- registration -----------------------------------------------------------------------

@@ -7,7 +7,10 @@
                              # a change seen before a task's submission applies to it
  "rules": [...],             # initial rules (see ``faults.rules``)
  "verify": false,            # sha256 at store, checked at load (any inner adapter)
- "checksum_dir": null}       # where verify keeps digests (else in memory, lost at exit)
+ "checksum_dir": null,       # where verify keeps digests (else in memory, lost at exit)
+ "shape": null}              # {"bandwidth_bytes_s", "latency_s"}: each load's result is
+                             # withheld until a FIFO device of that speed finished it
+                             # (``bsrctl.lmcache_ext.adapters.shaping``); null: unshaped
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from lmcache.v1.distributed.l2_adapters.config import (
 # the inner types bsr_fs and bsr_mooncake are registered by importing their modules
 from bsrctl.lmcache_ext.adapters import fs as _fs  # noqa: F401
 from bsrctl.lmcache_ext.adapters import mooncake as _mooncake  # noqa: F401
+from bsrctl.lmcache_ext.adapters.shaping import DeviceShape
 from bsrctl.lmcache_ext.faults.rules import parse_rules
 
 TYPE_NAME = "bsr_fault"
@@ -34,6 +38,7 @@ class BsrFaultL2AdapterConfig(L2AdapterConfigBase):
         rules: list[dict] | None = None,
         verify: bool = False,
         checksum_dir: str | None = None,
+        shape: DeviceShape | None = None,
     ) -> None:
         self.inner_config = inner_config  # wrapped adapter (name per LMCache's unwrap helper)
         self.name = name  # registry name for run-time control
@@ -41,11 +46,13 @@ class BsrFaultL2AdapterConfig(L2AdapterConfigBase):
         self.rules = list(rules or [])  # initial rules (validated)
         self.verify = verify  # sha256 at store, checked at load
         self.checksum_dir = checksum_dir  # persisted digests for verify (else memory)
+        self.shape = shape  # the device each load is paced by (None: unshaped)
         parse_rules(self.rules)
 
     @classmethod
     def from_dict(cls, d: dict) -> BsrFaultL2AdapterConfig:
         known = {"type", "inner", "name", "control_path", "rules", "verify", "checksum_dir"}
+        known |= {"shape"}
         known |= {"affinity_tag", "shared", "eviction", "persist_enabled", "serde"}
         unknown = sorted(set(d) - known)
         if unknown:
@@ -70,7 +77,10 @@ class BsrFaultL2AdapterConfig(L2AdapterConfigBase):
         checksum_dir = d.get("checksum_dir")
         if checksum_dir is not None and not isinstance(checksum_dir, str):
             raise ValueError("checksum_dir must be a string")
-        return cls(inner_config, name, control_path, d.get("rules", []), verify, checksum_dir)
+        shape = DeviceShape.parse(d.get("shape"))
+        return cls(
+            inner_config, name, control_path, d.get("rules", []), verify, checksum_dir, shape
+        )
 
     @classmethod
     def help(cls) -> str:

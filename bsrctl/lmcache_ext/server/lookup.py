@@ -148,6 +148,8 @@ class LookupHandlers(ModuleState):
             self._count("lookups")
             if self._forced(rid):
                 return
+            if self._tempo_gate(key, tp_size):
+                return
             if self.window_chunks:
                 try:
                     attn_desc = self._ctx.layout_desc_registry.find_attn_desc(
@@ -179,6 +181,8 @@ class LookupHandlers(ModuleState):
         res = self._take_result(request_id)
         if res is not None:
             return res
+        if self._tempo_holding(request_id):
+            return None  # held for committed staging: vLLM asks again
         known, chunks = self._probe_result(request_id, max(0.0, timeout or 0.0))
         if known:
             return chunks
@@ -222,6 +226,7 @@ class LookupHandlers(ModuleState):
     def end_session(self, request_id: str) -> None:
         try:
             self._clear_marker(request_id, "teardown")
+            self._tempo_ended(request_id)
             self._stock_release(request_id, None)
             with self._lock:
                 self._modes.pop(request_id, None)

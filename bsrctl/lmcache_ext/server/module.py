@@ -16,10 +16,12 @@ from lmcache.v1.multiprocess.ext_server_module import ExtServerModuleBuildContex
 from bsrctl.lmcache_ext.server.control import ControlHandlers
 from bsrctl.lmcache_ext.server.lookup import LookupHandlers
 from bsrctl.lmcache_ext.server.retrieve import RetrieveHandlers
+from bsrctl.lmcache_ext.server.tempokv import TempoKVHandlers
 
 
-class BsrServerModule(LookupHandlers, RetrieveHandlers, ControlHandlers):
-    """The engine module: replaces the lookup/retrieve handlers, adds bsr.* methods."""
+class BsrServerModule(TempoKVHandlers, LookupHandlers, RetrieveHandlers, ControlHandlers):
+    """The engine module: replaces the lookup/retrieve handlers, adds bsr.* and tempokv.*
+    methods (TempoKV's hooks override ModuleState's no-ops: first in the MRO)."""
 
     @property
     def context(self) -> Any:
@@ -32,6 +34,8 @@ class BsrServerModule(LookupHandlers, RetrieveHandlers, ControlHandlers):
             return {"bsr": {"error": repr(e)}}
 
     def close(self) -> None:
+        if self._tempo is not None:
+            self._tempo.close()
         self._stall.stop()
         self._probe_pool.shutdown(wait=False, cancel_futures=True)
 

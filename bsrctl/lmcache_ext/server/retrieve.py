@@ -63,9 +63,12 @@ class RetrieveHandlers(ModuleState):
                 self._mark(rid, "no lmcache_driven transfer module")
                 return b"", False
             if self._mode(rid) == Mode.STOCK:
-                return self._stock_retrieve(
-                    key, instance_id, gpu_block_ids, event_ipc_handle, skip_first_n_tokens
-                )
+                try:
+                    return self._stock_retrieve(
+                        key, instance_id, gpu_block_ids, event_ipc_handle, skip_first_n_tokens
+                    )
+                finally:
+                    self._tempo_retrieved(rid)
             return self._windowed_retrieve(
                 key, instance_id, gpu_block_ids, event_ipc_handle, skip_first_n_tokens
             )

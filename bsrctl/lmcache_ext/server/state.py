@@ -105,6 +105,19 @@ class ModuleState:
             f" ({self.degraded})" if self.degraded else "",
         )
 
+    # ---- TempoKV hooks (``server.tempokv`` overrides them; off: no effect) -------------
+    def _tempo_gate(self, key: Any, tp_size: int) -> bool:
+        return False  # True: the lookup is held for committed staging
+
+    def _tempo_holding(self, request_id: str) -> bool:
+        return False
+
+    def _tempo_retrieved(self, request_id: str) -> None:
+        return None
+
+    def _tempo_ended(self, request_id: str) -> None:
+        return None
+
     def _apply_config(self, cfg: ServerModuleConfig, only_when_idle: bool = False) -> None:
         """(Re)build the storage side and the restorer; gauge and markers carry over. With
         ``only_when_idle``, refuse while any retrieve is inside a restore: the check and

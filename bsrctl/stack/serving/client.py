@@ -27,6 +27,14 @@ class Completion:
     request_s: float  # wall time of the whole (non-streamed) request, client side
 
 
+@dataclass(frozen=True)
+class Streamed:
+    output_token_ids: tuple[int, ...]
+    sent_s: float  # monotonic, when the request was sent
+    first_token_s: float  # monotonic, first streamed token (client-side TTFT = this - sent)
+    done_s: float  # monotonic, last chunk read
+
+
 class ServingClient:
     """HTTP calls on a running deployment; ``ServingStack`` is one (it holds the ports)."""
 
@@ -138,6 +146,43 @@ class ServingClient:
             ttft_s=_ttft_s(after, before, elapsed),
             request_s=elapsed,
         )
+
+    def stream(self, prompt_ids: list[int], max_tokens: int) -> Streamed:
+        """One greedy request, streamed: client-side TTFT per request (concurrent requests
+        cannot read theirs from vLLM's histogram). StackFailed when vLLM does not answer."""
+        body = {
+            "model": str(self.model_dir),
+            "prompt": prompt_ids,
+            "max_tokens": max_tokens,
+            "temperature": 0.0,
+            "ignore_eos": True,
+            "return_token_ids": True,
+            "stream": True,
+        }
+        req = urllib.request.Request(
+            f"{self.vllm_url}/v1/completions", data=json.dumps(body).encode(), method="POST"
+        )
+        req.add_header("Content-Type", "application/json")
+        ids: list[int] = []
+        sent = time.monotonic()
+        first = 0.0
+        try:
+            with (
+                maybe_inside(self.ns),
+                urllib.request.urlopen(req, timeout=self.spec.vllm.request_timeout_s) as resp,
+            ):
+                for raw in resp:
+                    line = raw.decode().strip()
+                    if not line.startswith("data:") or line == "data: [DONE]":
+                        continue
+                    choice = (json.loads(line[5:]).get("choices") or [{}])[0]
+                    got = choice.get("token_ids") or []
+                    if got and not first:
+                        first = time.monotonic()
+                    ids.extend(int(t) for t in got)
+        except OSError as exc:
+            raise StackFailed(f"vLLM streamed request failed ({exc})") from None
+        return Streamed(tuple(ids), sent, first or time.monotonic(), time.monotonic())
 
     def forget_local(self, wait_s: float = MQ_TIMEOUT_S) -> None:
         """Make vLLM forget its local prefix cache (not the external one). vLLM answers a

@@ -41,8 +41,12 @@ def lmcache_command(
     l1_size_bytes: int,
     l2_adapters: Sequence[dict[str, Any]],
     server_module: dict[str, Any],
+    prefetch_policy: str | None = None,
+    read_ttl_s: int | None = None,
 ) -> list[str]:
-    """``lmcache server`` on loopback with these L2 adapters and server module."""
+    """``lmcache server`` on loopback with these L2 adapters and server module. TempoKV
+    adds the ``retain`` prefetch policy (staged objects stay in L1 once unpinned, for the
+    stock lookup) and a read-lock TTL above its longest protection (pins never lapse)."""
     argv = [
         str(VENV_BIN / "lmcache"),
         "server",
@@ -62,15 +66,24 @@ def lmcache_command(
         argv.append("--separate-object-groups")
     for adapter in l2_adapters:
         argv += ["--l2-adapter", json.dumps(adapter)]
+    if prefetch_policy is not None:
+        argv += ["--l2-prefetch-policy", prefetch_policy]
+    if read_ttl_s is not None:
+        argv += ["--l1-read-ttl-seconds", str(read_ttl_s)]
     return [*argv, "--server-module", json.dumps(server_module)]
 
 
 def vllm_command(
-    v: VllmSpec, model_dir: Path, port: int, lmcache_port: int | None = None
+    v: VllmSpec,
+    model_dir: Path,
+    port: int,
+    lmcache_port: int | None = None,
+    scheduler_cls: str | None = None,
 ) -> list[str]:
     """vLLM's OpenAI server, greedy and deterministic. With ``lmcache_port`` it loads and
     stores KV through LMCache's MP connector (a failed load recomputes); without, it is a
-    plain vLLM with no connector and no prefix cache (canonical outputs)."""
+    plain vLLM with no connector and no prefix cache (canonical outputs). With
+    ``scheduler_cls`` (TempoKV's runtime adapter) vLLM schedules with that subclass."""
     argv = [
         sys.executable, "-m", "vllm.entrypoints.openai.api_server",
         "--model", str(model_dir),
@@ -80,7 +93,7 @@ def vllm_command(
         "--max-model-len", str(v.max_model_len),
         "--dtype", v.dtype,
         "--seed", "0",
-        "--max-num-seqs", "4",
+        "--max-num-seqs", str(v.max_num_seqs),
         "--enable-prompt-tokens-details",
     ]  # fmt: skip
     if v.kv_cache_dtype != "auto":
@@ -98,6 +111,8 @@ def vllm_command(
             "lmcache.mp.mq_timeout": MQ_TIMEOUT_S,
         },
     }
+    if scheduler_cls is not None:
+        argv += ["--scheduler-cls", scheduler_cls]
     return [
         *argv,
         "--tensor-parallel-size", str(v.tensor_parallel_size),

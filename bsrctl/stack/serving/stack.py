@@ -192,8 +192,16 @@ class ServingStack(ServingClient):
         l1 = l1_size_bytes if l1_size_bytes is not None else lm.l1_size_bytes
         port = self._port("lmcache.port", lm.port)
         http_port = self._port("lmcache.http_port", lm.http_port)
+        tk = self._ext().tempokv
         argv = lmcache_command(
-            lm, port, http_port, l1, self._l2_adapters(), self._server_module_arg()
+            lm,
+            port,
+            http_port,
+            l1,
+            self._l2_adapters(),
+            self._server_module_arg(),
+            prefetch_policy="retain" if tk is not None else None,
+            read_ttl_s=tk.read_ttl_s if tk is not None else None,
         )
         log = self.dir / "lmcache.log"
         env = base_env()
@@ -243,8 +251,17 @@ class ServingStack(ServingClient):
         v = self.spec.vllm
         port = self._port("vllm.port", v.port)
         assert self.model_dir is not None
-        argv = vllm_command(v, self.model_dir, port, lmcache_port=self.ports["lmcache.port"])
+        tk = self.extensions.tempokv if self.extensions is not None else None
+        argv = vllm_command(
+            v,
+            self.model_dir,
+            port,
+            lmcache_port=self.ports["lmcache.port"],
+            scheduler_cls=tk.scheduler_cls if tk is not None else None,
+        )
         env = vllm_env(v, self.dir / "vllm-cache")
+        if tk is not None:
+            env.update(tk.vllm_env())
         part = Supervised("vllm", [*self._prefix(), *argv], self.dir / "vllm.log", env=env)
         self._launch(part)
         with maybe_inside(self.ns):

@@ -122,4 +122,5 @@ def test_handlers_match_the_rpc_contract_and_replace_the_builtins() -> None:
     assert methods == sorted(
         ["bsr.configure", "bsr.fault", "bsr.forget", "bsr.markers", "bsr.peak"]
         + ["bsr.registration", "bsr.reset_peak", "bsr.status"]
+        + ["tempokv.configure", "tempokv.status", "tempokv.update"]
     )

@@ -1,0 +1,284 @@
+"""`bsrctl tempokv SPEC --stack serving`: the policy grid on real vLLM + LMCache.
+
+One stack for every policy: vLLM schedules with the TempoKV runtime adapter
+(``bsrctl.vllm_ext.scheduler``), the LMCache server runs the controller and provider in
+bsrctl's server module (``tempokv.configure`` switches the policy between runs), its FS L2
+is shaped to the spec's SSD rate (O_DIRECT where the filesystem takes it). The documents
+are seeded into L2 once; before each policy L1 and vLLM's prefix cache forget, then the
+spec's requests (document prefix + a question, made locally) arrive at a fixed interval.
+
+Per policy: every output against the canonical one (a connector-less vLLM), protected bytes
+sampled from the locked objects against the budget, C integrated from those samples (byte·s
+per request), p95 TTFT (client side, streamed), output throughput, and the TTR estimate at
+each commitment against the measured time to stage-ready.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from dataclasses import replace
+from typing import Any
+
+from bsrctl.evidence import EvidenceWriter, Verdict
+from bsrctl.evidence.verdict import Point, check
+from bsrctl.experiments.run import Progress
+from bsrctl.experiments.tempokv.expectations import JudgedCheck
+from bsrctl.prompts import prompt_ids
+from bsrctl.settings import RestoreSettings, RestoreTuning
+from bsrctl.specs import LmcacheSpec, StackSpec, VllmSpec
+from bsrctl.stack import tinymodel
+from bsrctl.stack.bsr_client import BsrModuleClient
+from bsrctl.stack.canonical import canonical_outputs
+from bsrctl.stack.extensions import L2Device, TempoKVLaunch, bsr_extensions, odirect_allowed
+from bsrctl.stack.seeding import seed_tiers
+from bsrctl.stack.serving import ServingStack
+from bsrctl.tempokv.spec import PolicyGrid, ServingRun, TempoKVSpec
+
+MIB = 1 << 20
+LIVE_POLICIES_EXCLUDED = {"oracle": "needs the run's future: simulation only"}
+
+
+def _prompts(run: ServingRun, vocab: int, seed: int) -> tuple[list[list[int]], list[list[int]]]:
+    docs = [prompt_ids(f"tk-doc-{seed}-{i}", n, vocab) for i, n in enumerate(run.documents_tokens)]
+    reqs = [
+        docs[i % len(docs)] + prompt_ids(f"tk-q-{seed}-{i}", run.question_tokens, vocab)
+        for i in range(run.num_requests)
+    ]
+    return docs, reqs
+
+
+def _p95(xs: list[float]) -> float:
+    if not xs:
+        return math.nan
+    s = sorted(xs)
+    pos = 0.95 * (len(s) - 1)
+    lo = int(pos)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
+def stack_for(spec: TempoKVSpec, run_dir: Any) -> tuple[ServingStack, dict[str, Any]]:
+    run = spec.serving
+    recipe = tinymodel.TinyModelRecipe()
+    kv_bytes = recipe.kv_bytes_per_token()
+    stack_spec = StackSpec(
+        vllm=VllmSpec(max_num_seqs=run.max_num_seqs, max_model_len=8192),
+        lmcache=LmcacheSpec(l1_size_bytes=run.l1_mib * MIB, chunk_size=256),
+    )
+    l2_dir = run_dir / "stack" / "l2-fs"
+    odirect = odirect_allowed(l2_dir)
+    adapter = {
+        "k": run.claims_k,
+        "needs_ttu": True,
+        "output_limit_tokens": run.max_tokens,
+        "chunk_tokens": 256,
+        "kv_bytes_per_token": kv_bytes,
+        "retrieval_bytes_s": 1e9,
+        "cost": {"step_base_s": run.step_base_s, "token_s": run.token_s,
+                 "attn_pair_s": 0.0, "decode_ctx_token_s": 0.0},
+    }  # fmt: skip
+    ext = replace(
+        bsr_extensions(RestoreSettings.of(RestoreTuning(), 0)),
+        l2_device=L2Device(run.l2_bandwidth_mib_s * MIB, run.l2_latency_s, odirect),
+        tempokv=TempoKVLaunch(adapter, trace_path=str(run_dir / "adapter-trace.jsonl")),
+    )
+    info = {"odirect": odirect, "kv_bytes_per_token": kv_bytes, "adapter": adapter}
+    return ServingStack(stack_spec, run_dir, ext), info
+
+
+def run_serving(
+    spec: TempoKVSpec, exp: PolicyGrid, writer: EvidenceWriter, say: Progress, holder: dict
+) -> tuple[dict[str, Any], list[JudgedCheck]]:
+    run = spec.serving
+    policies = [p for p in exp.policies if p not in LIVE_POLICIES_EXCLUDED]
+    skipped = {p: LIVE_POLICIES_EXCLUDED[p] for p in exp.policies if p not in policies}
+    model_dir = tinymodel.build()
+    docs, reqs = _prompts(run, tinymodel.vocab_size(model_dir), spec.seed)
+    stack, info = stack_for(spec, writer.run_dir)
+    holder["stack"] = stack
+    say("canonical outputs (connector-less vLLM)")
+    canonical = canonical_outputs(stack.spec, writer.run_dir, reqs, run.max_tokens)
+    say("starting vLLM (TempoKV adapter) + LMCache (TempoKV controller, shaped L2)")
+    stack.up()
+    client = BsrModuleClient(stack)
+    holder["client"] = client
+    seeds = []
+    for doc in docs:
+        seeds.append(
+            seed_tiers(stack, client, doc, chunk_tokens=256, tiers=("fs",),
+                       max_tokens=1, forget_first=False, forget_wait_s=30.0).complete
+        )  # fmt: skip
+    rows: dict[str, dict[str, Any]] = {}
+    budget = int(run.budget_mib * MIB)
+    for policy in policies:
+        client.forget(wait_s=30.0)
+        stack.forget_local()
+        got = client.call(
+            "tempokv.configure",
+            {"policy": policy, "capacity_bytes": run.l1_mib * MIB, "budget_bytes": budget,
+             "prior_bytes_s": run.l2_bandwidth_mib_s * MIB, "tick_s": spec.control.tick_s},
+        )  # fmt: skip
+        if not got.get("ok"):
+            raise RuntimeError(f"tempokv.configure {policy}: {got}")
+        say(f"{policy}: {run.num_requests} requests every {run.interval_s:g} s")
+        results = _arrivals(stack, reqs, run)
+        time.sleep(0.3)  # the last retrieve's release reaches the controller
+        status = client.call("tempokv.status", {})
+        client.call("tempokv.configure", {"policy": None})
+        rows[policy] = _measure(policy, results, canonical, status, budget, writer, seeds)
+        m = rows[policy]
+        say(f"{policy}: C={m['c_mib_s_per_req']:.3f} MiB·s/req p95={m['p95_ttft_s']:.3f}s "
+            f"{m['output_tok_s']:.1f} tok/s canonical={m['canonical']}")  # fmt: skip
+    summary = {
+        "experiment": "serving-policies",
+        "spec_name": spec.name,
+        "stack": info,
+        "skipped_policies": skipped,
+        "policies": rows,
+    }
+    return summary, _run_checks(rows)
+
+
+def _arrivals(stack: ServingStack, reqs: list[list[int]], run: ServingRun) -> list[Any]:
+    out: list[Any] = [None] * len(reqs)
+    errors: list[BaseException] = []
+    t0 = time.monotonic()
+
+    def one(i: int) -> None:
+        delay = t0 + i * run.interval_s - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+        try:
+            out[i] = stack.stream(reqs[i], run.max_tokens)
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(len(reqs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=stack.spec.vllm.request_timeout_s + len(reqs) * run.interval_s)
+    if errors:
+        raise errors[0]
+    return out
+
+
+def _measure(
+    policy: str,
+    results: list[Any],
+    canonical: list[tuple[int, ...]],
+    status: dict[str, Any],
+    budget: int,
+    writer: EvidenceWriter,
+    seeds: list[bool],
+) -> dict[str, Any]:
+    done = [r for r in results if r is not None]
+    ttfts = [r.first_token_s - r.sent_s for r in done]
+    makespan = max(r.done_s for r in done) - min(r.sent_s for r in done) if done else math.nan
+    tokens = sum(len(r.output_token_ids) for r in done)
+    same = [
+        r is not None and r.output_token_ids == c for r, c in zip(results, canonical, strict=True)
+    ]
+    n = len(results)
+    ttr = status.get("ttr", [])
+    errors = [r["stage_ready_s"] - r["ttr_est_s"] for r in ttr if r["stage_ready_s"] is not None]
+    measures = {
+        "p95_ttft_s": round(_p95(ttfts), 6),
+        "mean_ttft_s": round(sum(ttfts) / len(ttfts), 6) if ttfts else math.nan,
+        "output_tok_s": round(tokens / makespan, 3) if makespan > 0 else math.nan,
+        "c_byte_s": status.get("c_byte_s", 0.0),
+        "c_mib_s_per_req": round(status.get("c_byte_s", 0.0) / MIB / max(1, n), 6),
+        "model_c_mib_s_per_req": round(status.get("model_c_byte_s", 0.0) / MIB / max(1, n), 6),
+        "peak_locked_bytes": status.get("peak_locked_bytes", 0),
+        "peak_reserved_bytes": status.get("peak_reserved_bytes", 0),
+        "budget_bytes": budget,
+        "canonical": sum(same),
+        "requests": n,
+        "committed": len(ttr),
+        "deferred_claims": status.get("deferred_claims", 0),
+        "claims": len(status.get("claims", {})),
+        "reports_dropped_since_start": status.get("reports_dropped", {}),
+        "retrievals": status.get("retrievals", {}),
+        "ttr_error_s": sorted(round(e, 6) for e in errors),
+        "ttr_error_abs_p50_s": round(_p95x(sorted(abs(e) for e in errors), 0.5), 6),
+        "ttr_error_abs_p95_s": round(_p95x(sorted(abs(e) for e in errors), 0.95), 6),
+    }
+    checks = (
+        check("canonical_output", all(same), f"{sum(same)}/{n} outputs equal the canonical"),
+        check(
+            "protected_within_budget",
+            measures["peak_locked_bytes"] <= budget,
+            f"peak locked {measures['peak_locked_bytes']} B ≤ budget {budget} B "
+            f"(over {status.get('samples', 0)} samples)",
+        ),
+        check("seeded", all(seeds) or None, f"documents fully in L2: {seeds}"),
+    )
+    writer.add_point(
+        Point(
+            id=f"serving/{policy}",
+            params={"policy": policy, "requests": n},
+            measures=measures,
+            checks=checks,
+            extra={
+                "extra": {
+                    "claims": status.get("claims", {}),
+                    "ttr": ttr,
+                    "stages": status.get("stages", []),
+                }
+            },
+        )  # fmt: skip
+    )
+    return measures
+
+
+def _p95x(s: list[float], q: float) -> float:
+    if not s:
+        return math.nan
+    pos = q * (len(s) - 1)
+    lo = int(pos)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
+def _judged(name: str, ok: bool, detail: str, claim: str) -> JudgedCheck:
+    verdict = Verdict.PASS if ok else Verdict.FAIL
+    outcome = "reproduces" if ok else "does not reproduce"
+    return JudgedCheck(name, verdict, detail, claim, "reproduce", None, outcome)
+
+
+def _run_checks(rows: dict[str, dict[str, Any]]) -> list[JudgedCheck]:
+    out = []
+    tk, imm, dem = rows.get("tempokv"), rows.get("immediate"), rows.get("demand")
+    if tk and imm:
+        out.append(
+            _judged(
+                "c_below_immediate",
+                tk["c_byte_s"] < imm["c_byte_s"],
+                f"TempoKV C {tk['c_mib_s_per_req']} vs Immediate {imm['c_mib_s_per_req']} "
+                "MiB·s/req",
+                "Fig. 4: TempoKV's protected byte-time C below Immediate's",
+            )
+        )
+    if tk and dem:
+        out.append(
+            _judged(
+                "p95_below_demand",
+                tk["p95_ttft_s"] < dem["p95_ttft_s"],
+                f"TempoKV p95 TTFT {tk['p95_ttft_s']} s vs Demand {dem['p95_ttft_s']} s",
+                "Fig. 4: TempoKV's p95 TTFT below Demand's",
+            )
+        )
+    return out
+
+
+def teardown(holder: dict) -> None:
+    client, stack = holder.get("client"), holder.get("stack")
+    if client is not None:
+        client.close()
+    if stack is not None:
+        stack.down()
+
+
+__all__ = ["Verdict", "run_serving", "teardown"]

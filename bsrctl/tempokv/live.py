@@ -1,0 +1,234 @@
+"""The live runtime adapter's engine-independent half: from a plain view of a serving
+engine's scheduler (running, loading and waiting requests in scan order, slot and token
+limits, free KV) to the messages the controller needs: claims for the first K waiting
+requests, the waiting order, and TTUs projected with the same `ttu` code the simulation
+checks against its engine (queued loads: vLLM's WAITING_FOR_REMOTE_KVS).
+
+Read-only by construction: it takes frozen views and returns messages; the scheduler
+subclass (``bsrctl.vllm_ext.scheduler``) builds the views after vLLM decided, and sends
+the messages. Updates are sent only when something the controller reads changed: the
+claimed set, the order, or a TTU that moved by more than `ttu_tolerance_s` from the last
+one sent, aged by the time since (a TTU that merely counts down is no change)."""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from bsrctl.tempokv.ttu import (
+    CostModel,
+    EngineLimits,
+    EngineSnapshot,
+    OutputPredictor,
+    QueuedSeq,
+    RunningSeq,
+    project_ttus,
+)
+from bsrctl.tempokv.ttu_quantile import project_ttu_quantiles
+
+
+@dataclass(frozen=True, slots=True)
+class LiveRunning:
+    req_id: str
+    prompt_tokens: int
+    computed_tokens: int  # KV on the device after the step just scheduled
+    output_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class LiveWaiting:
+    req_id: str
+    prompt_tokens: int
+    loading: bool = False  # retrieval begun (WAITING_FOR_REMOTE_KVS)
+
+
+@dataclass(frozen=True, slots=True)
+class LiveView:
+    """One scheduler step as decided, taken after the scheduler returned."""
+
+    at_s: float
+    step: int
+    scheduled: tuple[str, ...]  # request ids given tokens this step, scheduler order
+    scheduled_tokens: int
+    running: tuple[LiveRunning, ...]
+    waiting: tuple[LiveWaiting, ...]  # scan order (block holders first, as vLLM scans)
+    max_seqs: int
+    max_batched_tokens: int
+    free_kv_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class AdapterSettings:
+    k: int = 4  # claims for the first K waiting requests
+    needs_ttu: bool = True  # timed policies read TTU; the others only the order
+    ttu_quantile: float | None = None  # TempoKV-U
+    ttu_tolerance_s: float = 0.005  # a TTU that moved less than this is not sent again
+    output_limit_tokens: int = 16  # the generation limit (max_tokens) of the workload
+    chunk_tokens: int = 256
+    retrieval_bytes_s: float = 1e9  # fast tier → engine, for the projection's load_s
+    kv_bytes_per_token: int = 0
+    cost: CostModel = field(default_factory=lambda: CostModel(0.01, 0.0, 0.0, 0.0))
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> AdapterSettings:
+        data = dict(raw)
+        cost = data.pop("cost", None)
+        out = cls(**data)
+        return replace(out, cost=CostModel(**cost)) if cost is not None else out
+
+
+@dataclass(frozen=True, slots=True)
+class Update:
+    """What the controller is told after a step (None fields: unchanged since last sent)."""
+
+    at_s: float
+    report: tuple[str, ...]  # new claims (the controller probes their hits)
+    cancel: tuple[str, ...]  # claims whose requests left without retrieval
+    order: tuple[str, ...]  # the whole waiting order (Queue-K ranks in it)
+    ttus_s: dict[str, float]  # projected TTU of each claimed, still-waiting request
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "at_s": round(self.at_s, 6),
+            "report": list(self.report),
+            "cancel": list(self.cancel),
+            "order": list(self.order),
+            "ttus_s": {k: round(v, 6) for k, v in self.ttus_s.items()},
+        }
+
+
+class StepCalibrator:
+    """Online step cost: the ratio of measured to modelled step time over recent steps,
+    applied to the whole cost model (measured in ``update_from_output``)."""
+
+    def __init__(self, cost: CostModel, window: int = 32) -> None:
+        self.base = cost
+        self._samples: deque[tuple[float, float]] = deque(maxlen=window)
+
+    def observe(self, modelled_s: float, measured_s: float) -> None:
+        if modelled_s > 0 and measured_s > 0:
+            self._samples.append((modelled_s, measured_s))
+
+    @property
+    def scale(self) -> float:
+        modelled = sum(m for m, _ in self._samples)
+        return sum(s for _, s in self._samples) / modelled if modelled > 0 else 1.0
+
+    def cost(self) -> CostModel:
+        k, b = self.scale, self.base
+        return CostModel(
+            b.step_base_s * k, b.token_s * k, b.attn_pair_s * k, b.decode_ctx_token_s * k
+        )
+
+
+class LiveAdapterCore:
+    def __init__(self, settings: AdapterSettings) -> None:
+        self.s = settings
+        self.predictor = OutputPredictor(settings.output_limit_tokens)
+        self.calibrator = StepCalibrator(settings.cost)
+        self.claimed: dict[str, int] = {}  # claimed request -> its hit tokens (0: unknown)
+        self.eta_s: dict[str, float] = {}  # controller's staging ETA per claim (last reply)
+        self._sent_order: tuple[str, ...] | None = None
+        self._sent_ttus: dict[str, tuple[float, float]] = {}  # id -> (ttu_s, at_s)
+        self.updates_sent = 0
+        self.steps_seen = 0
+
+    def set_hit(self, req_id: str, hit_tokens: int) -> None:
+        if req_id in self.claimed:
+            self.claimed[req_id] = hit_tokens
+
+    def on_step(self, view: LiveView) -> Update | None:
+        """The step's update, or None when nothing the controller reads changed."""
+        self.steps_seen += 1
+        waiting_ids = [w.req_id for w in view.waiting if not w.loading]
+        head = waiting_ids[: self.s.k]
+        report = tuple(r for r in head if r not in self.claimed)
+        for r in report:
+            self.claimed[r] = 0
+        # a claim leaves the adapter once its request is no longer waiting (retrieval began,
+        # or it finished): the controller sees retrieval through the connector's own path
+        still_waiting = set(waiting_ids)
+        for r in [r for r in self.claimed if r not in still_waiting]:
+            del self.claimed[r]
+            self._sent_ttus.pop(r, None)
+        order = tuple(w.req_id for w in view.waiting)
+        ttus: dict[str, float] = {}
+        if self.s.needs_ttu and self.claimed:
+            ttus = self._project(view)
+        changed_ttus = {
+            r: t
+            for r, t in ttus.items()
+            if r not in self._sent_ttus
+            or abs(t - (self._sent_ttus[r][0] - (view.at_s - self._sent_ttus[r][1])))
+            > self.s.ttu_tolerance_s
+        }
+        if not report and order == self._sent_order and not changed_ttus:
+            return None
+        self._sent_order = order
+        for r, t in changed_ttus.items():
+            self._sent_ttus[r] = (t, view.at_s)
+        self.updates_sent += 1
+        return Update(view.at_s, report, (), order, changed_ttus)
+
+    def on_finished(self, req_ids: Sequence[str], output_tokens: Sequence[int]) -> Update | None:
+        """Requests that ended (finished, aborted): their claims are cancelled; finished
+        outputs calibrate the output predictor."""
+        for n in output_tokens:
+            self.predictor.observe(n)
+        gone = tuple(r for r in req_ids if r in self.claimed)
+        for r in gone:
+            del self.claimed[r]
+            self._sent_ttus.pop(r, None)
+        if not gone:
+            return None
+        self.updates_sent += 1
+        return Update(0.0, (), gone, self._sent_order or (), {})
+
+    def _project(self, view: LiveView) -> dict[str, float]:
+        cost = self.calibrator.cost()
+        limits = EngineLimits(
+            max_seqs=view.max_seqs,
+            max_batched_tokens=view.max_batched_tokens,
+            sync_loads=False,
+            queued_loads=True,
+            gpu_kv_tokens=view.free_kv_tokens + sum(r.computed_tokens for r in view.running),
+        )
+        running = tuple(
+            RunningSeq(
+                max(0, r.prompt_tokens - r.computed_tokens),
+                r.computed_tokens,
+                r.output_tokens,
+            )
+            for r in view.running
+        )
+        holding = tuple(
+            RunningSeq(max(1, w.prompt_tokens - self._hit(w)), self._hit(w), 0)
+            for w in view.waiting
+            if w.loading
+        )
+        waiting = tuple(
+            QueuedSeq(
+                w.req_id,
+                w.prompt_tokens,
+                self._hit(w),
+                self._hit(w) * self.s.kv_bytes_per_token / self.s.retrieval_bytes_s,
+                self.eta_s.get(w.req_id, 0.0),
+            )
+            for w in view.waiting
+            if not w.loading
+        )
+        # the step just scheduled runs first: its modelled time is the engine's busy time
+        busy_s = cost.step_s(view.scheduled_tokens, 0, 0) if view.scheduled else 0.0
+        snap = EngineSnapshot(view.at_s, busy_s, running, waiting, holding)
+        targets = list(self.claimed)
+        if self.s.ttu_quantile is None:
+            return project_ttus(snap, cost, limits, self.predictor, targets)
+        return project_ttu_quantiles(
+            snap, cost, limits, self.predictor, self.s.ttu_quantile, targets
+        )
+
+    def _hit(self, w: LiveWaiting) -> int:
+        hit = self.claimed.get(w.req_id, 0)
+        return min(hit, max(0, w.prompt_tokens - 1))

@@ -1,0 +1,255 @@
+"""The TempoKV runtime adapter inside vLLM, with no fork: a ``--scheduler-cls`` subclass.
+
+    vllm ... --scheduler-cls bsrctl.vllm_ext.scheduler.TempoKVScheduler        (CPU: sync)
+    vllm ... --scheduler-cls bsrctl.vllm_ext.scheduler.TempoKVAsyncScheduler   (GPU default)
+
+Configured by the environment variable ``BSRCTL_TEMPOKV`` (JSON: ``adapter``, the
+``tempokv.live.AdapterSettings`` fields; ``trace_path``, a JSON-lines file of every step's
+decision and message; ``transport``: ``"connector"`` (default: the LMCacheMPConnector's
+``server_module_call``) or ``"record"``), since ``--scheduler-cls`` takes only a class.
+
+After ``super().schedule()`` decided, it reads the scheduler (waiting queues in scan
+order, running requests' computed and output tokens, slot and token limits, free KV
+blocks) into a frozen ``LiveView`` and sends what ``LiveAdapterCore`` says changed; in
+``update_from_output`` it measures the step; in ``_free_request`` it learns outputs and
+cancels claims of requests that end. It never writes scheduler state and swallows its own
+errors (counted in the trace), so it cannot change what the scheduler decides; the
+on/off test checks that.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections import deque
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.request import RequestStatus
+
+from bsrctl.tempokv.live import AdapterSettings, LiveAdapterCore, LiveRunning, LiveView, LiveWaiting
+from bsrctl.vllm_ext.transport import RecordTransport, ServerModuleTransport, Transport
+
+ENV = "BSRCTL_TEMPOKV"
+UPDATE_METHOD = "tempokv.update"
+
+
+class _StepTrace:
+    """The per-step record (the on/off test compares `scheduled` and outputs)."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+
+    def write(self, record: dict[str, Any]) -> None:
+        if self.path is not None:
+            with self.path.open("a") as f:
+                f.write(json.dumps(record) + "\n")
+
+
+def _config() -> dict[str, Any]:
+    raw = os.environ.get(ENV, "")
+    return json.loads(raw) if raw else {}
+
+
+class StepRecorder:
+    """Passive: records each step's decision (request order and tokens). The adapter-off
+    side of the on/off test runs the stock scheduler with only this."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[call-arg]
+        cfg = _config()
+        path = cfg.get("trace_path")
+        self._bk_trace = _StepTrace(Path(path) if path else None)
+
+    def _bk_record(self, out: Any) -> None:
+        self._bk_trace.write(
+            {
+                "kind": "step",
+                "scheduled": dict(out.num_scheduled_tokens),
+                "new": [r.req_id for r in out.scheduled_new_reqs],
+                "finished": sorted(out.finished_req_ids),
+            }
+        )
+
+    def schedule(self, *args: Any, **kwargs: Any) -> Any:
+        out = super().schedule(*args, **kwargs)  # type: ignore[misc]
+        self._bk_record(out)
+        return out
+
+
+class TempoKVAdapter(StepRecorder):
+    """The mixin: read-only hooks around the scheduler's own methods."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        cfg = _config()
+        self._tk = LiveAdapterCore(AdapterSettings.from_json(cfg.get("adapter", {})))
+        self._tk_transport_kind = cfg.get("transport", "connector")
+        self._tk_transport: Transport | None = None
+        self._tk_t0 = time.monotonic()
+        self._tk_scheduled: deque[tuple[Any, float, float]] = deque()  # (out, at, modelled)
+        self._tk_last_done = 0.0
+        self._tk_errors = 0
+
+    # ---- hooks ----------------------------------------------------------------------
+    def schedule(self, *args: Any, **kwargs: Any) -> Any:
+        out = super().schedule(*args, **kwargs)
+        try:
+            self._tk_after_schedule(out)
+        except Exception as e:  # the adapter must never disturb scheduling
+            self._tk_fail("schedule", e)
+        return out
+
+    def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
+        done_at = time.monotonic()
+        result = super().update_from_output(scheduler_output, model_runner_output)  # type: ignore[misc]
+        try:
+            self._tk_measure(scheduler_output, done_at)
+        except Exception as e:
+            self._tk_fail("update_from_output", e)
+        return result
+
+    def _free_request(self, request: Any, *args: Any, **kwargs: Any) -> Any:
+        result = super()._free_request(request, *args, **kwargs)  # type: ignore[misc]
+        try:
+            update = self._tk.on_finished([request.request_id], [request.num_output_tokens])
+            if update is not None:
+                self._tk_send(update.to_json())
+        except Exception as e:
+            self._tk_fail("free_request", e)
+        return result
+
+    # ---- the adapter ----------------------------------------------------------------
+    def _tk_now(self) -> float:
+        return time.monotonic() - self._tk_t0
+
+    def _tk_view(self, out: Any) -> LiveView:
+        sched: Any = self
+        waiting = []
+        for queue in (sched.kv_holding_waiting, sched.waiting):
+            for req in queue:
+                waiting.append(
+                    LiveWaiting(
+                        req.request_id,
+                        req.num_prompt_tokens,
+                        req.status == RequestStatus.WAITING_FOR_REMOTE_KVS,
+                    )
+                )
+        running = tuple(
+            LiveRunning(
+                r.request_id, r.num_prompt_tokens, r.num_computed_tokens, r.num_output_tokens
+            )
+            for r in sched.running
+        )
+        free_blocks = sched.kv_cache_manager.block_pool.get_num_free_blocks()
+        return LiveView(
+            at_s=self._tk_now(),
+            step=int(getattr(sched, "current_step", 0)),
+            scheduled=tuple(out.num_scheduled_tokens),
+            scheduled_tokens=int(out.total_num_scheduled_tokens),
+            running=running,
+            waiting=tuple(waiting),
+            max_seqs=int(sched.max_num_running_reqs),
+            max_batched_tokens=int(sched.max_num_scheduled_tokens),
+            free_kv_tokens=int(free_blocks) * int(sched.block_size),
+        )
+
+    def _tk_after_schedule(self, out: Any) -> None:
+        self._tk_collect()
+        view = self._tk_view(out)
+        modelled = self._tk.calibrator.base.step_s(view.scheduled_tokens, 0, 0)
+        self._tk_scheduled.append((out, time.monotonic(), modelled))
+        update = self._tk.on_step(view)
+        if update is None:
+            return
+        payload = update.to_json()
+        if update.report:
+            payload["hits"] = self._tk_hits(update.report)
+        self._tk_send(payload)
+
+    def _tk_hits(self, req_ids: tuple[str, ...]) -> dict[str, dict[str, Any]]:
+        """What the server module needs to find each new claim's objects (its own lookup
+        keys from the prompt tokens, metadata only)."""
+        sched: Any = self
+        out = {}
+        chunk = self._tk.s.chunk_tokens
+        lmc = getattr(self.get_kv_connector(), "scheduler_adapter", None)  # type: ignore[attr-defined]
+        model = getattr(lmc, "model_name", None) or sched.vllm_config.model_config.model
+        world = int(getattr(lmc, "world_size", 1) or 1)
+        for rid in req_ids:
+            req = sched.requests.get(rid)
+            if req is None:
+                continue
+            n = (req.num_prompt_tokens // chunk) * chunk
+            out[rid] = {
+                "token_ids": list(req.prompt_token_ids[:n]),
+                "cache_salt": req.cache_salt or "",
+                "model_name": model,
+                "world_size": world,
+            }
+        return out
+
+    def _tk_measure(self, scheduler_output: Any, done_at: float) -> None:
+        """Step time: from when the step could start (scheduled, and the previous step
+        done: async scheduling runs a step ahead) to its output."""
+        while self._tk_scheduled:
+            out, at, modelled = self._tk_scheduled.popleft()
+            if out is scheduler_output:
+                start = max(at, self._tk_last_done)
+                self._tk.calibrator.observe(modelled, done_at - start)
+                self._tk_last_done = done_at
+                return
+
+    def _tk_collect(self) -> None:
+        transport = self._tk_transport
+        if transport is None:
+            return
+        for _method, reply in transport.replies():
+            for rid, hit in (reply.get("hit_tokens") or {}).items():
+                self._tk.set_hit(rid, int(hit))
+            self._tk.eta_s.update({k: float(v) for k, v in (reply.get("eta_s") or {}).items()})
+            if "needs_ttu" in reply:  # the controller's policy says what it reads
+                self._tk.s = replace(
+                    self._tk.s,
+                    needs_ttu=bool(reply["needs_ttu"]),
+                    ttu_quantile=reply.get("ttu_quantile"),
+                )
+
+    def _tk_send(self, payload: dict[str, Any]) -> None:
+        transport = self._tk_transport
+        if transport is None:
+            transport = self._tk_transport = self._tk_make_transport()
+        transport.send(UPDATE_METHOD, payload)
+        self._bk_trace.write({"kind": "update", **payload})
+
+    def _tk_make_transport(self) -> Transport:
+        if self._tk_transport_kind == "connector":
+            connector = self.get_kv_connector()  # type: ignore[attr-defined]
+            made = ServerModuleTransport.from_connector(connector)
+            if made is not None:
+                return made
+        return RecordTransport()
+
+    def _tk_fail(self, where: str, e: Exception) -> None:
+        self._tk_errors += 1
+        self._bk_trace.write({"kind": "adapter_error", "where": where, "error": repr(e)})
+
+
+class RecordingScheduler(StepRecorder, Scheduler):
+    """The stock scheduler, its decisions recorded (the adapter-off side)."""
+
+
+class RecordingAsyncScheduler(StepRecorder, AsyncScheduler):
+    """The stock async scheduler, its decisions recorded."""
+
+
+class TempoKVScheduler(TempoKVAdapter, Scheduler):
+    pass
+
+
+class TempoKVAsyncScheduler(TempoKVAdapter, AsyncScheduler):
+    pass

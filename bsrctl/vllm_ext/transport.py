@@ -1,0 +1,82 @@
+"""How the runtime adapter reaches the controller: the LMCacheMPConnector's scheduler-side
+request clients and their ``server_module_call`` (to bsrctl's server module), or a record
+(tests, and a vLLM with no connector). Sends never block the scheduler: replies are
+collected on a later step."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol
+
+
+class Transport(Protocol):
+    def send(self, method: str, payload: dict[str, Any]) -> None: ...
+
+    def replies(self) -> list[tuple[str, dict[str, Any]]]:
+        """Replies that arrived since the last call, in send order."""
+        ...
+
+
+class RecordTransport:
+    """Every message appended to a JSON-lines file (or kept in memory); no replies."""
+
+    def __init__(self, path: Path | None = None) -> None:
+        self.path = path
+        self.sent: list[tuple[str, dict[str, Any]]] = []
+        self._lock = threading.Lock()
+
+    def send(self, method: str, payload: dict[str, Any]) -> None:
+        with self._lock:
+            self.sent.append((method, payload))
+            if self.path is not None:
+                with self.path.open("a") as f:
+                    f.write(json.dumps({"method": method, "payload": payload}) + "\n")
+
+    def replies(self) -> list[tuple[str, dict[str, Any]]]:
+        return []
+
+
+class ServerModuleTransport:
+    """``server_module_call`` on every LMCache server the connector talks to (one here);
+    futures are polled, never waited on, from the scheduler thread."""
+
+    def __init__(self, clients: list[Any], make_request: Callable[[str, bytes], Any]) -> None:
+        self._clients = clients
+        self._make = make_request
+        self._inflight: list[tuple[str, Any]] = []
+        self.errors = 0
+
+    @classmethod
+    def from_connector(cls, connector: Any) -> ServerModuleTransport | None:
+        adapter = getattr(connector, "scheduler_adapter", None)
+        clients = getattr(adapter, "req_clients", None)
+        if not clients:
+            return None
+        from lmcache.v1.multiprocess.protocols.server_module import ServerModuleCallRequest
+
+        return cls(list(clients.values()), ServerModuleCallRequest)
+
+    def send(self, method: str, payload: dict[str, Any]) -> None:
+        body = json.dumps(payload).encode()
+        for client in self._clients:
+            self._inflight.append((method, client.server_module_call(self._make(method, body))))
+
+    def replies(self) -> list[tuple[str, dict[str, Any]]]:
+        out, still = [], []
+        for method, fut in self._inflight:
+            if not fut.query():
+                still.append((method, fut))
+                continue
+            try:
+                resp = fut.result(timeout=0)
+                if resp.success:
+                    out.append((method, json.loads(resp.payload.decode() or "{}")))
+                else:
+                    self.errors += 1
+            except Exception:
+                self.errors += 1
+        self._inflight = still
+        return out

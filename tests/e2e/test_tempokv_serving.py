@@ -1,0 +1,129 @@
+"""`bsrctl tempokv SPEC --stack serving` end to end on the CPU stack: one seeded workload,
+every live policy on one shared stack (vLLM with the TempoKV adapter, LMCache with the
+controller, shaped FS L2). The run must finish; every output is canonical and the pinned
+bytes stay within the budget (per policy); C, p95 TTFT, throughput and the TTR errors are in
+the evidence. The paper's two orderings are run-level checks, reported as they come out."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+pytestmark = pytest.mark.e2e
+
+SPEC = {
+    "name": "serving-small",
+    "seed": 5,
+    "models": [{"name": "llama-3.1-8b"}],
+    "serving": {
+        # one document per request: a repeated document would be a hit in vLLM's own prefix
+        # cache (no external retrieval), so its claim could only stage bytes nobody reads
+        "documents_tokens": [3072, 2048, 2560, 3072, 2048, 2560, 3072, 2048],
+        "question_tokens": 32,
+        "num_requests": 8,
+        "interval_s": 0.1,
+        # decode-dominated service: a loading request holds no slot in vLLM (queued loads),
+        # so only requests arriving while another one decodes wait long enough to be claimed
+        "max_tokens": 64,
+        "l2_bandwidth_mib_s": 16.0,
+        "budget_mib": 6.0,
+        "max_num_seqs": 1,
+    },
+    "experiment": {"kind": "policies", "cache_ratios": [1.0]},
+}
+
+
+def test_every_policy_on_the_serving_stack(tmp_path: Path, bsrctl) -> None:
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump(SPEC))
+    out = tmp_path / "runs"
+    res = bsrctl("tempokv", str(spec), "--stack", "serving", "--out", str(out), "--quiet",
+                 timeout=840)  # fmt: skip
+    (run,) = out.iterdir()
+    doc = json.loads((run / "evidence.json").read_text())
+    assert doc["complete"], res.stderr[-3000:]
+    points = {p["params"]["policy"]: p for p in doc["points"]}
+    assert list(points) == [
+        "demand", "immediate", "queue-1", "queue-4", "tempokv-static", "tempokv", "tempokv-u"
+    ]  # fmt: skip
+    assert doc["summary"]["skipped_policies"] == {"oracle": "needs the run's future: "
+                                                  "simulation only"}  # fmt: skip
+    for policy, p in points.items():
+        checks = {c["name"]: c["verdict"] for c in p["checks"]}
+        assert checks["canonical_output"] == "PASS", (policy, p["checks"])
+        assert checks["protected_within_budget"] == "PASS", (policy, p["checks"])
+        m = p["measures"]
+        assert m["canonical"] == m["requests"] == 8
+        assert m["peak_locked_bytes"] <= m["budget_bytes"]
+    assert points["demand"]["measures"]["retrievals"]  # retrieval demand reached the controller
+    assert points["immediate"]["measures"]["committed"] > 0
+    assert points["immediate"]["measures"]["c_byte_s"] > 0
+    assert points["tempokv"]["measures"]["ttr_error_s"]  # TTR vs stage-ready, per commitment
+    names = {c["name"] for c in doc["summary"]["checks"]}
+    assert names == {"c_below_immediate", "p95_below_demand"}
+    assert (run / "summary.md").read_text().count("| tempokv |") == 1
+
+
+def test_lmcache_killed_with_committed_claims_leaves_no_pin(tmp_path: Path) -> None:
+    """LMCache is killed by PID while TempoKV holds committed, pinned claims, then restarted:
+    no pin survives (the new server holds no controller and no locked object: a plain forget
+    empties its L1), every request completes (vLLM recomputes what the dead server could not
+    serve) and every output equals the canonical one."""
+    import threading
+    import time
+
+    from bsrctl.experiments.tempokv.serving import MIB, _arrivals, _prompts, stack_for
+    from bsrctl.stack import tinymodel
+    from bsrctl.stack.bsr_client import BsrModuleClient
+    from bsrctl.stack.canonical import canonical_outputs
+    from bsrctl.stack.seeding import seed_tiers
+    from bsrctl.tempokv.spec import TempoKVSpec
+
+    raw = {**SPEC, "serving": {**SPEC["serving"], "budget_mib": 12.0, "interval_s": 0.15}}
+    spec = TempoKVSpec.model_validate(raw)
+    run = spec.serving
+    docs, reqs = _prompts(run, tinymodel.vocab_size(tinymodel.build()), spec.seed)
+    stack, _ = stack_for(spec, tmp_path)
+    canonical = canonical_outputs(stack.spec, tmp_path, reqs, run.max_tokens)
+    stack.up()
+    client = BsrModuleClient(stack)
+    try:
+        for doc in docs:
+            seed_tiers(stack, client, doc, chunk_tokens=256, tiers=("fs",), max_tokens=1,
+                       forget_first=False, forget_wait_s=30.0)  # fmt: skip
+        client.forget(wait_s=30.0)
+        stack.forget_local()
+        got = client.call("tempokv.configure", {
+            "policy": "immediate", "capacity_bytes": run.l1_mib * MIB,
+            "budget_bytes": int(run.budget_mib * MIB),
+            "prior_bytes_s": run.l2_bandwidth_mib_s * MIB})  # fmt: skip
+        assert got["ok"], got
+        out: dict[str, list] = {}
+        sender = threading.Thread(
+            target=lambda: out.setdefault("res", _arrivals(stack, reqs, run)), daemon=True
+        )
+        sender.start()
+        deadline = time.monotonic() + 30
+        pinned = 0
+        while time.monotonic() < deadline and not pinned:
+            pinned = client.call("tempokv.status", {})["locked_bytes_now"]
+            time.sleep(0.02)
+        assert pinned > 0, "no claim was committed and pinned before the kill"
+        part = stack.parts["lmcache"]
+        part.stop(timeout_s=1.0)  # by PID (and children): SIGTERM, then SIGKILL
+        client.close()
+        stack.restart("lmcache")
+        sender.join(timeout=300)
+        assert not sender.is_alive(), "requests did not complete after the restart"
+        res = out["res"]
+        assert [r.output_token_ids for r in res] == canonical
+        client = BsrModuleClient(stack)
+        assert client.call("tempokv.status", {}) == {"policy": None}  # no controller, no claim
+        after = client.forget(wait_s=10.0)  # a plain forget skips locked objects
+        assert after.l1_used_bytes_after == 0, after
+    finally:
+        client.close()
+        stack.down()

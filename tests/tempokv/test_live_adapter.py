@@ -1,0 +1,99 @@
+"""The live runtime adapter's pure half: claims for the first K waiting requests, updates
+only on change, cancellation when a claimed request ends, and TTUs equal to the
+simulation's projection of the same snapshot (queued loads)."""
+
+from __future__ import annotations
+
+from bsrctl.tempokv.live import (
+    AdapterSettings,
+    LiveAdapterCore,
+    LiveRunning,
+    LiveView,
+    LiveWaiting,
+    StepCalibrator,
+)
+from bsrctl.tempokv.ttu import (
+    CostModel,
+    EngineLimits,
+    EngineSnapshot,
+    QueuedSeq,
+    RunningSeq,
+    project_ttus,
+)
+
+COST = CostModel(0.01, 1e-5, 0.0, 0.0)
+
+
+def view(at_s: float, waiting: list[str], running: int = 2, scheduled: int = 2) -> LiveView:
+    return LiveView(
+        at_s=at_s,
+        step=0,
+        scheduled=tuple(f"r{i}" for i in range(scheduled)),
+        scheduled_tokens=scheduled,
+        running=tuple(LiveRunning(f"r{i}", 1000, 1000, 3) for i in range(running)),
+        waiting=tuple(LiveWaiting(w, 2048) for w in waiting),
+        max_seqs=2,
+        max_batched_tokens=512,
+        free_kv_tokens=10_000,
+    )
+
+
+def core(k: int = 2, tol: float = 0.001) -> LiveAdapterCore:
+    return LiveAdapterCore(
+        AdapterSettings(k=k, ttu_tolerance_s=tol, output_limit_tokens=8, cost=COST)
+    )
+
+
+def test_claims_first_k_and_updates_only_on_change() -> None:
+    c = core()
+    u = c.on_step(view(0.0, ["a", "b", "c"]))
+    assert u is not None and u.report == ("a", "b") and u.order == ("a", "b", "c")
+    assert set(u.ttus_s) == {"a", "b"}
+    # same state, TTUs aged by exactly the elapsed time: nothing to send
+    assert c.on_step(view(0.0, ["a", "b", "c"])) is None
+    # the head leaves (retrieval begun): "c" becomes claimed, order changes
+    u = c.on_step(view(0.5, ["b", "c"]))
+    assert u is not None and u.report == ("c",) and u.order == ("b", "c")
+    assert set(c.claimed) == {"b", "c"}
+    # a claimed request aborted: cancelled once, then forgotten
+    u = c.on_finished(["c"], [0])
+    assert u is not None and u.cancel == ("c",)
+    assert c.on_finished(["c"], [0]) is None
+
+
+def test_order_only_policies_send_no_ttu() -> None:
+    c = LiveAdapterCore(AdapterSettings(k=1, needs_ttu=False, cost=COST))
+    u = c.on_step(view(0.0, ["a", "b"]))
+    assert u is not None and u.ttus_s == {} and u.report == ("a",)
+
+
+def test_ttus_are_the_simulation_projection() -> None:
+    c = core(k=3)
+    c.on_step(view(0.0, ["a", "b", "c"]))
+    c.set_hit("b", 1024)
+    u = c.on_step(view(1.0, ["a", "b", "c"]))
+    assert u is not None
+    snap = EngineSnapshot(
+        1.0,
+        COST.step_s(2, 0, 0),
+        (RunningSeq(0, 1000, 3), RunningSeq(0, 1000, 3)),
+        (
+            QueuedSeq("a", 2048, 0, 0.0),
+            QueuedSeq("b", 2048, 1024, 0.0),
+            QueuedSeq("c", 2048, 0, 0.0),
+        ),
+    )
+    limits = EngineLimits(2, 512, sync_loads=False, queued_loads=True, gpu_kv_tokens=12_000)
+    want = project_ttus(snap, COST, limits, c.predictor, ["a", "b", "c"])
+    assert {**c._sent_ttus} == {r: (want[r], 1.0) if r in u.ttus_s else c._sent_ttus[r]
+                                for r in c._sent_ttus}  # fmt: skip
+    assert u.ttus_s == {r: t for r, t in want.items() if r in u.ttus_s}
+
+
+def test_step_calibrator_scales_the_cost_model() -> None:
+    cal = StepCalibrator(CostModel(0.01, 1e-5, 0.0, 0.0))
+    assert cal.scale == 1.0
+    cal.observe(0.01, 0.03)
+    cal.observe(0.02, 0.03)
+    assert cal.scale == 2.0
+    assert cal.cost() == CostModel(0.02, 2e-5, 0.0, 0.0)
