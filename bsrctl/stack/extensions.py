@@ -143,6 +143,22 @@ def bsr_fs_config(base_path: Path, use_odirect: bool, load_concurrency: int) -> 
     )
 
 
+def mooncake_config(master: str, key_prefix: str) -> Any:
+    """The ``bsr_mooncake`` L2 adapter's config (in-process, in the store's namespace)."""
+    from bsrctl.lmcache_ext.adapters.mooncake import BsrMooncakeL2AdapterConfig
+
+    return BsrMooncakeL2AdapterConfig.from_dict(
+        {"master_server_address": master, "key_prefix": key_prefix}
+    )
+
+
+def mooncake_name(key: Any, key_prefix: str) -> str:
+    """The Mooncake object name the ``bsr_mooncake`` adapter uses for an ObjectKey."""
+    from bsrctl.lmcache_ext.adapters.mooncake import mooncake_key
+
+    return mooncake_key(key, key_prefix)
+
+
 def fault_wrapped_config(name: str, inner: Any, control: Path) -> Any:
     """An in-process L2 adapter config: `inner` behind bsrctl's fault adapter, re-reading
     the rules in `control` (the storage stack's counterpart of ``fault_wrapped``)."""
