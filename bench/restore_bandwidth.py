@@ -12,7 +12,8 @@ FS L2 (files under --root, O_DIRECT, page cache dropped before every pass):
   raw k=1,2,4,8   k threads reading the prefix's L2 files with O_DIRECT, one file at a time
                   each (the physical limit is the best of the four)
   whole-plan      W = 0: stock single-shot locked prefetch (L1 sized to fit), if RAM allows
-  bsr B=W, B=2W   BSR windows (B = 2W: window j+1 fetched while j is installed)
+  bsr B=W, B=2W   BSR windows (B = 2W: window j+1 fetched while j is installed), in their
+                  own deployment with L1 = 2W*c + 64 MiB (what BSR is deployed with)
   conc sweep      BSR B = 2W over the FS adapter with load_concurrency 1, 2, 4, 8 (one
                   deployment each, same files), with the adapter's read service time
                   (smallest size only)
@@ -295,11 +296,15 @@ def fs_tier(args: argparse.Namespace, reg: Registration, tokens: int, out: list[
                 rounds.add(f"raw O_DIRECT readers={k}", raw(k))
             if whole_ok:
                 rounds.add("whole-plan (W=0)", lambda: restore_once(stack, 0, 0, "w0"))
+            # BSR runs in its own deployment, as it would be deployed: L1 = 2W*c + margin
+            bsr = make(root, reg, 2 * wmax * c + L1_MARGIN, args.conc)
+            stacks.append(bsr)
+            bsr.seed(tokens, f"bench-{tokens}")
             for w in args.windows:
                 for b in (w, 2 * w):
                     rounds.add(
                         f"bsr W={w} B={b}",
-                        lambda w=w, b=b: restore_once(stack, w, b, f"w{w}b{b}"),
+                        lambda w=w, b=b: restore_once(bsr, w, b, f"w{w}b{b}"),
                     )
             conc_labels = []
             for k in args.conc_sweep if tokens == min(args.tokens) else ():
