@@ -24,10 +24,12 @@ inside it for the measurements):
                   own objects, both at once; k threads of get_into (k = 1, 2, 4)
   bsr B=W, B=2W   BSR over LMCache with bsrctl's Mooncake adapter
 
-Every mode of a tier and size is measured round-robin, --repeat rounds (median per mode), so
-drift of the shared virtual disk hits all of them alike. Also: probe-only lookup of the whole
-prefix against the stock lookup-and-lock of the same keys, and the time from retrieve start
-to the first window installed, with the per-window phases (fetch, wait, install, sync).
+Every mode of a tier and size is measured round-robin, --repeat rounds (median per mode),
+each round starting one mode later, so drift of the shared virtual disk hits all alike.
+Also: probe-only lookup of the whole prefix against the stock lookup-and-lock of the same
+keys, and the time from retrieve start to the first window installed, with the per-window
+phases (fetch, wait, install, sync). The Mooncake worker also compares the adapter's
+load_workers (batches in flight per rank) 1 and 2 at B = W and B = 2W.
 
 Last line: ``fs: bsr/best-raw=X.XX bsr/whole-plan=Y.YY mooncake: bsr/best-raw=Z.ZZ
 peak_bytes=N`` at the largest size and the first W, B = 2W; N is that run's staging peak
@@ -121,8 +123,12 @@ class Rounds:
         self.runs[label] = []
 
     def run(self, repeat: int) -> None:
-        for _ in range(repeat):
-            for label, fn in self.modes:
+        """Round r starts at mode r (cyclic): the shared disk's speed drifts within a round
+        (measured: the same restore reads 1.1 to 2.2 GiB/s by its place in the round), so
+        no mode always runs first or last."""
+        k = len(self.modes)
+        for r in range(repeat):
+            for label, fn in self.modes[r % k :] + self.modes[: r % k]:
                 self.runs[label].append(fn())
 
     def median(self, label: str) -> dict[str, Any]:
@@ -461,7 +467,8 @@ def mooncake_worker(args: argparse.Namespace) -> int:
     whole_ok = n * c * reg.tp_size <= args.mc_whole_max_gib * GIB
     l1 = whole_l1 if whole_ok else 2 * max(args.windows) * c + L1_MARGIN
     root = Path(tempfile.mkdtemp(prefix="bsr-bench-mcw-"))
-    stack = make(root, reg, l1, 1, mooncake_master=args.mooncake_worker)
+    stack = make(root, reg, l1, args.conc, mooncake_master=args.mooncake_worker)
+    others: list[StorageStack] = []
     try:
         seed = stack.seed(tokens, f"bench-mc-{tokens}")
         say(out, f"# seeded {seed.bytes_written / GIB:.2f} GiB into Mooncake in {seed.seed_s:.1f}s")
@@ -561,6 +568,17 @@ def mooncake_worker(args: argparse.Namespace) -> int:
                 rounds.add(
                     f"bsr W={w} B={b}", lambda w=w, b=b: restore_once(stack, w, b, f"mw{w}b{b}")
                 )
+        # the adapter's load workers = batches in flight per rank (B = 2W keeps two windows)
+        others = []
+        for lw in args.mc_load_workers_sweep:
+            s2 = make(root / f"lw{lw}", reg, 2 * w0 * c + L1_MARGIN, lw, args.mooncake_worker)
+            others.append(s2)
+            s2.seeded = stack.seeded  # same objects, already in the store
+            for b in (w0, 2 * w0):
+                rounds.add(
+                    f"lw sweep: bsr W={w0} B={b} load_workers={lw}",
+                    lambda s2=s2, b=b: restore_once(s2, w0, b, "lw"),
+                )
         t0 = time.monotonic()
         rounds.run(args.repeat)
         say(
@@ -597,6 +615,8 @@ def mooncake_worker(args: argparse.Namespace) -> int:
         )
         client.batch_remove(names, True)  # free the segment for the next size
     finally:
+        for s2 in others:
+            s2.teardown()
         stack.teardown()
         import shutil
 
@@ -662,6 +682,19 @@ def main() -> int:
         type=float,
         default=2.0,
         help="Mooncake whole-plan only up to this prefix size (RAM: store + L1)",
+    )
+    ap.add_argument(
+        "--mc-load-workers",
+        type=int,
+        default=2,
+        help="Mooncake adapter load_workers per rank (its default: 2)",
+    )
+    ap.add_argument(
+        "--mc-load-workers-sweep",
+        type=int,
+        nargs="*",
+        default=[1, 2],
+        help="Mooncake load_workers values compared at the first W (none: skip)",
     )
     ap.add_argument("--mooncake-worker", default="", help=argparse.SUPPRESS)
     args = ap.parse_args()

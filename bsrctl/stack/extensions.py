@@ -143,12 +143,12 @@ def bsr_fs_config(base_path: Path, use_odirect: bool, load_concurrency: int) -> 
     )
 
 
-def mooncake_config(master: str, key_prefix: str) -> Any:
+def mooncake_config(master: str, key_prefix: str, load_workers: int) -> Any:
     """The ``bsr_mooncake`` L2 adapter's config (in-process, in the store's namespace)."""
     from bsrctl.lmcache_ext.adapters.mooncake import BsrMooncakeL2AdapterConfig
 
     return BsrMooncakeL2AdapterConfig.from_dict(
-        {"master_server_address": master, "key_prefix": key_prefix}
+        {"master_server_address": master, "key_prefix": key_prefix, "load_workers": load_workers}
     )
 
 

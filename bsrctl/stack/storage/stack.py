@@ -107,7 +107,12 @@ class StorageStack:
 
     def _l2_config(self, rank: int) -> Any:
         if self.mooncake:
-            return extensions.mooncake_config(self.config.mooncake_master, self.mooncake_prefix)
+            # load_concurrency: the adapter's load workers (batches in flight per rank)
+            return extensions.mooncake_config(
+                self.config.mooncake_master,
+                self.mooncake_prefix,
+                self.config.restore.load_concurrency,
+            )
         inner = self._fs_config()
         if self.fault_control.is_file():
             name = f"storage-fs-{id(self):x}-{rank}"
