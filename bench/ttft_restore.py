@@ -7,7 +7,8 @@ The serving target of ``make demo`` (``make_target("serving", spec, ...)``: vLLM
 tiny Llama, LMCache MP server with the BSR module, FS L2), one deployment. The prompt is
 stored once into the FS L2; then each round measures, in turn:
   W=0 (whole plan)  stock lookup + whole-plan prefetch, through the module's pass-through
-  W=4, W=16         BSR windows (B = W), switched over bsr.configure
+  W=4, W=16         BSR windows at B = W and at B = 2W (window j+1 fetched while j is
+                    installed), switched over bsr.configure
   recompute         a prompt of the same length that no tier holds (a fresh salt per round)
 Before each restore L1 and vLLM's prefix cache are emptied (``target.measure``), so only the
 FS L2 can serve. TTFT is vLLM's own histogram delta. Medians over --repeat rounds.
@@ -15,7 +16,8 @@ FS L2 can serve. TTFT is vLLM's own histogram delta. Medians over --repeat round
 Per BSR point it also prints where the retrieve's time went, per window (the core's
 always-on timings, from the module's outcome records): fetch, wait, install, sync.
 
-Last line: ``ttft W=4/whole-plan=A.AA W=16/whole-plan=B.BB whole-plan/recompute=C.CC``.
+Last line: ``ttft W=4/whole-plan=A.AA W=16/whole-plan=B.BB whole-plan/recompute=C.CC`` with
+B = 2W (the line before it gives the same ratios at B = W).
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from bsrctl.spec_io import read_yaml
 from bsrctl.stack.bsr_client import outcomes_since
 from bsrctl.stack.target import Prompt, make_target
 
-WINDOWS = (0, 4, 16)
+MODES = ((0, 0), (4, 4), (4, 8), (16, 16), (16, 32))  # (W, B): B = W and pipelined B = 2W
 
 
 def phases(outcomes: list[Any]) -> str:
@@ -74,10 +76,11 @@ def main() -> int:
         run_dir.mkdir(parents=True, exist_ok=True)
     target: Any = make_target("serving", spec, run_dir)
     prompt = Prompt(f"{spec.salt}-ttft", args.tokens)
-    ttft: dict[str, list[float]] = {f"W={w}": [] for w in WINDOWS}
+    labels = {(w, b): f"W={w}" + (f" B={b}" if w else "") for w, b in MODES}
+    ttft: dict[str, list[float]] = {k: [] for k in labels.values()}
     ttft["recompute"] = []
-    restore_s: dict[str, list[float]] = {f"W={w}": [] for w in WINDOWS}
-    notes: dict[str, list[str]] = {f"W={w}": [] for w in WINDOWS}
+    restore_s: dict[str, list[float]] = {k: [] for k in labels.values()}
+    notes: dict[str, list[str]] = {k: [] for k in labels.values()}
     t0 = time.monotonic()
     try:
         from bsrctl.stack import tinymodel
@@ -91,7 +94,10 @@ def main() -> int:
             flush=True,
         )
         for r in range(args.repeat):
-            for w in WINDOWS:
+            for w, b in MODES:
+                if w:  # B per point (the deployment's B is W's default)
+                    target.client.configure(window_chunks=w, admission_budget_chunks=b)
+                    target.window_chunks = w
                 before = target.client.status()
                 m = target.measure(prompt, w, cold=False)
                 after = target.client.status()
@@ -100,9 +106,9 @@ def main() -> int:
                         f"W={w}: cached {m.cached_tokens}/{m.expected_cached_tokens} tokens, "
                         f"failures {m.restore_failures}"
                     )
-                ttft[f"W={w}"].append(m.ttft_s or 0.0)
-                restore_s[f"W={w}"].append(m.restore_s or 0.0)
-                notes[f"W={w}"].append(
+                ttft[labels[w, b]].append(m.ttft_s or 0.0)
+                restore_s[labels[w, b]].append(m.restore_s or 0.0)
+                notes[labels[w, b]].append(
                     phases(outcomes_since(before.recent_outcomes, after.recent_outcomes))
                 )
             ids = prompt_ids(f"{spec.salt}-recompute-{r}", args.tokens, target.vocab)
@@ -125,10 +131,12 @@ def main() -> int:
             print(f"{'':4}last round: {notes[k][-1]}")
     print(f"# total {time.monotonic() - t0:.0f}s")
     whole = med["W=0"]
-    print(
-        f"ttft W=4/whole-plan={med['W=4'] / whole:.2f} W=16/whole-plan={med['W=16'] / whole:.2f} "
-        f"whole-plan/recompute={whole / med['recompute']:.2f}"
-    )
+    for b4, b16, what in ((4, 16, "B=W: "), (8, 32, "")):
+        print(
+            f"ttft {what}W=4/whole-plan={med[f'W=4 B={b4}'] / whole:.2f} "
+            f"W=16/whole-plan={med[f'W=16 B={b16}'] / whole:.2f} "
+            f"whole-plan/recompute={whole / med['recompute']:.2f}"
+        )
     return 0
 
 
