@@ -425,6 +425,14 @@ def mooncake_tier(args: argparse.Namespace, reg: Registration, out: list[str]) -
                     *map(str, args.windows),
                     "--repeat",
                     str(args.repeat),
+                    "--mc-whole-max-gib",
+                    str(args.mc_whole_max_gib),
+                    "--mc-parallel",
+                    *map(str, args.mc_parallel),
+                    "--conc",
+                    str(args.mc_load_workers),
+                    "--mc-load-workers-sweep",
+                    *map(str, args.mc_load_workers_sweep if tokens == min(args.tokens) else []),
                 ]
                 say(
                     out,
@@ -571,7 +579,13 @@ def mooncake_worker(args: argparse.Namespace) -> int:
         # the adapter's load workers = batches in flight per rank (B = 2W keeps two windows)
         others = []
         for lw in args.mc_load_workers_sweep:
-            s2 = make(root / f"lw{lw}", reg, 2 * w0 * c + L1_MARGIN, lw, args.mooncake_worker)
+            s2 = make(
+                root / f"lw{lw}",
+                reg,
+                2 * w0 * c + L1_MARGIN,
+                lw,
+                mooncake_master=args.mooncake_worker,
+            )
             others.append(s2)
             s2.seeded = stack.seeded  # same objects, already in the store
             for b in (w0, 2 * w0):
