@@ -63,10 +63,21 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, default=16384)
     ap.add_argument("--repeat", type=int, default=5, help="rounds (median per mode)")
     ap.add_argument("--spec", type=Path, default=Path("ladders/cpu-e1.yaml"))
+    ap.add_argument(
+        "--load-concurrency", type=int, default=0, help="FS loads per rank (0: the spec's)"
+    )
     ap.add_argument("--out", type=Path, default=None, help="run folder (default: a temp dir)")
     args = ap.parse_args()
     logging.disable(logging.WARNING)
     spec = ExperimentSpec.model_validate(read_yaml(args.spec))
+    if args.load_concurrency:
+        tuning = spec.restore.model_copy(update={"load_concurrency": args.load_concurrency})
+        spec = spec.model_copy(update={"restore": tuning})
+    print(
+        f"# {args.spec}: tiny model, FS L2, L1 {spec.stack.lmcache.l1_size_bytes} B, "
+        f"load_concurrency {spec.restore.load_concurrency}, checksum {spec.restore.checksum}",
+        flush=True,
+    )
     tmp = None
     if args.out is None:
         tmp = tempfile.TemporaryDirectory(prefix="bsr-ttft-")
