@@ -123,12 +123,13 @@ class Rounds:
         self.runs[label] = []
 
     def run(self, repeat: int) -> None:
-        """Round r starts at mode r (cyclic): the shared disk's speed drifts within a round
-        (measured: the same restore reads 1.1 to 2.2 GiB/s by its place in the round), so
-        no mode always runs first or last."""
+        """Round r starts at mode r*k/repeat (cyclic): the shared disk's speed drifts
+        (measured: the same restore read 1.1 to 2.2 GiB/s from one pass to the next), so
+        no mode always runs early or late in a round."""
         k = len(self.modes)
         for r in range(repeat):
-            for label, fn in self.modes[r % k :] + self.modes[: r % k]:
+            at = (r * k // repeat) % k  # spread the starts over the whole round
+            for label, fn in self.modes[at:] + self.modes[:at]:
                 self.runs[label].append(fn())
 
     def median(self, label: str) -> dict[str, Any]:
