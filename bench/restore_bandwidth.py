@@ -701,8 +701,8 @@ def main() -> int:
     ap.add_argument(
         "--mc-load-workers",
         type=int,
-        default=2,
-        help="Mooncake adapter load_workers per rank (its default: 2)",
+        default=1,
+        help="Mooncake adapter load_workers per rank (the stacks' load_concurrency, 1)",
     )
     ap.add_argument(
         "--mc-load-workers-sweep",

@@ -60,7 +60,7 @@ class LMCacheExtensions:
     parameters of bsrctl's L2 adapters (each behind the fault wrapper)."""
 
     server_module: ServerModule
-    load_concurrency: int = 1  # FS L2 loads in flight per rank (bsr_fs)
+    load_concurrency: int = 1  # L2 loads in flight per rank (bsr_fs reads, bsr_mooncake batches)
     checksum: bool = True  # sha256 per L2 object, verified before install
 
     @property
@@ -81,8 +81,11 @@ class LMCacheExtensions:
         return fault_wrapped("fs", inner, control)
 
     def mooncake_adapter(self, params: Mapping[str, Any], control: Path) -> dict[str, Any]:
-        """The ``--l2-adapter`` spec of the Mooncake tier with these adapter params."""
-        inner = {"type": "bsr_mooncake", **params}
+        """The ``--l2-adapter`` spec of the Mooncake tier with these adapter params. Its load
+        workers (batch_get_into calls in flight) are the restore's load concurrency unless
+        the params name them: two windows' batches fetched at once contend on the store's
+        transfer and ran slower than one after the other (bench/restore_bandwidth.py)."""
+        inner = {"type": "bsr_mooncake", "load_workers": self.load_concurrency, **params}
         return fault_wrapped("mooncake", inner, control, verify=self.checksum)
 
 
