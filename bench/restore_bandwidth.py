@@ -141,10 +141,24 @@ class Rounds:
 # ---- raw readers -------------------------------------------------------------------------
 
 
+_BUFFERS: dict[tuple[int, int], mmap.mmap] = {}
+
+
+def reader_buffer(i: int, size: int) -> mmap.mmap:
+    """Reader i's page-aligned buffer, made and touched once and reused by every pass (as
+    L1's pool is by the restores): a pass times reads, not page faults of fresh memory."""
+    buf = _BUFFERS.get((i, size))
+    if buf is None:
+        buf = _BUFFERS[(i, size)] = mmap.mmap(-1, size)
+        buf.write(bytes(size))
+    return buf
+
+
 def parallel_read(paths: list[Path], readers: int, odirect: bool) -> tuple[float, int]:
     """``readers`` threads read whole files (next file from a shared list) into their own
     page-aligned buffer. Returns (seconds, bytes)."""
     largest = max(p.stat().st_size for p in paths)
+    bufs = [reader_buffer(i, largest) for i in range(readers)]
     nxt = iter(paths)
     lock = threading.Lock()
     total = [0] * readers
@@ -152,8 +166,7 @@ def parallel_read(paths: list[Path], readers: int, odirect: bool) -> tuple[float
     flags = os.O_RDONLY | (os.O_DIRECT if odirect else 0)
 
     def work(i: int) -> None:
-        buf = mmap.mmap(-1, largest)
-        whole = memoryview(buf)
+        whole = memoryview(bufs[i])
         try:
             while True:
                 with lock:
@@ -176,7 +189,6 @@ def parallel_read(paths: list[Path], readers: int, odirect: bool) -> tuple[float
             errors.append(e)
         finally:
             whole.release()
-            buf.close()
 
     threads = [threading.Thread(target=work, args=(i,)) for i in range(readers)]
     t0 = time.monotonic()
