@@ -1,4 +1,5 @@
-"""The one home of the restore settings: W, B, the timeouts, FS load concurrency, checksums.
+"""The one home of the restore settings: W, B, the timeouts, L2 load concurrency (FS reads,
+Mooncake batches), checksums.
 
 The spec's ``restore:`` section (``RestoreTuning``), the window each command names once
 (``sweep.window_chunks``, ``law.windows_chunks``, a failure cell's W; the ladder is W = 0),
@@ -34,7 +35,9 @@ class RestoreTuning(BaseModel):
     # Refuse to install a window after a process stall this long (0 = off): vLLM's connector
     # gives up on a server that misses one 10 s PING and recomputes into the same blocks.
     stall_guard_s: float = Field(5.0, ge=0)
-    load_concurrency: int = Field(1, ge=1, description="FS L2 loads in flight per rank")
+    load_concurrency: int = Field(
+        1, ge=1, description="L2 loads in flight per rank (FS key reads, Mooncake batches)"
+    )
     checksum: bool = Field(True, description="sha256 per L2 object, verified before install")
     use_odirect: bool = Field(False, description="FS L2 bypasses the page cache (O_DIRECT)")
 

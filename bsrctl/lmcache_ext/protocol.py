@@ -73,6 +73,12 @@ def _by_rank(v: Any, w: str) -> dict[int, int]:
     return out
 
 
+def _phases(v: Any, w: str) -> tuple[dict[str, float], ...]:
+    if not isinstance(v, list):
+        raise ProtocolError(f"{w}: expected a list, got {v!r}")
+    return tuple({str(k): _float(x, f"{w}.{k}") for k, x in _obj(o, w).items()} for o in v)
+
+
 def _list_of(read: Callable[[Any], Any]) -> Callable[[Any, str], tuple[Any, ...]]:
     def read_list(v: Any, w: str) -> tuple[Any, ...]:
         if not isinstance(v, list):
@@ -176,7 +182,7 @@ class RestoreOutcomeSummary(Reply):
         {"failure", "detail", "cached_chunks", "windows_done", "bytes_restored"}
         | {"peak_staged_bytes_by_rank"}
     )
-    OPTIONAL: ClassVar[frozenset[str]] = BSR_ONLY
+    OPTIONAL: ClassVar[frozenset[str]] = BSR_ONLY | {"window_phases"}
 
     request_id: str = _f(_str)
     rank: int | None = _f(_opt_int)  # the worker's TP rank
@@ -192,6 +198,9 @@ class RestoreOutcomeSummary(Reply):
     bytes_restored: int | None = _f(_int, default=None)
     # int keys on the wire as in the core's outcome (json.dumps sorts them as numbers)
     peak_staged_bytes_by_rank: dict[int, int] | None = _f(_by_rank, default=None)
+    # per installed window (core's WindowTiming.to_json): index, admit_wait_s, fetch_s,
+    # wait_s, install_s, sync_s, installed_at_s; absent on the wire when not recorded
+    window_phases: tuple[dict[str, float], ...] | None = _f(_phases, default=None)
 
     def __post_init__(self) -> None:
         if self.mode not in ("bsr", "stock"):
@@ -205,6 +214,8 @@ class RestoreOutcomeSummary(Reply):
 
     def to_json(self) -> dict[str, Any]:
         out = super().to_json()
+        if self.window_phases is None:
+            del out["window_phases"]
         return {k: v for k, v in out.items() if k not in self.BSR_ONLY or self.mode == "bsr"}
 
 

@@ -1,8 +1,9 @@
 """RestoreStorage over LMCache 0.5.6's in-process ``StorageManager`` (real L1 + real L2).
 
-- probe: L1 with a NO_LOCK, ``skip_l2`` prefetch (nothing loaded, locks dropped at once);
-  every L2 adapter with ``submit_lookup_and_lock_task`` then ``submit_unlock`` of what it
-  found. Hit = resident in L1 or in any L2. Nothing is staged or locked afterwards.
+- probe: every L2 adapter's ``submit_lookup_and_lock_task`` is submitted first, then L1 is
+  looked up with a NO_LOCK, ``skip_l2`` prefetch (nothing loaded, locks dropped at once)
+  while the adapters work; then each L2 result is collected and ``submit_unlock``-ed. Hit =
+  resident in L1 or in any L2. Nothing is staged or locked afterwards.
 - stage: ``submit_prefetch_task`` of the window's columns of every row, LOCK mode,
   "prefix" fetching. Loaded objects are temporary under the default prefetch policy, so
   ``finish_read_prefetched`` deletes them and L1 returns to its prior usage.
@@ -103,6 +104,12 @@ class LMCacheRestoreStorage:
         n = request.num_chunks
         if n == 0 or not request.rows:
             return [[] for _ in request.rows]
+        # L2 lookups first: they run on the adapters' own threads while L1 is looked up here.
+        flat = list(chain.from_iterable(r.keys for r in request.rows))
+        tasks = [
+            (adapter, adapter.submit_lookup_and_lock_task(flat, self.layouts))
+            for _desc, adapter in self.sm.l2_adapters()
+        ]
         handle = self.sm.submit_prefetch_task(
             self._spec(request, 0, n, PrefetchLockMode.NO_LOCK), request.request_id, skip_l2=True
         )
@@ -112,15 +119,23 @@ class LMCacheRestoreStorage:
             for i, row in enumerate(result.hit_cells):
                 for j in row.get_indices_list():
                     hits[i][j] = True
-        flat = list(chain.from_iterable(r.keys for r in request.rows))
-        for _desc, adapter in self.sm.l2_adapters():
-            for idx in self._l2_lookup(adapter, flat):
+        error: Exception | None = None
+        for adapter, task in tasks:
+            try:
+                found = self._l2_collect(adapter, task, flat)
+            except Exception as e:  # collect (and unlock) the others first
+                error = error or e
+                continue
+            for idx in found:
                 hits[idx // n][idx % n] = True
+        if error is not None:
+            raise error
         return hits
 
-    def _l2_lookup(self, adapter: Any, flat: list[ObjectKey]) -> list[int]:
-        """Lookup-and-lock on one adapter, then unlock what it found. Indices into flat."""
-        task = adapter.submit_lookup_and_lock_task(flat, self.layouts)
+    def _l2_collect(self, adapter: Any, task: Any, flat: list[ObjectKey]) -> list[int]:
+        """Wait for one adapter's lookup-and-lock, then unlock what it found. Indices into
+        flat. Every submitted lookup is collected (and unlocked) even if an earlier one
+        timed out, so a probe never leaves a lock behind."""
         deadline = time.monotonic() + self.probe_timeout_s
         result = adapter.query_lookup_and_lock_result(task)
         while result is None:
@@ -128,7 +143,7 @@ class LMCacheRestoreStorage:
                 raise TimeoutError(
                     f"L2 lookup of {len(flat)} keys exceeded {self.probe_timeout_s}s"
                 )
-            time.sleep(0.0005)
+            time.sleep(0.0002)
             result = adapter.query_lookup_and_lock_result(task)
         found = result.get_indices_list()
         if found:

@@ -4,7 +4,8 @@ the rest of bsrctl but ``bsrctl.clock`` (import-linter contracts in pyproject.to
 Public API (see each module):
 
 - ``types``: RowId, RowKeys, RestoreRequest, RestorePlan, Window, StageResult,
-  RestoreOutcome, RestoreEvent; IntEnums RestoreState, FailureKind, EventKind.
+  RestoreOutcome, RestoreEvent, WindowTiming (per-window phase times, always recorded);
+  IntEnums RestoreState, FailureKind, EventKind.
 - ``protocols``: RestoreStorage (probe / stage / wait / read / release) and
   RestoreDestination (install / sync / mark_invalid).
 - ``plan``: confirm_plan (HMA/TP composition), split_windows, complete_prefix.
@@ -40,6 +41,7 @@ from bsrctl.restore.types import (
     RowKeys,
     StageResult,
     Window,
+    WindowTiming,
 )
 
 __all__ = [
@@ -64,6 +66,7 @@ __all__ = [
     "StallWatch",
     "StageResult",
     "Window",
+    "WindowTiming",
     "complete_prefix",
     "confirm_plan",
     "split_windows",

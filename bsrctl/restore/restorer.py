@@ -39,6 +39,7 @@ from bsrctl.restore.types import (
     RestoreState,
     RowId,
     Window,
+    WindowTiming,
 )
 
 log = logging.getLogger(__name__)
@@ -103,14 +104,42 @@ class _InFlight:
 class _Run:
     """State of one restore call (one thread)."""
 
-    def __init__(self, plan: RestorePlan[Any], deadline: float | None) -> None:
+    def __init__(self, plan: RestorePlan[Any], deadline: float | None, t0: float) -> None:
         self.plan = plan
         self.deadline = deadline  # clock value the whole retrieve must finish by, or None
+        self.t0 = t0  # clock value at restore start (timings are relative to it)
         self.events: list[RestoreEvent] = []
         self.installed_bytes = 0
         self.windows_done = 0
         self.level: dict[int, int] = {}
         self.peak: dict[int, int] = {}
+        self.admit_wait: dict[int, float] = {}  # window -> seconds blocked on the budget
+        self.timing: dict[int, dict[str, float]] = {}  # window -> phase marks
+
+    def mark(self, window: Window, name: str, value: float) -> None:
+        self.timing.setdefault(window.index, {})[name] = value
+
+    def timings(self) -> tuple[WindowTiming, ...]:
+        """Windows that were installed, in window order."""
+        out = []
+        for j in sorted(self.timing):
+            t = self.timing[j]
+            if "installed_at_s" not in t:
+                continue
+            out.append(
+                WindowTiming(
+                    index=j,
+                    admit_wait_s=self.admit_wait.get(j, 0.0),
+                    staged_at_s=t["staged_at_s"],
+                    ready_at_s=t["ready_at_s"],
+                    installed_at_s=t["installed_at_s"],
+                    released_at_s=t.get("released_at_s", -1.0),
+                    wait_s=t["wait_s"],
+                    install_s=t["install_s"],
+                    sync_s=t["sync_s"],
+                )
+            )
+        return tuple(out)
 
     def event(self, kind: EventKind, window: Window | None) -> None:
         if window is None:
@@ -191,7 +220,11 @@ class BoundedRestorer:
 
     def _new_run(self, plan: RestorePlan[Any]) -> _Run:
         limit = self.config.retrieve_deadline_s
-        return _Run(plan, self.clock.now() + limit if limit else None)
+        now = self.clock.now()
+        return _Run(plan, now + limit if limit else None, now)
+
+    def _since(self, run: _Run) -> float:
+        return self.clock.now() - run.t0
 
     def _within_deadline(self, run: _Run, cap_s: float, what: str) -> float:
         """``cap_s`` shortened to the time left before the retrieve's deadline; raises
@@ -223,7 +256,10 @@ class BoundedRestorer:
             wait_s = self._within_deadline(
                 run, self.config.admission_timeout_s, f"window {window.index} was admitted"
             )
-            if not self.budget.acquire(n, wait_s):
+            blocked_from = self.clock.now()
+            granted = self.budget.acquire(n, wait_s)
+            run.admit_wait[window.index] = self.clock.now() - blocked_from
+            if not granted:
                 self._within_deadline(run, wait_s, f"window {window.index} was admitted")
                 raise RestoreFailed(
                     FailureKind.ADMISSION_TIMEOUT,
@@ -249,6 +285,7 @@ class BoundedRestorer:
                 FailureKind.STAGE_ERROR, f"window {window.index}: stage raised {e!r}"
             ) from e
         run.event(EventKind.STAGE, window)
+        run.mark(window, "staged_at_s", self._since(run))
         return _InFlight(window, ticket, by_rank, budget_chunks)
 
     def _finish_window(
@@ -260,7 +297,11 @@ class BoundedRestorer:
         wait_s = self._within_deadline(
             run, self.config.window_timeout_s, f"window {w.index} was complete"
         )
+        waited_from = self._since(run)
         result = self.storage.wait(item.ticket, wait_s)
+        ready_at = self._since(run)
+        run.mark(w, "wait_s", ready_at - waited_from)
+        run.mark(w, "ready_at_s", ready_at)
         if result is None:
             self._within_deadline(run, wait_s, f"window {w.index} was complete")
             raise RestoreFailed(
@@ -283,14 +324,20 @@ class BoundedRestorer:
                 FailureKind.READ_ERROR, f"window {w.index}: read raised {e!r}"
             ) from e
         try:
+            t_install = self._since(run)
             run.installed_bytes += destination.install(rid, w, objects, n)
+            t_sync = self._since(run)
             destination.sync(rid)
+            t_done = self._since(run)
         except Exception as e:
             ctx.__exit__(type(e), e, e.__traceback__)
             raise RestoreFailed(
                 FailureKind.INSTALL_ERROR, f"window {w.index}: install raised {e!r}"
             ) from e
         ctx.__exit__(None, None, None)
+        run.mark(w, "install_s", t_sync - t_install)
+        run.mark(w, "sync_s", t_done - t_sync)
+        run.mark(w, "installed_at_s", t_done)
         run.event(EventKind.INSTALL, w)
         return n
 
@@ -304,6 +351,7 @@ class BoundedRestorer:
         finally:
             self._unaccount(run, item)
         run.windows_done += 1
+        run.mark(item.window, "released_at_s", self._since(run))
         run.event(EventKind.RELEASE, item.window)
 
     def _unaccount(self, run: _Run, item: _InFlight) -> None:
@@ -359,6 +407,7 @@ class BoundedRestorer:
             budget_chunks=self.config.budget_chunks if self.config.window_chunks else 0,
             peak_staged_bytes_by_rank=dict(run.peak),
             events=tuple(run.events),
+            timings=run.timings(),
         )
 
     # ---- whole plan (W = 0) ---------------------------------------------------------------

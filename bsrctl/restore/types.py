@@ -144,6 +144,41 @@ class RestoreEvent:
 
 
 @dataclass(frozen=True)
+class WindowTiming:
+    """Where one window's time went, on the restorer's clock (seconds from restore start).
+
+    Always recorded (a few clock reads per window). ``fetch`` is ``ready_at - staged_at``:
+    how long the tier took to make the window complete; ``wait_s`` the part of it the
+    restore sat blocked (what pipelining did not hide).
+    """
+
+    index: int  # window j
+    admit_wait_s: float  # blocked on the admission budget before staging
+    staged_at_s: float  # stage (locked prefetch) submitted
+    ready_at_s: float  # wait returned: window complete in the staging pool
+    installed_at_s: float  # install and sync done (the window is in its destination)
+    released_at_s: float  # staging released, budget returned (-1: not released)
+    wait_s: float  # blocked in the storage's wait
+    install_s: float  # destination.install (issuing the copies)
+    sync_s: float  # destination.sync (copies landed)
+
+    @property
+    def fetch_s(self) -> float:
+        return self.ready_at_s - self.staged_at_s
+
+    def to_json(self) -> dict[str, float]:
+        return {
+            "index": self.index,
+            "admit_wait_s": round(self.admit_wait_s, 6),
+            "fetch_s": round(self.fetch_s, 6),
+            "wait_s": round(self.wait_s, 6),
+            "install_s": round(self.install_s, 6),
+            "sync_s": round(self.sync_s, 6),
+            "installed_at_s": round(self.installed_at_s, 6),
+        }
+
+
+@dataclass(frozen=True)
 class RestoreOutcome:
     """The decision a restore ends in. ok=False always means cached_chunks == 0."""
 
@@ -159,6 +194,8 @@ class RestoreOutcome:
     budget_chunks: int  # B used (0 = none, whole plan)
     peak_staged_bytes_by_rank: dict[int, int]  # this restore's own staging high-water mark
     events: tuple[RestoreEvent, ...] = field(default=(), repr=False)  # ordered trace
+    # Per installed window, in window order; timings are not part of equality (traces are).
+    timings: tuple[WindowTiming, ...] = field(default=(), repr=False, compare=False)
 
     @property
     def ok(self) -> bool:
@@ -167,3 +204,8 @@ class RestoreOutcome:
     @property
     def cached_tokens(self) -> int:
         return self.cached_chunks * self.chunk_tokens
+
+    @property
+    def first_install_s(self) -> float | None:
+        """Restore start to the first window installed (None: none was)."""
+        return self.timings[0].installed_at_s if self.timings else None

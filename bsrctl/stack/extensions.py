@@ -111,7 +111,7 @@ class LMCacheExtensions:
     parameters of bsrctl's L2 adapters (each behind the fault wrapper)."""
 
     server_module: ServerModule
-    load_concurrency: int = 1  # FS L2 loads in flight per rank (bsr_fs)
+    load_concurrency: int = 1  # L2 loads in flight per rank (bsr_fs reads, bsr_mooncake batches)
     checksum: bool = True  # sha256 per L2 object, verified before install
     l2_device: L2Device | None = None  # an SSD-like FS tier (TempoKV); None: as it comes
     tempokv: TempoKVLaunch | None = None  # the runtime adapter in vLLM (TempoKV runs)
@@ -139,8 +139,11 @@ class LMCacheExtensions:
         return fault_wrapped("fs", inner, control, shape=shape)
 
     def mooncake_adapter(self, params: Mapping[str, Any], control: Path) -> dict[str, Any]:
-        """The ``--l2-adapter`` spec of the Mooncake tier with these adapter params."""
-        inner = {"type": "bsr_mooncake", **params}
+        """The ``--l2-adapter`` spec of the Mooncake tier with these adapter params. Its load
+        workers (batch_get_into calls in flight) are the restore's load concurrency unless
+        the params name them: two windows' batches fetched at once contend on the store's
+        transfer and ran slower than one after the other (bench/restore_bandwidth.py)."""
+        inner = {"type": "bsr_mooncake", "load_workers": self.load_concurrency, **params}
         return fault_wrapped("mooncake", inner, control, verify=self.checksum)
 
 
@@ -206,6 +209,22 @@ def bsr_fs_config(base_path: Path, use_odirect: bool, load_concurrency: int) -> 
     return BsrFSL2AdapterConfig(
         base_path=str(base_path), use_odirect=use_odirect, load_concurrency=load_concurrency
     )
+
+
+def mooncake_config(master: str, key_prefix: str, load_workers: int) -> Any:
+    """The ``bsr_mooncake`` L2 adapter's config (in-process, in the store's namespace)."""
+    from bsrctl.lmcache_ext.adapters.mooncake import BsrMooncakeL2AdapterConfig
+
+    return BsrMooncakeL2AdapterConfig.from_dict(
+        {"master_server_address": master, "key_prefix": key_prefix, "load_workers": load_workers}
+    )
+
+
+def mooncake_name(key: Any, key_prefix: str) -> str:
+    """The Mooncake object name the ``bsr_mooncake`` adapter uses for an ObjectKey."""
+    from bsrctl.lmcache_ext.adapters.mooncake import mooncake_key
+
+    return mooncake_key(key, key_prefix)
 
 
 def fault_wrapped_config(

@@ -115,3 +115,16 @@ def test_mistyped_or_inconsistent_replies_fail() -> None:
         StatusReply.from_json({**wire(STATUS), "schema": "bsrctl.lmcache_ext/0"})
     with pytest.raises(ProtocolError, match="error is set exactly when ok is false"):
         ConfigureReply.from_json({"ok": False, "config": {}})
+
+
+def test_window_phases_travel_only_when_recorded() -> None:
+    phases = (
+        {"index": 0.0, "admit_wait_s": 0.0, "fetch_s": 0.01, "wait_s": 0.01}
+        | {"install_s": 0.002, "sync_s": 0.0, "installed_at_s": 0.012},
+    )
+    timed = RestoreOutcomeSummary(**{**BSR.__dict__, "window_phases": phases})
+    assert "window_phases" not in wire(BSR)
+    assert wire(timed)["window_phases"] == [dict(p) for p in phases]
+    assert RestoreOutcomeSummary.from_json(wire(timed)) == timed
+    with pytest.raises(ProtocolError, match="window_phases"):
+        RestoreOutcomeSummary.from_json({**wire(BSR), "window_phases": [{"fetch_s": "x"}]})

@@ -175,3 +175,59 @@ def test_a_retrieve_within_its_deadline_is_unchanged() -> None:
 def test_a_negative_deadline_is_refused() -> None:
     with pytest.raises(RestoreConfigError, match="retrieve_deadline_s must be >= 0"):
         RestoreConfig(window_chunks=2, retrieve_deadline_s=-1.0)
+
+
+# ---- per-window timings (always recorded, on the restorer's clock) --------------------------
+
+
+def test_window_timings_are_exact_in_virtual_time_paper_mode() -> None:
+    # B = W: each window is staged when the previous one is released, complete 10 s later.
+    clock = VirtualClock()
+    st, dest = ClockStorage(clock, ready_s=10.0), FakeDest(clock=clock)
+    r = BoundedRestorer(st, RestoreConfig(window_chunks=2, window_timeout_s=30.0), clock=clock)
+    plan = r.probe(request(6))
+    worker = Worker(lambda: r.restore(plan, dest))
+    step(clock, 10.0, 20.0, 30.0)
+    out = worker.result()
+    got = [(t.index, t.staged_at_s, t.ready_at_s, t.wait_s, t.fetch_s) for t in out.timings]
+    assert got == [
+        (0, 0.0, 10.0, 10.0, 10.0),
+        (1, 10.0, 20.0, 10.0, 10.0),
+        (2, 20.0, 30.0, 10.0, 10.0),
+    ]
+    assert [(t.installed_at_s, t.released_at_s) for t in out.timings] == [
+        (10.0, 10.0),
+        (20.0, 20.0),
+        (30.0, 30.0),
+    ]
+    assert out.first_install_s == 10.0
+    assert {(t.install_s, t.sync_s, t.admit_wait_s) for t in out.timings} == {(0.0, 0.0, 0.0)}
+
+
+def test_window_timings_show_what_pipelining_hides() -> None:
+    # B = 2W: windows 0 and 1 are staged at 0 s; window 1 is complete at 10 s too, so the
+    # restore waits 10 s for window 0 and not at all for window 1; window 2, staged at 10 s
+    # when window 0 was released, is complete at 20 s.
+    clock = VirtualClock()
+    st, dest = ClockStorage(clock, ready_s=10.0), FakeDest(clock=clock)
+    cfg = RestoreConfig(window_chunks=2, admission_budget_chunks=4, window_timeout_s=30.0)
+    r = BoundedRestorer(st, cfg, clock=clock)
+    plan = r.probe(request(6))
+    worker = Worker(lambda: r.restore(plan, dest))
+    step(clock, 10.0, 20.0)
+    out = worker.result()
+    got = [(t.index, t.staged_at_s, t.ready_at_s, t.wait_s) for t in out.timings]
+    assert got == [(0, 0.0, 10.0, 10.0), (1, 0.0, 10.0, 0.0), (2, 10.0, 20.0, 10.0)]
+    assert out.first_install_s == 10.0
+
+
+def test_a_failed_restore_keeps_the_timings_of_the_windows_it_installed() -> None:
+    clock = VirtualClock()
+    st, dest = ClockStorage(clock, ready_s=10.0, never={1}), FakeDest(clock=clock)
+    r = BoundedRestorer(st, RestoreConfig(window_chunks=2, window_timeout_s=30.0), clock=clock)
+    plan = r.probe(request(4))
+    worker = Worker(lambda: r.restore(plan, dest))
+    step(clock, 10.0, 40.0)
+    out = worker.result()
+    assert out.failure == FailureKind.TIMEOUT
+    assert [(t.index, t.installed_at_s) for t in out.timings] == [(0, 10.0)]

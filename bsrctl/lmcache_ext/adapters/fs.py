@@ -45,6 +45,7 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -195,6 +196,10 @@ class BsrFSL2Adapter(FSL2Adapter):
             "checksum_missing": 0,  # checksum on, no readable sidecar
             "checksum_mismatch": 0,  # checksum on, digest or size differs: corrupted
             "read_error": 0,  # any other I/O error
+            # service time: summed wall time of key reads in flight, and their bytes (tells a
+            # slow device from a starved pool: read_ns / load wall = reads in flight)
+            "read_ns": 0,
+            "read_bytes": 0,
         }
         self._corrupt_keys: list[str] = []  # file names of objects that failed verification
         self._inflight_loads = 0
@@ -275,11 +280,17 @@ class BsrFSL2Adapter(FSL2Adapter):
         with self._counters_lock:
             self._inflight_loads += 1
             self._peak_inflight_loads = max(self._peak_inflight_loads, self._inflight_loads)
+        t0 = time.monotonic_ns()
+        ok = False
         try:
-            return self._load_one_unlocked(key, dst)
+            ok = self._load_one_unlocked(key, dst)
+            return ok
         finally:
+            dt = time.monotonic_ns() - t0
             with self._counters_lock:
                 self._inflight_loads -= 1
+                self._counters["read_ns"] += dt
+                self._counters["read_bytes"] += len(dst) if ok else 0
 
     def _load_one_unlocked(self, key: ObjectKey, dst: Any) -> bool:
         path = self._key_to_path(key)

@@ -221,5 +221,6 @@ class RetrieveHandlers(ModuleState):
                 bytes_restored=outcome.bytes_restored,
                 peak_staged_bytes_by_rank=dict(outcome.peak_staged_bytes_by_rank),
                 restore_s=round(dt, 6),
+                window_phases=tuple(t.to_json() for t in outcome.timings),
             )
         )

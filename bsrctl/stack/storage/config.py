@@ -11,7 +11,7 @@ from bsrctl.registration import Registration
 from bsrctl.settings import RestoreSettings
 
 DESTINATIONS = ("verify", "mmap", "null")
-L2_ADAPTERS = ("auto", "stock", "bsr_fs")
+L2_ADAPTERS = ("auto", "stock", "bsr_fs", "bsr_mooncake")
 FAULT_KINDS = ("drop_key", "timeout", "install_error")
 
 
@@ -25,6 +25,9 @@ class StorageStackConfig:
     # W-independent restore settings: timeouts, FS load concurrency (bsr_fs if > 1), O_DIRECT
     restore: RestoreSettings = RestoreSettings()
     l2_adapter: str = "auto"  # "stock" FS adapter, "bsr_fs", or auto (bsr_fs iff concurrency > 1)
+    # "bsr_mooncake": the tier is a Mooncake store at this master ("host:port"); the process
+    # must run in the store's network namespace. Seeded through the adapter's store client.
+    mooncake_master: str = ""
     destination: str = "verify"  # "verify" | "mmap" | "null"
     model_name: str = ""  # ObjectKey.model_name; "" = registration.model
 
@@ -33,6 +36,10 @@ class StorageStackConfig:
             raise BadInput(f"destination {self.destination!r}: one of {DESTINATIONS}")
         if self.l2_adapter not in L2_ADAPTERS:
             raise BadInput(f"l2_adapter {self.l2_adapter!r}: one of {L2_ADAPTERS}")
+        if (self.l2_adapter == "bsr_mooncake") != bool(self.mooncake_master):
+            raise BadInput(
+                "mooncake_master: set it (host:port) exactly when l2_adapter is 'bsr_mooncake'"
+            )
         if self.l1_capacity_bytes < 4096:
             raise BadInput(f"l1_capacity_bytes={self.l1_capacity_bytes}: at least 4096")
 

@@ -71,6 +71,7 @@ class StorageStack:
         self.managers: dict[int, StorageManager] = {}
         self.high_water: dict[int, L1HighWater] = {}
         self.seeded: _Seeded | None = None
+        self.last_outcome: RestoreOutcome | None = None  # the core's outcome of the last restore
         self.markers = ForceLocalMarkers()  # force-local markers outlive single restores
         # On record before LMCache creates the L1 pools: a SIGKILLed run leaks none of them.
         self.shm_key = f"storage-{os.getpid()}-{id(self):x}"
@@ -96,7 +97,22 @@ class StorageStack:
         or delay loads by real means); no file, no wrapper: the stack runs as stock."""
         return Path(self.config.root_dir) / "faults-fs.json"
 
+    @property
+    def mooncake(self) -> bool:
+        return self.config.l2_adapter == "bsr_mooncake"
+
+    @property
+    def mooncake_prefix(self) -> str:
+        return f"bsrctl-storage-{self.model_name}"
+
     def _l2_config(self, rank: int) -> Any:
+        if self.mooncake:
+            # load_concurrency: the adapter's load workers (batches in flight per rank)
+            return extensions.mooncake_config(
+                self.config.mooncake_master,
+                self.mooncake_prefix,
+                self.config.restore.load_concurrency,
+            )
         inner = self._fs_config()
         if self.fault_control.is_file():
             name = f"storage-fs-{id(self):x}-{rank}"
@@ -207,11 +223,17 @@ class StorageStack:
             for rank in range(reg.tp_size):
                 for g in reg.groups:
                     key = self._key(h, rank, g.index)
-                    path = self.path_of(key)
                     data = None
-                    if not path.exists():
+                    if self.mooncake:
+                        gi = g.index
+                        if self._mooncake_put(
+                            rank, key, lambda h=h, r=rank, gi=gi: canon.object_bytes(h, r, gi)
+                        ):
+                            written += 1
+                            nbytes += reg.group_bytes_per_chunk(g.index)
+                    elif not self.path_of(key).exists():
                         data = canon.object_bytes(h, rank, g.index)
-                        write_file(path, data, drop_cache)
+                        write_file(self.path_of(key), data, drop_cache)
                         written += 1
                         nbytes += data.size
                     if into_l1:
@@ -223,6 +245,24 @@ class StorageStack:
                         )
         self.seeded = _Seeded(salt, n * reg.chunk_tokens, hashes)
         return SeedResult(n * reg.chunk_tokens, n, written, nbytes, time.monotonic() - t0)
+
+    def mooncake_store(self, rank: int) -> Any:
+        """The Mooncake client of a rank's adapter (the bsr_mooncake tier only)."""
+        (_desc, adapter), *_ = self.managers[rank].l2_adapters()
+        return adapter._store  # noqa: SLF001 - the same client the tier loads through
+
+    def mooncake_name(self, key: ObjectKey) -> str:
+        return extensions.mooncake_name(key, self.mooncake_prefix)
+
+    def _mooncake_put(self, rank: int, key: ObjectKey, data: Any) -> bool:
+        """Put one object into the store unless it is there. True if written."""
+        store, name = self.mooncake_store(rank), self.mooncake_name(key)
+        if store.is_exist(name) == 1:
+            return False
+        rc = store.put(name, data().tobytes())
+        if rc != 0:
+            raise RuntimeError(f"Mooncake put of {name} returned {rc}")
+        return True
 
     def _write_l1(self, rank: int, group: int, key: ObjectKey, data: np.ndarray) -> None:
         sm = self.managers[rank]
@@ -342,6 +382,7 @@ class StorageStack:
             hw.reset()
         outcome: RestoreOutcome = restorer.restore(plan, dest)
         t2 = time.monotonic()
+        self.last_outcome = outcome
         if plan.forced_local:
             # No external tokens were reported: the request is admitted for local prefill,
             # which clears its marker (the engine's successful RUNNING admission).

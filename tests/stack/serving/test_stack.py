@@ -72,7 +72,12 @@ def test_lmcache_loads_the_callers_module_and_adapters(tmp_path: Path, no_wait: 
     assert moon["adapter_params"] == {
         "name": "mooncake",
         "control_path": str(tmp_path / "stack" / "faults-mooncake.json"),
-        "inner": {"type": "bsr_mooncake", "master_server_address": "10.0.0.1:50051"},
+        # the restore's load concurrency is the Mooncake adapter's load workers too
+        "inner": {
+            "type": "bsr_mooncake",
+            "load_workers": 4,
+            "master_server_address": "10.0.0.1:50051",
+        },
         "verify": True,
         "checksum_dir": str(tmp_path / "stack" / "checksums-mooncake"),
     }

@@ -25,3 +25,16 @@ def test_unknown_values_are_bad_input(tmp_path: Path) -> None:
         FaultSpec("crash", window=0)
     assert FAULT_KINDS == ("drop_key", "timeout", "install_error")
     assert FaultSpec("drop_key", 2, rank=1) == FaultSpec("drop_key", 2, 1, 0)
+
+
+def test_a_mooncake_tier_needs_its_master_and_only_it_does(tmp_path: Path) -> None:
+    reg = tiny_llama_cpu()
+    fix = "mooncake_master: set it \\(host:port\\) exactly when l2_adapter is 'bsr_mooncake'"
+    with pytest.raises(BadInput, match=fix):
+        StorageStackConfig(tmp_path, reg, 1 << 20, l2_adapter="bsr_mooncake")
+    with pytest.raises(BadInput, match=fix):
+        StorageStackConfig(tmp_path, reg, 1 << 20, mooncake_master="127.0.0.1:50051")
+    ok = StorageStackConfig(
+        tmp_path, reg, 1 << 20, l2_adapter="bsr_mooncake", mooncake_master="127.0.0.1:50051"
+    )
+    assert (ok.l2_adapter, ok.mooncake_master) == ("bsr_mooncake", "127.0.0.1:50051")

@@ -1,0 +1,155 @@
+"""TTFT restored from the FS L2 at W = 0, 4, 16 against recomputing, on the serving stack.
+
+    PYTHONPATH=$PWD .venv/bin/python bench/ttft_restore.py [--tokens 16384] [--repeat 5]
+        [--spec ladders/cpu-e1.yaml] [--out DIR]
+
+The serving target of ``make demo`` (``make_target("serving", spec, ...)``: vLLM CPU with the
+tiny Llama, LMCache MP server with the BSR module, FS L2), one deployment. The prompt is
+stored once into the FS L2; then each round measures, in turn:
+  W=0 (whole plan)  stock lookup + whole-plan prefetch, through the module's pass-through
+  W=4, W=16         BSR windows at B = W and at B = 2W (window j+1 fetched while j is
+                    installed), switched over bsr.configure
+  recompute         a prompt of the same length that no tier holds (a fresh salt per round)
+Before each restore L1 and vLLM's prefix cache are emptied (``target.measure``), so only the
+FS L2 can serve. TTFT is vLLM's own histogram delta. Medians over --repeat rounds.
+
+Per BSR point it also prints where the retrieve's time went, per window (the core's
+always-on timings, from the module's outcome records): fetch, wait, install, sync.
+
+Last line: ``ttft W=4/whole-plan=A.AA W=16/whole-plan=B.BB whole-plan/recompute=C.CC`` with
+B = 2W (the line before it gives the same ratios at B = W).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bsrctl.experiments.restore.spec import ExperimentSpec
+from bsrctl.prompts import prompt_ids
+from bsrctl.spec_io import read_yaml
+from bsrctl.stack.bsr_client import outcomes_since
+from bsrctl.stack.target import Prompt, make_target
+
+MODES = ((0, 0), (4, 4), (4, 8), (16, 16), (16, 32))  # (W, B): B = W and pipelined B = 2W
+
+
+def phases(outcomes: list[Any]) -> str:
+    """Per-window means (ms) over every BSR outcome of one request (both ranks)."""
+    ws = [w for o in outcomes if o.mode == "bsr" for w in (o.window_phases or ())]
+    if not ws:
+        return ""
+    n = len(ws)
+
+    def mean(k: str) -> float:
+        return 1000 * sum(w[k] for w in ws) / n
+
+    first = min(w["installed_at_s"] for w in ws if w["index"] == 0)
+    return (
+        f"windows={n} fetch {mean('fetch_s'):.2f} wait {mean('wait_s'):.2f} "
+        f"install {mean('install_s'):.2f} sync {mean('sync_s'):.2f} "
+        f"admit {mean('admit_wait_s'):.2f} ms/window; first window in {1000 * first:.1f} ms"
+    )
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--tokens", type=int, default=16384)
+    ap.add_argument("--repeat", type=int, default=5, help="rounds (median per mode)")
+    ap.add_argument("--spec", type=Path, default=Path("ladders/cpu-e1.yaml"))
+    ap.add_argument(
+        "--load-concurrency", type=int, default=0, help="FS loads per rank (0: the spec's)"
+    )
+    ap.add_argument("--out", type=Path, default=None, help="run folder (default: a temp dir)")
+    args = ap.parse_args()
+    logging.disable(logging.WARNING)
+    spec = ExperimentSpec.model_validate(read_yaml(args.spec))
+    if args.load_concurrency:
+        tuning = spec.restore.model_copy(update={"load_concurrency": args.load_concurrency})
+        spec = spec.model_copy(update={"restore": tuning})
+    print(
+        f"# {args.spec}: tiny model, FS L2, L1 {spec.stack.lmcache.l1_size_bytes} B, "
+        f"load_concurrency {spec.restore.load_concurrency}, checksum {spec.restore.checksum}",
+        flush=True,
+    )
+    tmp = None
+    if args.out is None:
+        tmp = tempfile.TemporaryDirectory(prefix="bsr-ttft-")
+        run_dir = Path(tmp.name)
+    else:
+        run_dir = args.out
+        run_dir.mkdir(parents=True, exist_ok=True)
+    target: Any = make_target("serving", spec, run_dir)
+    prompt = Prompt(f"{spec.salt}-ttft", args.tokens)
+    labels = {(w, b): f"W={w}" + (f" B={b}" if w else "") for w, b in MODES}
+    ttft: dict[str, list[float]] = {k: [] for k in labels.values()}
+    ttft["recompute"] = []
+    restore_s: dict[str, list[float]] = {k: [] for k in labels.values()}
+    notes: dict[str, list[str]] = {k: [] for k in labels.values()}
+    t0 = time.monotonic()
+    try:
+        from bsrctl.stack import tinymodel
+
+        target.vocab = tinymodel.vocab_size(target._model_dir())  # noqa: SLF001
+        target.deploy(spec.stack.lmcache.l1_size_bytes, spec.settings(4))
+        target.store([prompt])
+        print(
+            f"# serving stack up and {args.tokens} tokens stored in "
+            f"{time.monotonic() - t0:.0f}s; {args.repeat} rounds of W=0, 4, 16, recompute",
+            flush=True,
+        )
+        for r in range(args.repeat):
+            for w, b in MODES:
+                if w:  # B per point (the deployment's B is W's default)
+                    target.client.configure(window_chunks=w, admission_budget_chunks=b)
+                    target.window_chunks = w
+                before = target.client.status()
+                m = target.measure(prompt, w, cold=False)
+                after = target.client.status()
+                if m.cached_tokens != m.expected_cached_tokens or m.restore_failures:
+                    raise SystemExit(
+                        f"W={w}: cached {m.cached_tokens}/{m.expected_cached_tokens} tokens, "
+                        f"failures {m.restore_failures}"
+                    )
+                ttft[labels[w, b]].append(m.ttft_s or 0.0)
+                restore_s[labels[w, b]].append(m.restore_s or 0.0)
+                notes[labels[w, b]].append(
+                    phases(outcomes_since(before.recent_outcomes, after.recent_outcomes))
+                )
+            ids = prompt_ids(f"{spec.salt}-recompute-{r}", args.tokens, target.vocab)
+            target.client.forget(wait_s=120.0)
+            target.stack.forget_local()
+            comp = target.stack.complete(ids, spec.max_tokens)
+            if comp.cached_tokens:
+                raise SystemExit(f"recompute prompt hit {comp.cached_tokens} cached tokens")
+            ttft["recompute"].append(comp.ttft_s)
+    finally:
+        target.teardown()
+        if tmp is not None:
+            tmp.cleanup()
+    print(f"{'mode':12} {'ttft s':>8} {'restore s':>9}  runs ttft s")
+    med = {k: statistics.median(v) for k, v in ttft.items()}
+    for k, v in ttft.items():
+        rs = f"{statistics.median(restore_s[k]):9.3f}" if k in restore_s else f"{'':9}"
+        print(f"{k:12} {med[k]:8.3f} {rs}  [{' '.join(f'{x:.3f}' for x in v)}]")
+        if notes.get(k) and notes[k][-1]:
+            print(f"{'':4}last round: {notes[k][-1]}")
+    print(f"# total {time.monotonic() - t0:.0f}s")
+    whole = med["W=0"]
+    for b4, b16, what in ((4, 16, "B=W: "), (8, 32, "")):
+        print(
+            f"ttft {what}W=4/whole-plan={med[f'W=4 B={b4}'] / whole:.2f} "
+            f"W=16/whole-plan={med[f'W=16 B={b16}'] / whole:.2f} "
+            f"whole-plan/recompute={whole / med['recompute']:.2f}"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
