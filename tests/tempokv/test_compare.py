@@ -1,0 +1,33 @@
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from bsrctl.experiments.tempokv.compare import compare, ordering
+
+
+def rows(**c: float) -> dict[str, dict[str, float]]:
+    return {p: {"c": v} for p, v in c.items()}
+
+
+def test_ordering_lowest_first_ties_by_name() -> None:
+    assert ordering(rows(demand=3.0, immediate=1.0, tempokv=1.0), "c") == (
+        "immediate", "tempokv", "demand")  # fmt: skip
+
+
+def test_discordant_pairs_and_tau() -> None:
+    left = rows(demand=3.0, immediate=2.0, tempokv=1.0)
+    right = rows(demand=3.0, immediate=1.0, tempokv=2.0, oracle=0.5)  # oracle: sim only
+    a = compare(left, right, "c")
+    assert a.left == ("tempokv", "immediate", "demand")
+    assert a.right == ("immediate", "tempokv", "demand")
+    assert a.discordant == (("tempokv", "immediate"),)
+    assert a.tau == round(1 - 2 / 3, 6)
+
+
+@given(st.dictionaries(st.sampled_from("abcdefg"), st.floats(0, 10), min_size=2))
+def test_a_run_agrees_with_itself_and_reversal_is_minus_one(c: dict[str, float]) -> None:
+    r = {p: {"c": v} for p, v in c.items()}
+    assert compare(r, r, "c").tau == 1.0
+    rev = {p: {"c": float(i)} for i, p in enumerate(reversed(ordering(r, "c")))}
+    assert compare(r, rev, "c").tau == -1.0
