@@ -226,6 +226,10 @@ class TempoKVAdapter(StepRecorder):
                 start = max(at, self._tk_last_done)
                 self._tk.calibrator.observe(modelled, done_at - start)
                 self._tk_last_done = done_at
+                # the measured step, for calibrating a simulation of the same run offline
+                tokens = int(out.total_num_scheduled_tokens)
+                self._bk_trace.write({"kind": "step_time", "tokens": tokens,
+                                      "s": round(done_at - start, 6)})  # fmt: skip
                 return
 
     def _tk_collect(self) -> None:
