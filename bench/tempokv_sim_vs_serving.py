@@ -37,7 +37,7 @@ def main() -> None:
     for m, a in orderings(serving, sim).items():
         print(f"{m}: serving {' < '.join(a.left)}")
         print(f"{m}: sim     {' < '.join(a.right)}")
-        print(f"{m}: tau {a.tau}, discordant {list(a.discordant)}")
+        print(f"{m}: tau {a.tau}, tied pairs {a.ties}, discordant {list(a.discordant)}")
 
 
 if __name__ == "__main__":

@@ -14,8 +14,9 @@ class OrderingAgreement:
     measure: str
     left: tuple[str, ...]  # policies, lowest measure first (ties by name)
     right: tuple[str, ...]
-    discordant: tuple[tuple[str, str], ...]  # pairs (a, b) left ranks a<b, right b<a
-    tau: float  # Kendall's tau-a over the shared policies; 1.0: same order
+    discordant: tuple[tuple[str, str], ...]  # pairs (a, b) left a<b, right b<a (strictly)
+    ties: int  # pairs tied (equal measure) in either run: neither agree nor disagree
+    tau: float  # Kendall's tau-a over the shared policies; 1.0: same order, no ties
 
 
 def ordering(rows: Mapping[str, Mapping[str, float]], measure: str) -> tuple[str, ...]:
@@ -30,8 +31,11 @@ def compare(
     shared = set(left) & set(right)
     lo = tuple(p for p in ordering(left, measure) if p in shared)
     ro = tuple(p for p in ordering(right, measure) if p in shared)
-    rank = {p: i for i, p in enumerate(ro)}
     pairs = list(combinations(lo, 2))  # a before b on the left
-    discordant = tuple((a, b) for a, b in pairs if rank[a] > rank[b])
-    tau = 1.0 - 2.0 * len(discordant) / len(pairs) if pairs else 1.0
-    return OrderingAgreement(measure, lo, ro, discordant, round(tau, 6))
+    lv = {p: left[p][measure] for p in shared}
+    rv = {p: right[p][measure] for p in shared}
+    tied = [(a, b) for a, b in pairs if lv[a] == lv[b] or rv[a] == rv[b]]
+    discordant = tuple((a, b) for a, b in pairs if lv[a] < lv[b] and rv[a] > rv[b])
+    concordant = len(pairs) - len(tied) - len(discordant)
+    tau = (concordant - len(discordant)) / len(pairs) if pairs else 1.0
+    return OrderingAgreement(measure, lo, ro, discordant, len(tied), round(tau, 6))
