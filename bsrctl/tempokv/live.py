@@ -65,6 +65,9 @@ class AdapterSettings:
     needs_ttu: bool = True  # timed policies read TTU; the others only the order
     ttu_quantile: float | None = None  # TempoKV-U
     ttu_tolerance_s: float = 0.005  # a TTU that moved less than this is not sent again
+    # an arrival's claim must reach the controller before vLLM looks the request up (in
+    # its next schedule()): add_request waits this long at most for the server's reply
+    arrival_ack_s: float = 0.2
     output_limit_tokens: int = 16  # the generation limit (max_tokens) of the workload
     chunk_tokens: int = 256
     retrieval_bytes_s: float = 1e9  # fast tier → engine, for the projection's load_s
@@ -142,6 +145,17 @@ class LiveAdapterCore:
     def on_step(self, view: LiveView) -> Update | None:
         """The step's update, or None when nothing the controller reads changed."""
         self.steps_seen += 1
+        return self._observe(view)
+
+    def on_arrival(self, view: LiveView) -> Update | None:
+        """The same rule at a request's arrival (the view taken right after vLLM queued
+        it, before any schedule() could look it up): a request that arrives among the
+        first K waiting is claimed now. With a connector whose loads hold no slot, vLLM
+        looks most requests up in the first schedule() after arrival, before any step's
+        view shows them waiting."""
+        return self._observe(view)
+
+    def _observe(self, view: LiveView) -> Update | None:
         waiting_ids = [w.req_id for w in view.waiting if not w.loading]
         head = waiting_ids[: self.s.k]
         report = tuple(r for r in head if r not in self.claimed)

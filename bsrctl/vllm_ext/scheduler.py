@@ -10,7 +10,10 @@ decision and message; ``transport``: ``"connector"`` (default: the LMCacheMPConn
 
 After ``super().schedule()`` decided, it reads the scheduler (waiting queues in scan
 order, running requests' computed and output tokens, slot and token limits, free KV
-blocks) into a frozen ``LiveView`` and sends what ``LiveAdapterCore`` says changed; in
+blocks) into a frozen ``LiveView`` and sends what ``LiveAdapterCore`` says changed. In
+``add_request`` it applies the same rule to the arriving request before any schedule()
+can look it up (that lookup starts the retrieval, and the server drops a claim reported
+after it), and waits up to ``arrival_ack_s`` for the server's reply to a new claim. In
 ``update_from_output`` it measures the step; in ``_free_request`` it learns outputs and
 cancels claims of requests that end. It never writes scheduler state and swallows its own
 errors (counted in the trace), so it cannot change what the scheduler decides; the
@@ -96,6 +99,13 @@ class TempoKVAdapter(StepRecorder):
         self._tk_errors = 0
 
     # ---- hooks ----------------------------------------------------------------------
+    def add_request(self, request: Any) -> None:
+        super().add_request(request)  # type: ignore[misc]
+        try:
+            self._tk_on_arrival()
+        except Exception as e:
+            self._tk_fail("add_request", e)
+
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
         out = super().schedule(*args, **kwargs)
         try:
@@ -127,7 +137,8 @@ class TempoKVAdapter(StepRecorder):
     def _tk_now(self) -> float:
         return time.monotonic() - self._tk_t0
 
-    def _tk_view(self, out: Any) -> LiveView:
+    def _tk_view(self, out: Any | None) -> LiveView:
+        """The scheduler as just decided (``out``), or between steps (``None``: arrival)."""
         sched: Any = self
         waiting = []
         for queue in (sched.kv_holding_waiting, sched.waiting):
@@ -149,8 +160,8 @@ class TempoKVAdapter(StepRecorder):
         return LiveView(
             at_s=self._tk_now(),
             step=int(getattr(sched, "current_step", 0)),
-            scheduled=tuple(out.num_scheduled_tokens),
-            scheduled_tokens=int(out.total_num_scheduled_tokens),
+            scheduled=tuple(out.num_scheduled_tokens) if out is not None else (),
+            scheduled_tokens=int(out.total_num_scheduled_tokens) if out is not None else 0,
             running=running,
             waiting=tuple(waiting),
             max_seqs=int(sched.max_num_running_reqs),
@@ -170,6 +181,19 @@ class TempoKVAdapter(StepRecorder):
         if update.report:
             payload["hits"] = self._tk_hits(update.report)
         self._tk_send(payload)
+
+    def _tk_on_arrival(self) -> None:
+        self._tk_collect()
+        update = self._tk.on_arrival(self._tk_view(None))
+        if update is None:
+            return
+        payload = update.to_json()
+        if not update.report:
+            self._tk_send(payload, arrival=True)
+            return
+        payload["hits"] = self._tk_hits(update.report)
+        # the claim must be on the server before the lookup the next schedule() sends
+        self._tk_send(payload, arrival=True, wait_s=self._tk.s.arrival_ack_s)
 
     def _tk_hits(self, req_ids: tuple[str, ...]) -> dict[str, dict[str, Any]]:
         """What the server module needs to find each new claim's objects (its own lookup
@@ -202,6 +226,10 @@ class TempoKVAdapter(StepRecorder):
                 start = max(at, self._tk_last_done)
                 self._tk.calibrator.observe(modelled, done_at - start)
                 self._tk_last_done = done_at
+                # the measured step, for calibrating a simulation of the same run offline
+                tokens = int(out.total_num_scheduled_tokens)
+                self._bk_trace.write({"kind": "step_time", "tokens": tokens,
+                                      "s": round(done_at - start, 6)})  # fmt: skip
                 return
 
     def _tk_collect(self) -> None:
@@ -219,12 +247,13 @@ class TempoKVAdapter(StepRecorder):
                     ttu_quantile=reply.get("ttu_quantile"),
                 )
 
-    def _tk_send(self, payload: dict[str, Any]) -> None:
+    def _tk_send(self, payload: dict[str, Any], arrival: bool = False, wait_s: float = 0.0) -> None:
         transport = self._tk_transport
         if transport is None:
             transport = self._tk_transport = self._tk_make_transport()
-        transport.send(UPDATE_METHOD, payload)
-        self._bk_trace.write({"kind": "update", **payload})
+        acked = transport.send(UPDATE_METHOD, payload, wait_s)
+        extra: dict[str, Any] = {"arrival": True, "acked": acked} if arrival else {}
+        self._bk_trace.write({"kind": "update", **payload, **extra})
 
     def _tk_make_transport(self) -> Transport:
         if self._tk_transport_kind == "connector":

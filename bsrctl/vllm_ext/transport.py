@@ -1,19 +1,24 @@
 """How the runtime adapter reaches the controller: the LMCacheMPConnector's scheduler-side
 request clients and their ``server_module_call`` (to bsrctl's server module), or a record
-(tests, and a vLLM with no connector). Sends never block the scheduler: replies are
-collected on a later step."""
+(tests, and a vLLM with no connector). Replies are collected on a later step; a send
+waits only when asked (an arrival's claim, bounded), for its own reply to be back."""
 
 from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
 
 class Transport(Protocol):
-    def send(self, method: str, payload: dict[str, Any]) -> None: ...
+    def send(self, method: str, payload: dict[str, Any], wait_s: float = 0.0) -> bool:
+        """Send; with ``wait_s`` > 0 wait at most that long for the reply to have arrived
+        (it is still collected by ``replies``). True when it arrived (or nothing to wait
+        for)."""
+        ...
 
     def replies(self) -> list[tuple[str, dict[str, Any]]]:
         """Replies that arrived since the last call, in send order."""
@@ -28,12 +33,13 @@ class RecordTransport:
         self.sent: list[tuple[str, dict[str, Any]]] = []
         self._lock = threading.Lock()
 
-    def send(self, method: str, payload: dict[str, Any]) -> None:
+    def send(self, method: str, payload: dict[str, Any], wait_s: float = 0.0) -> bool:
         with self._lock:
             self.sent.append((method, payload))
             if self.path is not None:
                 with self.path.open("a") as f:
                     f.write(json.dumps({"method": method, "payload": payload}) + "\n")
+        return True
 
     def replies(self) -> list[tuple[str, dict[str, Any]]]:
         return []
@@ -59,10 +65,14 @@ class ServerModuleTransport:
 
         return cls(list(clients.values()), ServerModuleCallRequest)
 
-    def send(self, method: str, payload: dict[str, Any]) -> None:
+    def send(self, method: str, payload: dict[str, Any], wait_s: float = 0.0) -> bool:
         body = json.dumps(payload).encode()
-        for client in self._clients:
-            self._inflight.append((method, client.server_module_call(self._make(method, body))))
+        futs = [client.server_module_call(self._make(method, body)) for client in self._clients]
+        self._inflight.extend((method, f) for f in futs)
+        if wait_s <= 0:
+            return True
+        deadline = time.monotonic() + wait_s
+        return all(f.wait(max(0.0, deadline - time.monotonic())) for f in futs)
 
     def replies(self) -> list[tuple[str, dict[str, Any]]]:
         out, still = [], []

@@ -97,3 +97,48 @@ def test_step_calibrator_scales_the_cost_model() -> None:
     cal.observe(0.02, 0.03)
     assert cal.scale == 2.0
     assert cal.cost() == CostModel(0.02, 2e-5, 0.0, 0.0)
+
+
+def arrival(waiting: list[str], loading: tuple[str, ...] = ()) -> LiveView:
+    """Between steps (nothing scheduled), right after vLLM queued the last of `waiting`."""
+    return LiveView(
+        at_s=0.0,
+        step=0,
+        scheduled=(),
+        scheduled_tokens=0,
+        running=(),
+        waiting=tuple(LiveWaiting(w, 2048, w in loading) for w in waiting),
+        max_seqs=1,
+        max_batched_tokens=512,
+        free_kv_tokens=10_000,
+    )
+
+
+def test_arrivals_among_the_first_k_are_claimed_before_any_step() -> None:
+    c = core(k=2)
+    u = c.on_arrival(arrival(["a"]))
+    assert u is not None and u.report == ("a",) and u.order == ("a",)
+    assert set(u.ttus_s) == {"a"}
+    u = c.on_arrival(arrival(["a", "b"]))
+    assert u is not None and u.report == ("b",) and u.order == ("a", "b")
+    # third arrival is not among the first K: no claim, only the order changed
+    u = c.on_arrival(arrival(["a", "b", "c"]))
+    assert u is not None and u.report == () and u.order == ("a", "b", "c")
+    assert set(c.claimed) == {"a", "b"}
+    assert c.steps_seen == 0  # arrivals are not steps
+    # the first schedule() looked "a" and "b" up (loading): they leave the adapter, and
+    # "c" becomes a head, claimed at that step
+    looked_up = (LiveWaiting("a", 2048, True), LiveWaiting("b", 2048, True))
+    u = c.on_step(LiveView(0.1, 1, (), 0, (), (*looked_up, LiveWaiting("c", 2048)), 1, 512,
+                           10_000))  # fmt: skip
+    assert u is not None and u.report == ("c",)
+    assert set(c.claimed) == {"c"}
+
+
+def test_loading_requests_take_no_head_place_at_arrival() -> None:
+    # vLLM's loads (WAITING_FOR_REMOTE_KVS) hold no slot and are not waiting to be looked
+    # up: an arrival behind two loading requests is the first waiting one, claimed (K=1)
+    c = core(k=1)
+    u = c.on_arrival(arrival(["x", "y", "z"], loading=("x", "y")))
+    assert u is not None and u.report == ("z",) and u.order == ("x", "y", "z")
+    assert c.on_arrival(arrival(["x", "y", "z"], loading=("x", "y"))) is None

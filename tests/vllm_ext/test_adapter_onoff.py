@@ -91,10 +91,12 @@ def test_adapter_on_and_off_decide_the_same(tmp_path: Path, off_cls: str, on_cls
     updates = [r for r in records if r["kind"] == "update"]
     assert [r for r in records if r["kind"] == "adapter_error"] == []
     reported = [_rid(rid) for u in updates for rid in u["report"]]
-    # claimed once each while still waiting after a step: request 0 was admitted by the
-    # first step, so it never waited (vLLM decides before the adapter reads)
-    first = {r for r in on_steps[0]["new"]}
-    assert sorted(reported) == sorted(set(on_out) - first)
+    # every request claimed exactly once: 0 and 1 at arrival (the first K=2 waiting, all
+    # six are queued before the first step), the others when a step leaves them at the head
+    assert sorted(reported) == [str(i) for i in range(6)]
+    arrivals = [u for u in updates if u.get("arrival")]
+    assert [_rid(r) for u in arrivals for r in u["report"]] == ["0", "1"]
+    assert len(arrivals) == 6 and all(u["acked"] for u in arrivals)
     assert all(set(u["hits"]) == set(u["report"]) for u in updates if u["report"])
     assert any(u["ttus_s"] for u in updates)  # TTUs were projected and sent
     assert len(updates) < len(on_steps) + len(on_out)  # only on change, not every step

@@ -1,0 +1,148 @@
+"""Issue 16 item 3: the serving run's spec under the simulation, calibrated from what the
+serving run measured, and the two runs' per-policy orderings by C and by p95 TTFT.
+
+Calibration (nothing tuned toward an ordering; every input is a measurement or the spec):
+- step cost: a least-squares line through the adapter trace's measured steps
+  (``step_time``: scheduled tokens, seconds), step_base_s + token_s · tokens;
+- staging rate: the provider's staging ops in the evidence (bytes over start→done, all
+  policies together): what staging really took on the shaped, shared L2;
+- the engine as served: max_num_seqs slots, queued loads (LMCache's MP connector), the
+  largest step vLLM scheduled as its token budget; the tiny model's KV bytes per token;
+- the fast tier and budget as the spec's L1 and budget; every output runs to max_tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from bsrctl.experiments.tempokv.cells import simulate_policy
+from bsrctl.experiments.tempokv.compare import OrderingAgreement, compare
+from bsrctl.tempokv.kv import GIB
+from bsrctl.tempokv.sim.models import ModelProfile
+from bsrctl.tempokv.spec import FixedArrivals, TempoKVSpec
+from bsrctl.tempokv.ttu import CostModel
+
+MIB = 1 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class Calibration:
+    step_base_s: float
+    token_s: float
+    steps: int
+    max_step_tokens: int
+    staging_bytes_s: float
+    staged_bytes: int
+    kv_bytes_per_token: int
+
+
+def fit_steps(records: Iterable[Mapping[str, Any]]) -> tuple[float, float, int, int]:
+    """Least squares s = a + b·tokens over the trace's measured steps (a, b ≥ 0)."""
+    pts = [(int(r["tokens"]), float(r["s"])) for r in records if r.get("kind") == "step_time"]
+    pts = [(x, y) for x, y in pts if x > 0]
+    if not pts:
+        raise ValueError("the adapter trace has no measured steps (step_time records)")
+    n = len(pts)
+    mx = sum(x for x, _ in pts) / n
+    my = sum(y for _, y in pts) / n
+    sxx = sum((x - mx) ** 2 for x, _ in pts)
+    b = max(0.0, sum((x - mx) * (y - my) for x, y in pts) / sxx) if sxx > 0 else 0.0
+    a = max(0.0, my - b * mx)
+    return a, b, n, max(x for x, _ in pts)
+
+
+def staging_rate(evidence: Mapping[str, Any]) -> tuple[float, int]:
+    total_b, total_s = 0, 0.0
+    for p in evidence["points"]:
+        for st in p.get("extra", {}).get("stages", []):
+            if st.get("done_s") is not None:
+                total_b += int(st["bytes"])
+                total_s += float(st["done_s"]) - float(st["start_s"])
+    if total_s <= 0:
+        raise ValueError("the evidence has no finished staging op to measure a rate from")
+    return total_b / total_s, total_b
+
+
+def calibrate(evidence: Mapping[str, Any], trace: Iterable[Mapping[str, Any]]) -> Calibration:
+    a, b, n, biggest = fit_steps(trace)
+    rate, staged = staging_rate(evidence)
+    kv = int(evidence["summary"]["stack"]["kv_bytes_per_token"])
+    return Calibration(a, b, n, biggest, rate, staged, kv)
+
+
+def sim_spec(spec: TempoKVSpec, cal: Calibration) -> TempoKVSpec:
+    run = spec.serving
+    docs = [run.documents_tokens[i % len(run.documents_tokens)] for i in range(run.num_requests)]
+    return spec.model_copy(
+        update={
+            "device": spec.device.model_copy(
+                update={
+                    "staging_gib_s": cal.staging_bytes_s / GIB,
+                    "contention": 0.0,  # the shaped L2 is one FIFO device
+                    "concurrency": 1,
+                    "retrieval_gib_s": 1e9 / GIB,  # the adapter's own assumption
+                    "fast_tier_gib": run.l1_mib / 1024,
+                    "budget_fraction": run.budget_mib / run.l1_mib,
+                }
+            ),
+            "engine": spec.engine.model_copy(
+                update={
+                    "max_seqs": run.max_num_seqs,
+                    "max_batched_tokens": cal.max_step_tokens,
+                    "loads": "queued",
+                    "gpu_kv_gib": 1.0,  # VLLM_CPU_KVCACHE_SPACE
+                    "chunk_tokens": 256,
+                }
+            ),
+            "workload": spec.workload.model_copy(
+                update={
+                    "documents_tokens": docs,
+                    "question_tokens": run.question_tokens,
+                    "arrivals": FixedArrivals(interval_s=run.interval_s),
+                    "output": spec.workload.output.model_copy(
+                        update={
+                            "max_tokens": run.max_tokens,
+                            "eos_fraction": 0.0,
+                            "min_tokens": 1,
+                        }  # fmt: skip
+                    ),
+                }
+            ),
+        }
+    )
+
+
+def simulate_like_serving(
+    spec: TempoKVSpec, cal: Calibration, policies: list[str]
+) -> dict[str, dict[str, float]]:
+    s = sim_spec(spec, cal)
+    model = ModelProfile(
+        "tiny-cpu",
+        cal.kv_bytes_per_token,
+        CostModel(cal.step_base_s, cal.token_s, 0.0, 0.0),
+        gpu_kv_gib=1.0,
+    )
+    out = {}
+    for policy in policies:
+        m = simulate_policy(s, model, 1.0, s.device.fast_tier_gib, policy, keep_trace=False)
+        meas = m.measures()
+        out[policy] = {"c": meas["c_gib_s_per_req"] * 1024, "p95": meas["p95_ttft_s"]}
+    return out
+
+
+def serving_rows(evidence: Mapping[str, Any]) -> dict[str, dict[str, float]]:
+    return {
+        p["params"]["policy"]: {
+            "c": p["measures"]["c_mib_s_per_req"],
+            "p95": p["measures"]["p95_ttft_s"],
+        }
+        for p in evidence["points"]
+    }
+
+
+def orderings(
+    serving: Mapping[str, Mapping[str, float]], sim: Mapping[str, Mapping[str, float]]
+) -> dict[str, OrderingAgreement]:
+    return {m: compare(serving, sim, m) for m in ("c", "p95")}
