@@ -1,5 +1,6 @@
 """One operator deployment (vLLM + LMCache with the BSR module, started by
-``operator_stack.py``'s own command lines) shared by every attach e2e test of the session."""
+``operator_stack.py``'s own command lines) shared by every attach e2e test of
+tests/attach, and stopped when they are done."""
 
 from __future__ import annotations
 
@@ -15,9 +16,10 @@ if str(HERE) not in sys.path:  # --import-mode=importlib: make attach_support im
     sys.path.insert(0, str(HERE))
 
 from attach_support import Deployment, operator  # noqa: E402
+from operator_stack import shm_segments  # noqa: E402
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")  # stopped once tests/attach is done, not held all session
 def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
     try:
         import bsrctl.lmcache_ext.server  # noqa: F401
@@ -26,6 +28,7 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
     from bsrctl.stack import tinymodel  # the model folder an operator would have
 
     root = tmp_path_factory.mktemp("operator")
+    shm_before = shm_segments()
     state = json.loads(operator("up", str(root), "--model", str(tinymodel.build())))
     dep = Deployment(root, state)
     try:
@@ -33,3 +36,5 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
     finally:
         operator("down", str(root))
         assert dep.processes() == [], f"operator parts left: {dep.processes()}"
+        # its vLLM's and LMCache's /dev/shm segments (1 GiB each) went with them
+        assert shm_segments() - shm_before == set(), shm_segments() - shm_before

@@ -149,6 +149,22 @@ def stop_group(pgid: int, timeout_s: float = 20.0) -> None:
             time.sleep(0.1)
 
 
+def shm_segments() -> set[str]:
+    """vLLM's and LMCache's /dev/shm segments (lmcache_kv_* are 1 GiB each)."""
+    return {n for n in os.listdir("/dev/shm") if n.startswith(("psm_", "lmcache_kv_"))}
+
+
+def shm_mapped(name: str) -> bool:
+    needle = f"/dev/shm/{name}"
+    for maps in Path("/proc").glob("[0-9]*/maps"):
+        try:
+            if needle in maps.read_text():
+                return True
+        except OSError:  # the process went away, or is not ours to read
+            continue
+    return False
+
+
 def save(root: Path, state: dict) -> None:
     (root / "state.json").write_text(json.dumps(state, indent=2))
 
@@ -166,6 +182,7 @@ def up(root: Path, model: str, module: bool, only_lmcache: bool) -> dict:
         "pids": {},
         "argv": {"lmcache": lmcache_argv(root, ports, module), "vllm": vllm_argv(model, ports)},
         "restarts": {"lmcache": 0, "vllm": 0},
+        "shm_before": sorted(shm_segments()),
     }
     save(root, state)
     try:
@@ -186,11 +203,16 @@ def restart(root: Path, name: str) -> None:
 
 
 def down(root: Path) -> None:
+    """Stop every part, then remove the /dev/shm segments they left: a part stopped by
+    SIGKILL (or a restarted one's old self) never unlinks its segment, as tooling must know."""
     state = load(root)
     for name in ("vllm", "lmcache"):
         pid = state["pids"].get(name)
         if pid:
             stop_group(pid)
+    for seg in sorted(shm_segments() - set(state.get("shm_before", []))):
+        if not shm_mapped(seg):
+            (Path("/dev/shm") / seg).unlink(missing_ok=True)
 
 
 def main(argv: list[str]) -> None:
