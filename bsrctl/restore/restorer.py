@@ -29,17 +29,16 @@ from bsrctl.restore.gauge import RestorePoolGauge
 from bsrctl.restore.markers import ForceLocalMarkers
 from bsrctl.restore.plan import confirm_plan, split_windows
 from bsrctl.restore.protocols import RestoreDestination, RestoreStorage
+from bsrctl.restore.run_state import InFlight, RunState
 from bsrctl.restore.types import (
     EventKind,
     FailureKind,
-    RestoreEvent,
     RestoreOutcome,
     RestorePlan,
     RestoreRequest,
     RestoreState,
     RowId,
     Window,
-    WindowTiming,
 )
 
 log = logging.getLogger(__name__)
@@ -93,68 +92,6 @@ class RestoreFailed(Exception):
         self.detail = detail
 
 
-@dataclass
-class _InFlight:
-    window: Window
-    ticket: Any
-    bytes_by_rank: dict[int, int]
-    budget_chunks: int  # chunks held in the budget (0 on the whole-plan path)
-
-
-class _Run:
-    """State of one restore call (one thread)."""
-
-    def __init__(self, plan: RestorePlan[Any], deadline: float | None, t0: float) -> None:
-        self.plan = plan
-        self.deadline = deadline  # clock value the whole retrieve must finish by, or None
-        self.t0 = t0  # clock value at restore start (timings are relative to it)
-        self.events: list[RestoreEvent] = []
-        self.installed_bytes = 0
-        self.windows_done = 0
-        self.level: dict[int, int] = {}
-        self.peak: dict[int, int] = {}
-        self.admit_wait: dict[int, float] = {}  # window -> seconds blocked on the budget
-        self.timing: dict[int, dict[str, float]] = {}  # window -> phase marks
-
-    def mark(self, window: Window, name: str, value: float) -> None:
-        self.timing.setdefault(window.index, {})[name] = value
-
-    def timings(self) -> tuple[WindowTiming, ...]:
-        """Windows that were installed, in window order."""
-        out = []
-        for j in sorted(self.timing):
-            t = self.timing[j]
-            if "installed_at_s" not in t:
-                continue
-            out.append(
-                WindowTiming(
-                    index=j,
-                    admit_wait_s=self.admit_wait.get(j, 0.0),
-                    staged_at_s=t["staged_at_s"],
-                    ready_at_s=t["ready_at_s"],
-                    installed_at_s=t["installed_at_s"],
-                    released_at_s=t.get("released_at_s", -1.0),
-                    wait_s=t["wait_s"],
-                    install_s=t["install_s"],
-                    sync_s=t["sync_s"],
-                )
-            )
-        return tuple(out)
-
-    def event(self, kind: EventKind, window: Window | None) -> None:
-        if window is None:
-            self.events.append(RestoreEvent(kind, -1, 0, self.plan.prefix_chunks))
-        else:
-            self.events.append(
-                RestoreEvent(kind, window.index, window.chunk_start, window.chunk_stop)
-            )
-
-    def add(self, by_rank: dict[int, int], sign: int) -> None:
-        for rank, n in by_rank.items():
-            self.level[rank] = self.level.get(rank, 0) + sign * n
-            self.peak[rank] = max(self.peak.get(rank, 0), self.level[rank])
-
-
 class BoundedRestorer:
     """One per process: owns the admission budget, the gauge and the markers."""
 
@@ -200,7 +137,7 @@ class BoundedRestorer:
         if self.config.window_chunks == 0:
             return self._restore_whole_plan(plan, destination)
         run = self._new_run(plan)
-        inflight: deque[_InFlight] = deque()
+        inflight: deque[InFlight] = deque()
         try:
             for window in split_windows(plan.prefix_chunks, self.config.window_chunks):
                 self._admit(run, window, inflight, destination)
@@ -218,15 +155,15 @@ class BoundedRestorer:
         run.event(EventKind.COMMIT, None)
         return self._outcome(run, RestoreState.COMMITTED, FailureKind.NONE, "", plan.prefix_chunks)
 
-    def _new_run(self, plan: RestorePlan[Any]) -> _Run:
+    def _new_run(self, plan: RestorePlan[Any]) -> RunState:
         limit = self.config.retrieve_deadline_s
         now = self.clock.now()
-        return _Run(plan, now + limit if limit else None, now)
+        return RunState(plan, now + limit if limit else None, now)
 
-    def _since(self, run: _Run) -> float:
+    def _since(self, run: RunState) -> float:
         return self.clock.now() - run.t0
 
-    def _within_deadline(self, run: _Run, cap_s: float, what: str) -> float:
+    def _within_deadline(self, run: RunState, cap_s: float, what: str) -> float:
         """``cap_s`` shortened to the time left before the retrieve's deadline; raises
         DEADLINE once it has passed."""
         if run.deadline is None:
@@ -241,7 +178,11 @@ class BoundedRestorer:
         return min(cap_s, left)
 
     def _admit(
-        self, run: _Run, window: Window, inflight: deque[_InFlight], destination: RestoreDestination
+        self,
+        run: RunState,
+        window: Window,
+        inflight: deque[InFlight],
+        destination: RestoreDestination,
     ) -> None:
         """Get budget for ``window``; drain own windows instead of blocking while holding any."""
         assert self.budget is not None
@@ -269,7 +210,7 @@ class BoundedRestorer:
             break
         run.event(EventKind.ADMIT, window)
 
-    def _stage(self, run: _Run, window: Window, budget_chunks: int) -> _InFlight:
+    def _stage(self, run: RunState, window: Window, budget_chunks: int) -> InFlight:
         per_col = run.plan.request.column_bytes_by_rank()
         by_rank = {r: b * window.num_chunks for r, b in per_col.items()}
         self.gauge.add(by_rank)
@@ -286,10 +227,10 @@ class BoundedRestorer:
             ) from e
         run.event(EventKind.STAGE, window)
         run.mark(window, "staged_at_s", self._since(run))
-        return _InFlight(window, ticket, by_rank, budget_chunks)
+        return InFlight(window, ticket, by_rank, budget_chunks)
 
     def _finish_window(
-        self, run: _Run, item: _InFlight, destination: RestoreDestination, window_whole: bool
+        self, run: RunState, item: InFlight, destination: RestoreDestination, window_whole: bool
     ) -> int:
         """Wait, check, read, install, sync. Returns chunks installed."""
         w = item.window
@@ -341,7 +282,7 @@ class BoundedRestorer:
         run.event(EventKind.INSTALL, w)
         return n
 
-    def _release(self, run: _Run, item: _InFlight) -> None:
+    def _release(self, run: RunState, item: InFlight) -> None:
         try:
             self.storage.release(item.ticket)
         except Exception as e:
@@ -354,7 +295,7 @@ class BoundedRestorer:
         run.mark(item.window, "released_at_s", self._since(run))
         run.event(EventKind.RELEASE, item.window)
 
-    def _unaccount(self, run: _Run, item: _InFlight) -> None:
+    def _unaccount(self, run: RunState, item: InFlight) -> None:
         if item.bytes_by_rank:
             self.gauge.remove(item.bytes_by_rank)
             run.add(item.bytes_by_rank, -1)
@@ -363,7 +304,7 @@ class BoundedRestorer:
             self.budget.release(item.budget_chunks)
             item.budget_chunks = 0
 
-    def _release_all(self, run: _Run, inflight: deque[_InFlight]) -> None:
+    def _release_all(self, run: RunState, inflight: deque[InFlight]) -> None:
         """Release every window still held (failure or unexpected exit). Never raises."""
         while inflight:
             item = inflight.popleft()
@@ -375,8 +316,8 @@ class BoundedRestorer:
 
     def _fail(
         self,
-        run: _Run,
-        inflight: deque[_InFlight],
+        run: RunState,
+        inflight: deque[InFlight],
         destination: RestoreDestination,
         kind: FailureKind,
         detail: str,
@@ -392,7 +333,7 @@ class BoundedRestorer:
         return self._outcome(run, RestoreState.FAILED, kind, detail, 0)
 
     def _outcome(
-        self, run: _Run, state: RestoreState, kind: FailureKind, detail: str, chunks: int
+        self, run: RunState, state: RestoreState, kind: FailureKind, detail: str, chunks: int
     ) -> RestoreOutcome:
         return RestoreOutcome(
             request_id=run.plan.request.request_id,
@@ -417,7 +358,7 @@ class BoundedRestorer:
     ) -> RestoreOutcome:
         """Stock path: one locked prefetch of the whole plan; expose the hit prefix it got."""
         run = self._new_run(plan)
-        inflight: deque[_InFlight] = deque()
+        inflight: deque[InFlight] = deque()
         windows = split_windows(plan.prefix_chunks, 0)
         got = 0
         try:

@@ -175,8 +175,8 @@ class ServingRig(Rig):
             + " (bsrctl stops or restarts nothing it did not start)"
         )
 
-    def _unrunnable(self, cell: CellSpec, t_cell: float, why: str) -> Point:
-        """A cell an attached deployment cannot run: UNKNOWN naming what is missing."""
+    def _unknown(self, cell: CellSpec, t_cell: float, name: str, why: str, **extra: Any) -> Point:
+        """A cell that could not run as specified: one UNKNOWN check, never PASS."""
         wl = self.spec.workload
         return Point(
             id=cell.id,
@@ -188,9 +188,14 @@ class ServingRig(Rig):
                 "expected_cached_tokens": None,
                 "time_to_fallback_s": None,
                 "cell_s": round(time.monotonic() - t_cell, 3),
+                **extra,
             },
-            checks=(check("operator_command", None, why),),
+            checks=(check(name, None, why),),
         )
+
+    def _unrunnable(self, cell: CellSpec, t_cell: float, why: str) -> Point:
+        """A cell an attached deployment cannot run: UNKNOWN naming what is missing."""
+        return self._unknown(cell, t_cell, "operator_command", why)
 
     def _unseeded(
         self,
@@ -201,22 +206,8 @@ class ServingRig(Rig):
         reason: str,
     ) -> Point:
         """A cell whose setup could not reach the seeded state: UNKNOWN, never PASS."""
-        wl = self.spec.workload
-        return Point(
-            id=cell.id,
-            params=cell.model_dump(),
-            measures={
-                "tokens": wl.prompt_tokens,
-                "window_chunks": wl.window_chunks,
-                "cached_tokens": None,
-                "expected_cached_tokens": None,
-                "time_to_fallback_s": None,
-                "cell_s": round(time.monotonic() - t_cell, 3),
-                "seed": seed,
-                **({"flood_seeds": flood} if flood else {}),
-            },
-            checks=(check("setup_seeded", None, reason),),
-        )
+        extra = {"seed": seed, **({"flood_seeds": flood} if flood else {})}
+        return self._unknown(cell, t_cell, "setup_seeded", reason, **extra)
 
 
 class _Request:

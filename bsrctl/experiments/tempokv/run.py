@@ -35,13 +35,7 @@ def run_tempokv(spec_path: Path, out_dir: Path, stack: str, quiet: bool) -> Verd
                 "serving stack runs the policy grid (kind: policies)"
             )
         return _run_serving(spec, raw, out_dir, say)
-    writer = EvidenceWriter(
-        out_dir,
-        "tempokv",
-        raw,
-        salt=f"tempokv-seed-{spec.seed}",
-        stack={"kind": "sim", "versions": {"bsrctl": __version__}, "registration": {}},
-    )
+    writer = _writer(spec, raw, out_dir, "sim")
 
     def body(w: EvidenceWriter) -> tuple[dict[str, Any], list[JudgedCheck]]:
         exp = spec.experiment
@@ -57,15 +51,19 @@ def run_tempokv(spec_path: Path, out_dir: Path, stack: str, quiet: bool) -> Verd
 def _run_serving(spec: Any, raw: dict, out_dir: Path, say: Any) -> Verdict:
     from bsrctl.experiments.tempokv.serving import run_serving, teardown
 
-    writer = EvidenceWriter(
-        out_dir,
-        "tempokv",
-        raw,
-        salt=f"tempokv-seed-{spec.seed}",
-        stack={"kind": "serving", "versions": {"bsrctl": __version__}, "registration": {}},
-    )
+    writer = _writer(spec, raw, out_dir, "serving")
     holder: dict[str, Any] = {}
     exp = spec.experiment
     return execute(
         writer, lambda w: run_serving(spec, exp, w, say, holder), lambda: teardown(holder), say
+    )
+
+
+def _writer(spec: Any, raw: dict, out_dir: Path, stack: str) -> EvidenceWriter:
+    return EvidenceWriter(
+        out_dir,
+        "tempokv",
+        raw,
+        salt=f"tempokv-seed-{spec.seed}",
+        stack={"kind": stack, "versions": {"bsrctl": __version__}, "registration": {}},
     )
