@@ -14,17 +14,8 @@ from typing import Any
 
 import numpy as np
 from lmcache.v1.distributed.api import ObjectKey
-from lmcache.v1.distributed.config import (
-    EvictionConfig,
-    L1ManagerConfig,
-    L1MemoryManagerConfig,
-    StorageManagerConfig,
-)
-from lmcache.v1.distributed.l2_adapters.config import L2AdaptersConfig
-from lmcache.v1.distributed.l2_adapters.fs_l2_adapter import (
-    FSL2AdapterConfig,
-    _object_key_to_filename,
-)
+from lmcache.v1.distributed.config import StorageManagerConfig
+from lmcache.v1.distributed.l2_adapters.fs_l2_adapter import _object_key_to_filename
 from lmcache.v1.distributed.storage_manager import StorageManager
 
 from bsrctl.errors import BadInput
@@ -38,6 +29,7 @@ from bsrctl.restore import (
     RowKeys,
 )
 from bsrctl.stack import extensions, shm_ledger
+from bsrctl.stack.storage import l2
 from bsrctl.stack.storage.canonical import CanonicalKV
 from bsrctl.stack.storage.config import (
     FaultSpec,
@@ -106,52 +98,18 @@ class StorageStack:
         return f"bsrctl-storage-{self.model_name}"
 
     def _l2_config(self, rank: int) -> Any:
-        if self.mooncake:
-            # load_concurrency: the adapter's load workers (batches in flight per rank)
-            return extensions.mooncake_config(
-                self.config.mooncake_master,
-                self.mooncake_prefix,
-                self.config.restore.load_concurrency,
-            )
-        inner = self._fs_config()
-        if self.fault_control.is_file():
-            name = f"storage-fs-{id(self):x}-{rank}"
-            return extensions.fault_wrapped_config(name, inner, self.fault_control)
-        return inner
-
-    def _fs_config(self) -> Any:
-        c = self.config.restore
-        kind = self.config.l2_adapter
-        if kind == "auto":
-            kind = "bsr_fs" if c.load_concurrency > 1 else "stock"
-        if kind == "stock":
-            if c.load_concurrency != 1:
-                raise BadInput(
-                    "load_concurrency > 1 needs l2_adapter 'bsr_fs' "
-                    "(the stock FS adapter loads serially)"
-                )
-            return FSL2AdapterConfig(base_path=str(self.l2_dir), use_odirect=c.use_odirect)
-        try:
-            return extensions.bsr_fs_config(self.l2_dir, c.use_odirect, c.load_concurrency)
-        except ImportError as e:
-            raise BadInput(f"l2_adapter 'bsr_fs' unavailable ({e}); use l2_adapter 'stock'") from e
+        name = f"storage-fs-{id(self):x}-{rank}"
+        return l2.adapter_config(
+            self.config, self.l2_dir, self.mooncake_prefix, self.fault_control, name
+        )
 
     def l1_segment(self, rank: int) -> str:
         """The /dev/shm name of a rank's L1 pool (LMCache prefixes ``lmcache_l1_pool_``)."""
         return f"lmcache_l1_pool_bsrctl_storage_{os.getpid()}_{id(self):x}_{rank}"
 
     def _sm_config(self, rank: int) -> StorageManagerConfig:
-        l1 = L1ManagerConfig(
-            L1MemoryManagerConfig(
-                size_in_bytes=self.config.l1_capacity_bytes,
-                use_lazy=False,
-                shm_name=self.l1_segment(rank),
-            )
-        )
-        return StorageManagerConfig(
-            l1_manager_config=l1,
-            eviction_config=EvictionConfig("LRU"),
-            l2_adapter_config=L2AdaptersConfig([self._l2_config(rank)]),
+        return l2.manager_config(
+            self.config.l1_capacity_bytes, self.l1_segment(rank), self._l2_config(rank)
         )
 
     def versions(self) -> dict[str, str]:
