@@ -49,10 +49,11 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from bsrctl.lmcache_ext.adapters.fileio import preadv_full
 from bsrctl.registration import Registration, dsv4_flash_mtp_off
 from bsrctl.settings import RestoreSettings
 from bsrctl.stack.storage import StorageStack, StorageStackConfig, deploy
@@ -154,6 +155,17 @@ def reader_buffer(i: int, size: int) -> mmap.mmap:
     return buf
 
 
+def run_threads(work: Callable[[Any], None], args: Iterable[Any]) -> float:
+    """One thread per argument, started together; seconds until the last one is done."""
+    threads = [threading.Thread(target=work, args=(a,)) for a in args]
+    t0 = time.monotonic()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return time.monotonic() - t0
+
+
 def parallel_read(paths: list[Path], readers: int, odirect: bool) -> tuple[float, int]:
     """``readers`` threads read whole files (next file from a shared list) into their own
     page-aligned buffer. Returns (seconds, bytes)."""
@@ -175,14 +187,7 @@ def parallel_read(paths: list[Path], readers: int, odirect: bool) -> tuple[float
                     return
                 fd = os.open(p, flags)
                 try:
-                    size = os.fstat(fd).st_size
-                    done = 0
-                    while done < size:
-                        n = os.preadv(fd, [whole[done:size]], done)
-                        if n <= 0:
-                            break
-                        done += n
-                    total[i] += done
+                    total[i] += preadv_full(fd, whole, os.fstat(fd).st_size)
                 finally:
                     os.close(fd)
         except BaseException as e:  # reported by the caller
@@ -190,13 +195,7 @@ def parallel_read(paths: list[Path], readers: int, odirect: bool) -> tuple[float
         finally:
             whole.release()
 
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(readers)]
-    t0 = time.monotonic()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    dt = time.monotonic() - t0
+    dt = run_threads(work, range(readers))
     if errors:
         raise errors[0]
     return dt, sum(total)
@@ -534,15 +533,10 @@ def mooncake_worker(args: argparse.Namespace) -> int:
                         if rc != sizes[i]:
                             errs.append(rc)
 
-                ts = [threading.Thread(target=work, args=(j,)) for j in range(k)]
-                t0 = time.monotonic()
-                for t in ts:
-                    t.start()
-                for t in ts:
-                    t.join()
+                s = run_threads(work, range(k))
                 if errs:
                     raise SystemExit(f"get_into returned {errs[:3]}")
-                return {"s": time.monotonic() - t0, "bytes": sum(sizes)}
+                return {"s": s, "bytes": sum(sizes)}
 
             return go
 
@@ -568,15 +562,10 @@ def mooncake_worker(args: argparse.Namespace) -> int:
                     codes = clients[r].batch_get_into([names[j] for j in part], ptrs, psz)
                     errs.extend(x for x, sz in zip(codes, psz, strict=True) if x != sz)
 
-            ts = [threading.Thread(target=work, args=(r,)) for r in clients]
-            t0 = time.monotonic()
-            for t in ts:
-                t.start()
-            for t in ts:
-                t.join()
+            s = run_threads(work, clients)
             if errs:
                 raise SystemExit(f"batch_get_into returned {errs[:3]}")
-            return {"s": time.monotonic() - t0, "bytes": sum(sizes)}
+            return {"s": s, "bytes": sum(sizes)}
 
         rounds.add(f"client batch_get_into ({per_window} objects/batch)", batch)
         rounds.add(f"client per rank ({len(clients)}) batch_get_into in parallel", per_rank_batches)
