@@ -20,11 +20,8 @@ from pathlib import Path
 
 import yaml
 
-from bsrctl.experiments.tempokv.serving import MIB, _arrivals, _p95, _prompts, stack_for
-from bsrctl.stack import tinymodel
+from bsrctl.experiments.tempokv.serving import MIB, _arrivals, _p95, prepare, seed_documents
 from bsrctl.stack.bsr_client import BsrModuleClient
-from bsrctl.stack.canonical import canonical_outputs
-from bsrctl.stack.seeding import seed_tiers
 from bsrctl.tempokv.spec import TempoKVSpec
 
 DEFAULT_SPEC = {
@@ -46,16 +43,13 @@ def main() -> None:
     spec = TempoKVSpec.model_validate(raw or DEFAULT_SPEC)
     run_dir = Path(tempfile.mkdtemp(prefix="tk-fig6-"))
     run = spec.serving
-    docs, reqs = _prompts(run, tinymodel.vocab_size(tinymodel.build()), spec.seed)
-    stack, info = stack_for(spec, run_dir)
-    canonical = canonical_outputs(stack.spec, run_dir, reqs, run.max_tokens)
+    prep = prepare(spec, run_dir)
+    stack, info, reqs, canonical = prep.stack, prep.info, prep.reqs, prep.canonical
     stack.up()
     client = BsrModuleClient(stack)
     rows = []
     try:
-        for doc in docs:
-            seed_tiers(stack, client, doc, chunk_tokens=256, tiers=("fs",), max_tokens=1,
-                       forget_first=False, forget_wait_s=30.0)  # fmt: skip
+        seed_documents(stack, client, prep.docs)
         for rate in rates:
             cell = {}
             for system in ("lmcache", "tempokv"):

@@ -75,25 +75,19 @@ def test_lmcache_killed_with_committed_claims_leaves_no_pin(tmp_path: Path) -> N
     import threading
     import time
 
-    from bsrctl.experiments.tempokv.serving import MIB, _arrivals, _prompts, stack_for
-    from bsrctl.stack import tinymodel
+    from bsrctl.experiments.tempokv.serving import MIB, _arrivals, prepare, seed_documents
     from bsrctl.stack.bsr_client import BsrModuleClient
-    from bsrctl.stack.canonical import canonical_outputs
-    from bsrctl.stack.seeding import seed_tiers
     from bsrctl.tempokv.spec import TempoKVSpec
 
     raw = {**SPEC, "serving": {**SPEC["serving"], "budget_mib": 12.0, "interval_s": 0.15}}
     spec = TempoKVSpec.model_validate(raw)
     run = spec.serving
-    docs, reqs = _prompts(run, tinymodel.vocab_size(tinymodel.build()), spec.seed)
-    stack, _ = stack_for(spec, tmp_path)
-    canonical = canonical_outputs(stack.spec, tmp_path, reqs, run.max_tokens)
+    prep = prepare(spec, tmp_path)
+    stack, reqs, canonical = prep.stack, prep.reqs, prep.canonical
     stack.up()
     client = BsrModuleClient(stack)
     try:
-        for doc in docs:
-            seed_tiers(stack, client, doc, chunk_tokens=256, tiers=("fs",), max_tokens=1,
-                       forget_first=False, forget_wait_s=30.0)  # fmt: skip
+        seed_documents(stack, client, prep.docs)
         client.forget(wait_s=30.0)
         stack.forget_local()
         got = client.call("tempokv.configure", {

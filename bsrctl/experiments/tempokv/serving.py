@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 import threading
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from bsrctl.evidence import EvidenceWriter, Verdict
@@ -88,28 +88,52 @@ def stack_for(spec: TempoKVSpec, run_dir: Any) -> tuple[ServingStack, dict[str, 
     return ServingStack(stack_spec, run_dir, ext), info
 
 
+@dataclass(frozen=True)
+class Prepared:
+    """A serving workload ready to run: its stack (not started yet), prompts and the
+    canonical output of every request."""
+
+    stack: ServingStack
+    info: dict[str, Any]
+    docs: list[list[int]]
+    reqs: list[list[int]]
+    canonical: list[tuple[int, ...]]
+
+
+def prepare(spec: TempoKVSpec, run_dir: Any, say: Progress = lambda _m: None) -> Prepared:
+    run = spec.serving
+    docs, reqs = _prompts(run, tinymodel.vocab_size(tinymodel.build()), spec.seed)
+    stack, info = stack_for(spec, run_dir)
+    say("canonical outputs (connector-less vLLM)")
+    canonical = canonical_outputs(stack.spec, run_dir, reqs, run.max_tokens)
+    return Prepared(stack, info, docs, reqs, canonical)
+
+
+def seed_documents(
+    stack: ServingStack, client: BsrModuleClient, docs: list[list[int]]
+) -> list[bool]:
+    """Store every document into the FS L2; whether each is whole there."""
+    return [
+        seed_tiers(stack, client, doc, chunk_tokens=256, tiers=("fs",), max_tokens=1,
+                   forget_first=False, forget_wait_s=30.0).complete
+        for doc in docs
+    ]  # fmt: skip
+
+
 def run_serving(
     spec: TempoKVSpec, exp: PolicyGrid, writer: EvidenceWriter, say: Progress, holder: dict
 ) -> tuple[dict[str, Any], list[JudgedCheck]]:
     run = spec.serving
     policies = [p for p in exp.policies if p not in LIVE_POLICIES_EXCLUDED]
     skipped = {p: LIVE_POLICIES_EXCLUDED[p] for p in exp.policies if p not in policies}
-    model_dir = tinymodel.build()
-    docs, reqs = _prompts(run, tinymodel.vocab_size(model_dir), spec.seed)
-    stack, info = stack_for(spec, writer.run_dir)
+    prep = prepare(spec, writer.run_dir, say)
+    stack, info, reqs, canonical = prep.stack, prep.info, prep.reqs, prep.canonical
     holder["stack"] = stack
-    say("canonical outputs (connector-less vLLM)")
-    canonical = canonical_outputs(stack.spec, writer.run_dir, reqs, run.max_tokens)
     say("starting vLLM (TempoKV adapter) + LMCache (TempoKV controller, shaped L2)")
     stack.up()
     client = BsrModuleClient(stack)
     holder["client"] = client
-    seeds = []
-    for doc in docs:
-        seeds.append(
-            seed_tiers(stack, client, doc, chunk_tokens=256, tiers=("fs",),
-                       max_tokens=1, forget_first=False, forget_wait_s=30.0).complete
-        )  # fmt: skip
+    seeds = seed_documents(stack, client, prep.docs)
     rows: dict[str, dict[str, Any]] = {}
     budget = int(run.budget_mib * MIB)
     for policy in policies:
