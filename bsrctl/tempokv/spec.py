@@ -293,6 +293,12 @@ class ServingRun(Strict):
     step_base_s: float = Field(0.02, gt=0, description="TTU cost model prior, calibrated live")
     token_s: float = Field(5e-5, ge=0)
     max_num_seqs: int = Field(2, ge=1, description="vLLM slots (a queue forms behind them)")
+    repeats: int = Field(
+        1,
+        ge=1,
+        description="the whole policy grid again on the same stack (order reversed "
+        "every other repeat); measures and checks pool every repeat's requests",
+    )
 
 
 class TempoKVSpec(Strict):

@@ -31,7 +31,9 @@ TRACE = [
     {"kind": "step_time", "tokens": 0, "s": 0.5},  # an empty step is no cost sample
 ]
 EVIDENCE = {
-    "summary": {"stack": {"kv_bytes_per_token": 4096}},
+    "summary": {"stack": {"kv_bytes_per_token": 4096},
+                "policies": {"demand": {"c_mib_s_per_req": 0.5, "p95_ttft_s": 2.0},
+                             "immediate": {"c_mib_s_per_req": 0.3, "p95_ttft_s": 1.0}}},
     "points": [
         {"params": {"policy": "demand"}, "measures": {"c_mib_s_per_req": 0.5, "p95_ttft_s": 2.0},
          "extra": {"stages": [{"bytes": 1 << 20, "start_s": 1.0, "done_s": 1.25}]}},

@@ -133,12 +133,10 @@ def simulate_like_serving(
 
 
 def serving_rows(evidence: Mapping[str, Any]) -> dict[str, dict[str, float]]:
+    """Each policy's pooled C and p95 (over every repeat) from the run's summary."""
     return {
-        p["params"]["policy"]: {
-            "c": p["measures"]["c_mib_s_per_req"],
-            "p95": p["measures"]["p95_ttft_s"],
-        }
-        for p in evidence["points"]
+        policy: {"c": m["c_mib_s_per_req"], "p95": m["p95_ttft_s"]}
+        for policy, m in evidence["summary"]["policies"].items()
     }
 
 
