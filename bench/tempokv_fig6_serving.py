@@ -1,26 +1,53 @@
 """The paper's Figure 6 on the CPU serving stack: TempoKV against unmodified LMCache with the
-fast tier as its L1 (no controller: the server module's TempoKV is off, so every request
-reads L2 through LMCache's own lookup, staged on demand), across offered request rates,
-side by side in one run on one stack. Prints p95 TTFT and output throughput per rate and
-their ratios. Long-document prompts are made locally (no hub).
+fast tier as its L1 (LMCache-DAX: no adapter, no controller), across offered request rates.
+Prints p95 TTFT and output throughput per rate and their ratios. Long-document prompts are
+made locally (no hub).
 
-    flock /work/heavy.lock python bench/tempokv_fig6_serving.py [SPEC.yaml] [RATES...]
+    flock /work/heavy.lock python bench/tempokv_fig6_serving.py [--repeats R] [SPEC.yaml] [RATES...]
 
-The spec's `serving` section sets the workload and the shaped L2; the rates replace its
-interval (requests per second = 1 / interval). Both systems run the same requests per rate,
-after L1 and vLLM's prefix cache forget; outputs are checked against the canonical ones.
-Nothing is tuned here: it prints what the stack gives."""
+Two arms, each its own stack, built by ``serving.stack_for`` with the same server module and
+the same shaped (O_DIRECT where taken) FS L2:
+
+- ``lmcache``: ``with_adapter=False``: vLLM's stock scheduler (no ``--scheduler-cls``), LMCache
+  with its stock options and the server module's TempoKV off: every request reads L2 through
+  LMCache's own lookup, staged on demand;
+- ``tempokv``: vLLM with the TempoKV runtime adapter, LMCache with ``retain`` and the long read
+  TTL, the controller on (``tempokv.configure`` per cell).
+
+Per repeat both arms run every rate, in alternating order between repeats (AB, BA, AB, ...)
+so drift over the run hits both; an arm is stack up, documents seeded into L2, then every rate
+(L1 and vLLM's prefix cache forget before each cell), stack down. The spec's `serving` section
+sets the workload and the shaped L2; the rates replace its interval (requests per second =
+1 / interval). Canonical outputs (a connector-less vLLM) are computed once: both arms send the
+same prompts. Every output is checked against them; any that differs (or a request that did not
+finish) is printed as FAILURE and the exit status is 1. The table gives, per rate, the median
+over repeats of each arm's p95 TTFT and tok/s, the median of the per-repeat ratios and their
+min–max. Nothing is tuned here: it prints what the stack gives."""
 
 from __future__ import annotations
 
+import argparse
 import math
+import statistics
 import sys
 import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import yaml
 
-from bsrctl.experiments.tempokv.serving import MIB, _arrivals, _p95, prepare, seed_documents
+from bsrctl.errors import StackFailed
+from bsrctl.experiments.tempokv.serving import (
+    MIB,
+    _arrivals,
+    _p95,
+    prepare,
+    seed_documents,
+    stack_for,
+)
 from bsrctl.stack.bsr_client import BsrModuleClient
 from bsrctl.tempokv.spec import TempoKVSpec
 
@@ -34,66 +61,190 @@ DEFAULT_SPEC = {
     "experiment": {"kind": "policies", "cache_ratios": [1.0]},
 }  # fmt: skip
 DEFAULT_RATES = (2.0, 4.0, 8.0, 12.0, 16.0)
+ARMS = ("lmcache", "tempokv")
 
 
-def main() -> None:
-    args = sys.argv[1:]
-    raw = yaml.safe_load(Path(args[0]).read_text()) if args and args[0].endswith(".yaml") else None
-    rates = [float(a) for a in args[1 if raw else 0 :]] or list(DEFAULT_RATES)
+def arm_orders(repeats: int) -> list[tuple[str, ...]]:
+    """The arms' order in each repeat: AB, BA, AB, ... (drift over the run hits both)."""
+    return [ARMS if k % 2 == 0 else ARMS[::-1] for k in range(repeats)]
+
+
+@dataclass(frozen=True)
+class Spread:
+    median: float
+    lo: float
+    hi: float
+
+
+def spread(xs: Sequence[float]) -> Spread:
+    """Median, min and max of the per-repeat values (NaN when there are none)."""
+    if not xs:
+        return Spread(math.nan, math.nan, math.nan)
+    return Spread(statistics.median(xs), min(xs), max(xs))
+
+
+def ratio(a: float, b: float) -> float:
+    return a / b if b else math.nan
+
+
+@dataclass(frozen=True)
+class Cell:
+    p95_s: float
+    tok_s: float
+    canonical: int
+    requests: int
+    controller: str  # what tempokv.status said after the cell ("" for the baseline)
+
+
+def run_arm(
+    spec: TempoKVSpec, arm: str, run_dir: Path, rates: Sequence[float], prep: Any, rep: int
+) -> dict[float, Cell]:
+    run = spec.serving
+    stack, _info = stack_for(spec, run_dir, with_adapter=arm == "tempokv")
+    out: dict[float, Cell] = {}
+    client = None
+    try:
+        stack.up()
+        client = BsrModuleClient(stack)
+        seeds = seed_documents(stack, client, prep.docs)
+        if not all(seeds):
+            print(f"FAILURE: repeat {rep} {arm}: documents not whole in L2: {seeds}", flush=True)
+        for rate in rates:
+            forgot = client.forget(wait_s=30.0)
+            if forgot.l1_used_bytes_after:
+                print(f"note: L1 still holds {forgot.l1_used_bytes_after} B after forget")
+            stack.forget_local()
+            if arm == "tempokv":
+                cfg = {"policy": "tempokv", "capacity_bytes": run.l1_mib * MIB,
+                       "budget_bytes": int(run.budget_mib * MIB),
+                       "prior_bytes_s": run.l2_bandwidth_mib_s * MIB,
+                       "tick_s": spec.control.tick_s}  # fmt: skip
+            else:
+                cfg = {"policy": None}
+            got = client.call("tempokv.configure", cfg)
+            if not got.get("ok"):
+                raise StackFailed(f"tempokv.configure {cfg}: {got}")
+            timed = run.model_copy(update={"interval_s": 1.0 / rate})
+            res = _arrivals(stack, prep.reqs, timed)
+            controller = ""
+            if arm == "tempokv":
+                time.sleep(0.3)  # the last retrieve's release reaches the controller
+                st = client.call("tempokv.status", {})
+                controller = (
+                    f"claims {len(st.get('claims', {}))} committed {len(st.get('ttr', []))} "
+                    f"deferred {st.get('deferred_claims', 0)} stages {len(st.get('stages', []))} "
+                    f"retrievals {st.get('retrievals', {})}"
+                )
+            client.call("tempokv.configure", {"policy": None})
+            done = [r for r in res if r is not None]
+            ttfts = [r.first_token_s - r.sent_s for r in done]
+            span = max(r.done_s for r in done) - min(r.sent_s for r in done) if done else 0.0
+            toks = sum(len(r.output_token_ids) for r in done)
+            same = sum(
+                r is not None and r.output_token_ids == c
+                for r, c in zip(res, prep.canonical, strict=True)
+            )
+            cell = Cell(
+                _p95(ttfts), toks / span if span > 0 else math.nan, same, len(res), controller
+            )
+            out[rate] = cell
+            print(
+                f"repeat {rep} {arm:7} rate {rate:g} rps: p95 TTFT {cell.p95_s:.3f}s "
+                f"{cell.tok_s:.1f} tok/s {same}/{len(res)} canonical"
+                + (f" | {controller}" if controller else ""),
+                flush=True,
+            )
+            if same != len(res):
+                print(
+                    f"FAILURE: repeat {rep} {arm} rate {rate:g}: only {same}/{len(res)} "
+                    "outputs equal the canonical ones",
+                    flush=True,
+                )
+    finally:
+        if client is not None:
+            client.close()
+        stack.down()
+    return out
+
+
+def table(rates: Sequence[float], cells: list[dict[str, dict[float, Cell]]]) -> list[str]:
+    lines = [
+        "| rate rps | LMCache p95 TTFT s | TempoKV p95 TTFT s | LMCache tok/s | TempoKV tok/s "
+        "| p95 TempoKV/LMCache median [min–max] | tput TempoKV/LMCache median [min–max] "
+        "| canonical LMCache, TempoKV |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for rate in rates:
+        lm = [c["lmcache"][rate] for c in cells]
+        tk = [c["tempokv"][rate] for c in cells]
+        p95 = spread([ratio(t.p95_s, m.p95_s) for m, t in zip(lm, tk, strict=True)])
+        tput = spread([ratio(t.tok_s, m.tok_s) for m, t in zip(lm, tk, strict=True)])
+        lines.append(
+            f"| {rate:g} | {spread([c.p95_s for c in lm]).median:.3f} "
+            f"| {spread([c.p95_s for c in tk]).median:.3f} "
+            f"| {spread([c.tok_s for c in lm]).median:.1f} "
+            f"| {spread([c.tok_s for c in tk]).median:.1f} "
+            f"| {p95.median:.3f} [{p95.lo:.3f}–{p95.hi:.3f}] "
+            f"| {tput.median:.3f} [{tput.lo:.3f}–{tput.hi:.3f}] "
+            f"| {sum(c.canonical for c in lm)}/{sum(c.requests for c in lm)}, "
+            f"{sum(c.canonical for c in tk)}/{sum(c.requests for c in tk)} |"
+        )
+    return lines
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeats", type=int, default=3, help="runs of both arms (≥ 1)")
+    ap.add_argument("args", nargs="*", help="[SPEC.yaml] [RATES...] (requests per second)")
+    ns = ap.parse_args()
+    if ns.repeats < 1:
+        ap.error(f"--repeats {ns.repeats}: give 1 or more")
+    args = list(ns.args)
+    raw = (
+        yaml.safe_load(Path(args.pop(0)).read_text())
+        if args and args[0].endswith(".yaml")
+        else None
+    )
+    try:
+        rates = [float(a) for a in args] or list(DEFAULT_RATES)
+    except ValueError:
+        ap.error(f"RATES {args}: give numbers (requests per second)")
+    if any(r <= 0 for r in rates):
+        ap.error(f"RATES {rates}: each must be > 0")
     spec = TempoKVSpec.model_validate(raw or DEFAULT_SPEC)
     run_dir = Path(tempfile.mkdtemp(prefix="tk-fig6-"))
     run = spec.serving
-    prep = prepare(spec, run_dir)
-    stack, info, reqs, canonical = prep.stack, prep.info, prep.reqs, prep.canonical
-    stack.up()
-    client = BsrModuleClient(stack)
-    rows = []
+    print(f"run dir {run_dir}; {ns.repeats} repeats; rates {rates}; {run.num_requests} requests "
+          f"per cell; orders {arm_orders(ns.repeats)}", flush=True)  # fmt: skip
+    prep = prepare(spec, run_dir / "canonical")  # its stack is never started
+    cells: list[dict[str, dict[float, Cell]]] = []
     try:
-        seed_documents(stack, client, prep.docs)
-        for rate in rates:
-            cell = {}
-            for system in ("lmcache", "tempokv"):
-                client.forget(wait_s=30.0)
-                stack.forget_local()
-                if system == "tempokv":
-                    client.call("tempokv.configure", {
-                        "policy": "tempokv", "capacity_bytes": run.l1_mib * MIB,
-                        "budget_bytes": int(run.budget_mib * MIB),
-                        "prior_bytes_s": run.l2_bandwidth_mib_s * MIB,
-                        "tick_s": spec.control.tick_s})  # fmt: skip
-                else:
-                    client.call("tempokv.configure", {"policy": None})
-                timed = run.model_copy(update={"interval_s": 1.0 / rate})
-                res = _arrivals(stack, reqs, timed)
-                client.call("tempokv.configure", {"policy": None})
-                ttfts = [r.first_token_s - r.sent_s for r in res]
-                span = max(r.done_s for r in res) - min(r.sent_s for r in res)
-                toks = sum(len(r.output_token_ids) for r in res)
-                same = sum(r.output_token_ids == c for r, c in zip(res, canonical, strict=True))
-                cell[system] = (_p95(ttfts), toks / span, same)
-            rows.append((rate, cell))
-            lm, tk = cell["lmcache"], cell["tempokv"]
-            print(
-                f"rate {rate:g} rps: LMCache p95 {lm[0]:.3f}s {lm[1]:.1f} tok/s "
-                f"({lm[2]}/{len(reqs)} canonical) | TempoKV p95 {tk[0]:.3f}s {tk[1]:.1f} tok/s "
-                f"({tk[2]}/{len(reqs)} canonical) | p95 ratio {tk[0] / lm[0]:.3f} "
-                f"tput ratio {tk[1] / lm[1]:.3f}",
-                flush=True,
-            )
-    finally:
-        client.close()
-        stack.down()
-    print("\n| rate rps | LMCache p95 TTFT s | TempoKV p95 TTFT s | LMCache tok/s | "
-          "TempoKV tok/s | p95 TempoKV/LMCache | tput TempoKV/LMCache |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|")
-    for rate, cell in rows:
-        lm, tk = cell["lmcache"], cell["tempokv"]
-        ratio = tk[0] / lm[0] if lm[0] else math.nan
-        print(f"| {rate:g} | {lm[0]:.3f} | {tk[0]:.3f} | {lm[1]:.1f} | {tk[1]:.1f} | "
-              f"{ratio:.3f} | {tk[1] / lm[1]:.3f} |")  # fmt: skip
-    print(f"\nstack: {info['odirect']=} shaped L2 {run.l2_bandwidth_mib_s} MiB/s, "
-          f"budget {run.budget_mib} MiB, run dir {run_dir}")  # fmt: skip
+        for k, order in enumerate(arm_orders(ns.repeats)):
+            got = {
+                arm: run_arm(spec, arm, run_dir / f"r{k}-{arm}", rates, prep, k) for arm in order
+            }
+            cells.append(got)
+    except StackFailed as e:
+        print(f"FAILURE: stack failed: {e}", flush=True)
+        return 3
+    print()
+    print("\n".join(table(rates, cells)))
+    print(f"\nmedians over {ns.repeats} repeats, {run.num_requests} requests per cell; shaped L2 "
+          f"{run.l2_bandwidth_mib_s} MiB/s (O_DIRECT {prep.info['odirect']}), budget "
+          f"{run.budget_mib} MiB, run dir {run_dir}")  # fmt: skip
+    bad = [
+        (k, arm, rate)
+        for k, c in enumerate(cells)
+        for arm in ARMS
+        for rate in rates
+        if c[arm][rate].canonical != c[arm][rate].requests
+    ]
+    if bad:
+        print(f"FAILURE: non-canonical outputs in (repeat, arm, rate) {bad}", flush=True)
+        return 1
+    print("all outputs canonical in both arms")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

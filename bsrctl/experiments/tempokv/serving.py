@@ -54,7 +54,12 @@ def _p95(xs: list[float]) -> float:
     return quantile(xs, 0.95)
 
 
-def stack_for(spec: TempoKVSpec, run_dir: Any) -> tuple[ServingStack, dict[str, Any]]:
+def stack_for(
+    spec: TempoKVSpec, run_dir: Any, with_adapter: bool = True
+) -> tuple[ServingStack, dict[str, Any]]:
+    """The serving stack; ``with_adapter=False`` launches it without TempoKV (stock vLLM
+    scheduler and stock LMCache options, same server module and shaped L2): Figure 6's
+    unmodified-LMCache baseline."""
     run = spec.serving
     recipe = tinymodel.TinyModelRecipe()
     kv_bytes = recipe.kv_bytes_per_token()
@@ -77,7 +82,9 @@ def stack_for(spec: TempoKVSpec, run_dir: Any) -> tuple[ServingStack, dict[str, 
     ext = replace(
         bsr_extensions(RestoreSettings.of(RestoreTuning(), 0)),
         l2_device=L2Device(run.l2_bandwidth_mib_s * MIB, run.l2_latency_s, odirect),
-        tempokv=TempoKVLaunch(adapter, trace_path=str(run_dir / "adapter-trace.jsonl")),
+        tempokv=TempoKVLaunch(adapter, trace_path=str(run_dir / "adapter-trace.jsonl"))
+        if with_adapter
+        else None,
     )
     info = {"odirect": odirect, "kv_bytes_per_token": kv_bytes, "adapter": adapter}
     return ServingStack(stack_spec, run_dir, ext), info

@@ -1,0 +1,71 @@
+"""The Figure 6 bench's pure parts: the arms' order per repeat and the per-rate summary."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import sys
+from pathlib import Path
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+_path = Path(__file__).resolve().parents[2] / "bench" / "tempokv_fig6_serving.py"
+_spec = importlib.util.spec_from_file_location("tempokv_fig6_serving", _path)
+assert _spec is not None and _spec.loader is not None
+fig6 = importlib.util.module_from_spec(_spec)
+sys.modules[_spec.name] = fig6  # dataclasses look their module up
+_spec.loader.exec_module(fig6)
+
+
+def test_arm_orders_alternate() -> None:
+    ab, ba = ("lmcache", "tempokv"), ("tempokv", "lmcache")
+    assert fig6.arm_orders(1) == [ab]
+    assert fig6.arm_orders(4) == [ab, ba, ab, ba]
+
+
+@given(st.integers(min_value=1, max_value=40))
+def test_every_arm_leads_as_often_as_the_other_up_to_one(repeats: int) -> None:
+    orders = fig6.arm_orders(repeats)
+    assert len(orders) == repeats
+    assert all(sorted(o) == sorted(fig6.ARMS) for o in orders)
+    firsts = [o[0] for o in orders]
+    assert firsts.count("lmcache") - firsts.count("tempokv") in (0, 1)
+
+
+def test_spread_median_min_max() -> None:
+    assert fig6.spread([1.2, 0.5, 0.9]) == fig6.Spread(0.9, 0.5, 1.2)
+    assert fig6.spread([2.0, 1.0]) == fig6.Spread(1.5, 1.0, 2.0)
+    assert all(math.isnan(x) for x in vars(fig6.spread([])).values())
+
+
+def test_table_rows_take_medians_and_ratio_ranges() -> None:
+    def cell(p95: float, tok: float, same: int = 10) -> object:
+        return fig6.Cell(p95, tok, same, 10, "")
+
+    cells = [
+        {"lmcache": {2.0: cell(1.0, 100.0)}, "tempokv": {2.0: cell(0.5, 150.0)}},
+        {"lmcache": {2.0: cell(2.0, 50.0)}, "tempokv": {2.0: cell(2.0, 50.0, 9)}},
+        {"lmcache": {2.0: cell(1.0, 80.0)}, "tempokv": {2.0: cell(0.8, 100.0)}},
+    ]
+    rows = fig6.table([2.0], cells)
+    assert rows[2] == (
+        "| 2 | 1.000 | 0.800 | 80.0 | 100.0 | 0.800 [0.500–1.000] "
+        "| 1.250 [1.000–1.500] | 30/30, 29/30 |"
+    )
+
+
+def test_baseline_stack_differs_only_by_the_tempokv_launch(tmp_path: Path) -> None:
+    from bsrctl.experiments.tempokv.serving import stack_for
+    from bsrctl.tempokv.spec import TempoKVSpec
+
+    spec = TempoKVSpec.model_validate(fig6.DEFAULT_SPEC)
+    tk, _ = stack_for(spec, tmp_path / "tk")
+    lm, _ = stack_for(spec, tmp_path / "lm", with_adapter=False)
+    assert tk.extensions is not None and lm.extensions is not None
+    assert tk.extensions.tempokv is not None
+    assert tk.extensions.tempokv.scheduler_cls == "bsrctl.vllm_ext.scheduler.TempoKVScheduler"
+    assert lm.extensions.tempokv is None
+    assert lm.extensions.server_module == tk.extensions.server_module
+    assert lm.extensions.l2_device == tk.extensions.l2_device
+    assert lm.spec == tk.spec
