@@ -183,18 +183,23 @@ class LmcStagingDevice:
 
 class LiveStagingProvider(StagingProvider):
     """The mechanism's provider, plus the TTR estimate at each commitment (for the TTR
-    accuracy evidence): computed before committing, from the same queue view."""
+    accuracy evidence): computed before committing, from the same queue view; and the
+    claim's TTU then (`ttu_of`, the controller's aged estimate; None: none reported), so
+    the evidence can tell a TTU error from a TTR error."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._ttr = QueueProjectionTtr(self.rate)
-        self.ttr_at_commit: dict[str, tuple[float, float]] = {}  # claim -> (t, TTR estimate)
+        self.ttu_of: Callable[[str], float | None] = lambda _claim_id: None
+        # claim -> (t, TTR estimate, TTU estimate)
+        self.ttr_at_commit: dict[str, tuple[float, float, float | None]] = {}
 
     def commit(self, claim_id: str, manifest: Manifest) -> CommitDecision:
         est = self._ttr.ttr_s(self.ttr_query(manifest))
+        ttu = self.ttu_of(claim_id)
         decision = super().commit(claim_id, manifest)
         if decision.ok:
-            self.ttr_at_commit[claim_id] = (self.clock.now(), est)
+            self.ttr_at_commit[claim_id] = (self.clock.now(), est, ttu)
         return decision
 
 
@@ -250,13 +255,22 @@ class LiveTempo:
             tick_s=config.tick_s,
             crossing_wakeup=self.policy.crossing_wakeup,
         )
+        claims = self.controller.claims
+        provider.ttu_of = lambda cid: (
+            claims[cid].ttu_now(self.clock.now()) if cid in claims else None
+        )
         self.samples = Samples()
         self.lock = threading.RLock()
         self._stop = threading.Event()
         self._ready_waiters: dict[str, threading.Event] = {}
         self.retrievals: dict[str, str] = {}  # claim -> grant name
+        self.retrieval_at: dict[str, float] = {}  # claim -> when its retrieval was demanded
         self._thread = threading.Thread(target=self._loop, name="tempokv-live", daemon=True)
         self._thread.start()
+
+    def _ttu_now(self, claim_id: str) -> float | None:
+        claim = self.controller.claims.get(claim_id)
+        return None if claim is None else claim.ttu_now(self.clock.now())
 
     # ---- runtime adapter → controller ------------------------------------------------
     def report(self, claim_id: str, objects: Sequence[LiveObject]) -> None:
@@ -297,6 +311,7 @@ class LiveTempo:
             if claim.state is ClaimState.ORDINARY:
                 return RetrievalGrant.ORDINARY
             event = threading.Event()
+            self.retrieval_at.setdefault(claim_id, self.clock.now())
             grant = self.controller.request_retrieval(claim_id, event.set)
             if grant is RetrievalGrant.READY:
                 event.set()
@@ -358,15 +373,18 @@ class LiveTempo:
         with self.lock:
             ctl, s = self.controller, self.samples
             ttr = []
-            for cid, (t_commit, est) in self.provider.ttr_at_commit.items():
+            for cid, (t_commit, est, ttu) in self.provider.ttr_at_commit.items():
                 claim = ctl.claims[cid]
                 ready = [tr.t_s for tr in claim.trace if tr.state is ClaimState.STAGEREADY]
                 actual = ready[0] - t_commit if ready else None
+                used = self.retrieval_at.get(cid)
                 ttr.append(
                     {
                         "claim": cid,
                         "ttr_est_s": round(est, 6),
                         "stage_ready_s": None if actual is None else round(actual, 6),
+                        "ttu_est_s": None if ttu is None else round(ttu, 6),
+                        "retrieval_s": None if used is None else round(used - t_commit, 6),
                     }
                 )
             return {

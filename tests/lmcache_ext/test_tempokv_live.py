@@ -161,3 +161,36 @@ def test_oracle_is_refused_live() -> None:
         LiveConfig.from_json({"policy": "oracle"})
     with pytest.raises(ValueError, match=r"unknown fields \['budget'\]"):
         LiveConfig.from_json({"budget": 1})
+
+
+def test_ttu_at_commit_and_time_to_retrieval_are_reported(sm) -> None:
+    """Each commitment records the claim's TTU then (None when the runtime sent none, as
+    for Immediate) and when retrieval was later demanded: the TTU error in the evidence."""
+    r_keys, s_keys = kv.make_keys(2, "ttu-r"), kv.make_keys(2, "ttu-s")
+    kv.store(sm, r_keys + s_keys, CHUNK)
+    kv.forget(sm, r_keys + s_keys)
+    t = live(sm, "tempokv", budget_chunks=4)
+    try:
+        t.report("R", objects(r_keys))
+        t.update(["R"], {"R": 0.0})  # use now: TTU 0 ≤ TTR, committed at once
+        until(lambda: state(t, "R") is not ClaimState.PLANNED)
+        time.sleep(0.05)
+        assert t.begin_retrieval("R") in (RetrievalGrant.WAIT, RetrievalGrant.READY)
+        with t.lock:
+            t_commit, _est, ttu = t.provider.ttr_at_commit["R"]
+            used = t.retrieval_at["R"]
+        report = t.report_json()
+    finally:
+        t.close()
+    imm = live(sm, "immediate", budget_chunks=4)
+    try:
+        imm.report("S", objects(s_keys))
+        until(lambda: state(imm, "S") is not ClaimState.PLANNED)
+        no_ttu = imm.report_json()["ttr"]
+    finally:
+        imm.close()
+    (row,) = report["ttr"]
+    assert ttu is not None and -1.0 < ttu <= 0.0  # aged from 0 s at the update
+    assert row["ttu_est_s"] == round(ttu, 6)
+    assert row["retrieval_s"] == round(used - t_commit, 6) and row["retrieval_s"] >= 0.05
+    assert [(r["claim"], r["ttu_est_s"], r["retrieval_s"]) for r in no_ttu] == [("S", None, None)]

@@ -67,5 +67,6 @@ def pool(repeats: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         "ttr_error_s": [round(e, 6) for e in errors],
         "ttr_error_abs_p50_s": round(quantile(abs_errors, 0.5), 6),
         "ttr_error_abs_p95_s": round(quantile(abs_errors, 0.95), 6),
+        "ttu_error_s": sorted(round(e, 6) for m in repeats for e in m.get("ttu_error_s", ())),
         "per_repeat": {k: [m[k] for m in repeats] for k in PER_REPEAT},
     }
