@@ -293,6 +293,13 @@ class ServingRun(Strict):
     step_base_s: float = Field(0.02, gt=0, description="TTU cost model prior, calibrated live")
     token_s: float = Field(5e-5, ge=0)
     max_num_seqs: int = Field(2, ge=1, description="vLLM slots (a queue forms behind them)")
+    engine_cpus: str | None = Field(
+        None,
+        description="cores vLLM computes on (VLLM_CPU_OMP_THREADS_BIND, e.g. '0-6'); default: "
+        "every core but the last, left to LMCache's staging, the API server and the client, so "
+        "that a policy which stages more does not also slow the engine (on a GPU node the "
+        "engine never shares its device with staging)",
+    )
     repeats: int = Field(
         1,
         ge=1,

@@ -16,6 +16,7 @@ each commitment against the measured time to stage-ready.
 from __future__ import annotations
 
 import math
+import os
 import threading
 import time
 from dataclasses import dataclass, replace
@@ -54,6 +55,13 @@ def _p95(xs: list[float]) -> float:
     return quantile(xs, 0.95)
 
 
+def engine_cpus_default(cpus: int) -> str | None:
+    """Every core but the last for the engine; one core: nothing to leave, vLLM's default."""
+    if cpus < 2:
+        return None
+    return "0" if cpus == 2 else f"0-{cpus - 2}"
+
+
 def stack_for(
     spec: TempoKVSpec, run_dir: Any, with_adapter: bool = True
 ) -> tuple[ServingStack, dict[str, Any]]:
@@ -64,7 +72,11 @@ def stack_for(
     recipe = tinymodel.TinyModelRecipe()
     kv_bytes = recipe.kv_bytes_per_token()
     stack_spec = StackSpec(
-        vllm=VllmSpec(max_num_seqs=run.max_num_seqs, max_model_len=8192),
+        vllm=VllmSpec(
+            max_num_seqs=run.max_num_seqs,
+            max_model_len=8192,
+            cpu_threads_bind=run.engine_cpus or engine_cpus_default(os.cpu_count() or 1),
+        ),
         lmcache=LmcacheSpec(l1_size_bytes=run.l1_mib * MIB, chunk_size=256),
     )
     l2_dir = run_dir / "stack" / "l2-fs"
