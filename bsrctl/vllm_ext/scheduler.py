@@ -94,7 +94,9 @@ class TempoKVAdapter(StepRecorder):
         self._tk_transport_kind = cfg.get("transport", "connector")
         self._tk_transport: Transport | None = None
         self._tk_t0 = time.monotonic()
-        self._tk_scheduled: deque[tuple[Any, float, float]] = deque()  # (out, at, modelled)
+        # [out, at, modelled, adapter_s]: adapter_s is what the adapter's own pass after
+        # schedule() cost the engine loop (TTU projection, sends), measured
+        self._tk_scheduled: deque[list[Any]] = deque()
         self._tk_last_done = 0.0
         self._tk_errors = 0
 
@@ -108,10 +110,13 @@ class TempoKVAdapter(StepRecorder):
 
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
         out = super().schedule(*args, **kwargs)
+        began = time.monotonic()
         try:
             self._tk_after_schedule(out)
         except Exception as e:  # the adapter must never disturb scheduling
             self._tk_fail("schedule", e)
+        if self._tk_scheduled and self._tk_scheduled[-1][0] is out:
+            self._tk_scheduled[-1][3] = time.monotonic() - began  # the engine loop's cost
         return out
 
     def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
@@ -173,7 +178,7 @@ class TempoKVAdapter(StepRecorder):
         self._tk_collect()
         view = self._tk_view(out)
         modelled = self._tk.calibrator.base.step_s(view.scheduled_tokens, 0, 0)
-        self._tk_scheduled.append((out, time.monotonic(), modelled))
+        self._tk_scheduled.append([out, time.monotonic(), modelled, 0.0])
         update = self._tk.on_step(view)
         if update is None:
             return
@@ -221,7 +226,7 @@ class TempoKVAdapter(StepRecorder):
         """Step time: from when the step could start (scheduled, and the previous step
         done: async scheduling runs a step ahead) to its output."""
         while self._tk_scheduled:
-            out, at, modelled = self._tk_scheduled.popleft()
+            out, at, modelled, adapter_s = self._tk_scheduled.popleft()
             if out is scheduler_output:
                 start = max(at, self._tk_last_done)
                 self._tk.calibrator.observe(modelled, done_at - start)
@@ -229,7 +234,8 @@ class TempoKVAdapter(StepRecorder):
                 # the measured step, for calibrating a simulation of the same run offline
                 tokens = int(out.total_num_scheduled_tokens)
                 self._bk_trace.write({"kind": "step_time", "tokens": tokens,
-                                      "s": round(done_at - start, 6)})  # fmt: skip
+                                      "s": round(done_at - start, 6),
+                                      "adapter_s": round(adapter_s, 6)})  # fmt: skip
                 return
 
     def _tk_collect(self) -> None:
