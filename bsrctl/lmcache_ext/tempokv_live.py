@@ -248,7 +248,7 @@ class LmcStagingDevice:
             op.on_done(op_id)
 
     def sync_pins(self, keep: Collection[str]) -> None:
-        """Drop the locks of every object no longer protected or pinned."""
+        """Drop the locks of every object not in `keep` (no longer protected)."""
         drop = [oid for oid in self.locked if oid not in keep]
         keys = [k for oid in drop for k in self.locked.pop(oid)]
         if keys:
@@ -588,7 +588,9 @@ class LiveTempo:
             time.sleep(LOOP_S)
 
     def _sync(self) -> None:  # holds self.lock
-        keep = set(self.provider.tier.protect_refs) | set(self.provider.tier.pins)
+        # Locks are protection only: an ordinary read's pins (the stock lookup's) are the
+        # model's; that lookup holds its own L1 read locks on what it reads.
+        keep = set(self.provider.tier.protect_refs)
         self.device.sync_pins(keep)
         self.samples.add(
             self.clock.now(), self.device.locked_bytes(), self.provider.tier.reserved_bytes

@@ -380,3 +380,28 @@ def test_queue_view_is_the_outstanding_stock_reads(sm, steps) -> None:
             assert t.provider.tier.inflight_bytes == 0
     finally:
         t.close()
+
+
+def test_a_stock_read_pins_in_the_model_but_holds_no_lock_of_tempokv(sm) -> None:
+    """A stock lookup of objects a claim staged reads them from L1 under its own locks:
+    once the claim is released TempoKV's locks go (C counts protection only), while the
+    provider's tier keeps them pinned for the read until its retrieve."""
+    keys = kv.make_keys(2, "sv-pin")
+    kv.store(sm, keys, CHUNK)
+    kv.forget(sm, keys)
+    t = live(sm, "immediate", budget_chunks=4)
+    try:
+        t.report("Y", objects(keys))
+        until(lambda: state(t, "Y") is ClaimState.STAGEREADY)
+        sr = t.observe_stock("Z", objects(keys))  # resident: nothing to read, pinned
+        assert sr is not None and sr.ops == () and queue(t) == ()
+        assert t.begin_retrieval("Y") is RetrievalGrant.READY
+        t.end_retrieval("Y", 0)
+        with t.lock:
+            assert t.provider.tier.pins == {o.object_id: 1 for o in objects(keys)}
+            assert t.device.locked_bytes() == 0
+        t.end_session("Z")
+        with t.lock:
+            assert t.provider.tier.pins == {}
+    finally:
+        t.close()
