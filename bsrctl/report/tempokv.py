@@ -63,6 +63,16 @@ def _serving(summary: dict[str, Any]) -> str:
                 f"{' / '.join(f'{x:.4f}' for x in per['c_mib_s_per_req'])} | "
                 f"{' / '.join(str(x) for x in per['committed'])} |"
             )
+    cost = summary.get("adapter_cost")
+    if cost:
+        a, w = cost["adapter_per_step"], cost["arrival_ack_wait"]
+        lines.append(
+            f"\nThe adapter on vLLM's engine loop (whole run): {a['total_s']:.3f} s over "
+            f"{a['n']} steps (p50 {1e3 * a['p50_s']:.2f} ms, p95 {1e3 * a['p95_s']:.2f} ms), "
+            f"{w['total_s']:.3f} s waiting for {w['n']} arrival replies (max "
+            f"{1e3 * w['max_s']:.1f} ms): {100 * cost['loop_share']:.2f}% of the measured "
+            "step time."
+        )
     for policy, why in summary.get("skipped_policies", {}).items():
         lines.append(f"\n{policy}: not run live ({why}).")
     return "\n".join(lines) + "\n"

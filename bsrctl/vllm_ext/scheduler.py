@@ -257,8 +257,13 @@ class TempoKVAdapter(StepRecorder):
         transport = self._tk_transport
         if transport is None:
             transport = self._tk_transport = self._tk_make_transport()
+        t0 = time.monotonic()
         acked = transport.send(UPDATE_METHOD, payload, wait_s)
-        extra: dict[str, Any] = {"arrival": True, "acked": acked} if arrival else {}
+        # how long the engine loop was held for the reply: what an arrival claim costs it
+        waited = round(time.monotonic() - t0, 6)
+        extra: dict[str, Any] = (
+            {"arrival": True, "acked": acked, "ack_wait_s": waited} if arrival else {}
+        )
         self._bk_trace.write({"kind": "update", **payload, **extra})
 
     def _tk_make_transport(self) -> Transport:

@@ -25,6 +25,7 @@ from typing import Any
 from bsrctl.evidence import EvidenceWriter, Verdict
 from bsrctl.evidence.verdict import Point, check
 from bsrctl.experiments.run import Progress
+from bsrctl.experiments.tempokv.adapter_cost import adapter_cost, read_trace
 from bsrctl.experiments.tempokv.expectations import JudgedCheck
 from bsrctl.experiments.tempokv.pooled import pool, quantile, run_order
 from bsrctl.prompts import prompt_ids
@@ -164,6 +165,8 @@ def run_serving(
         "skipped_policies": skipped,
         "repeats": run.repeats,
         "policies": rows,
+        # the whole run's engine loop (seeding included): what the adapter took of it
+        "adapter_cost": adapter_cost(read_trace(writer.run_dir / "adapter-trace.jsonl")),
     }
     return summary, _run_checks(rows)
 
@@ -297,6 +300,7 @@ def _measure(
                     "claims": status.get("claims", {}),
                     "ttr": ttr,
                     "stages": status.get("stages", []),
+                    "observed_stock_reads": status.get("observed_stock_reads", {}),
                 }
             },
         )  # fmt: skip
