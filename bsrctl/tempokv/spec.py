@@ -289,7 +289,14 @@ class ServingRun(Strict):
     l2_latency_s: float = Field(0.005, ge=0, description="shaped FS L2 latency per load")
     l1_mib: int = Field(256, gt=0, description="LMCache L1 (the fast tier)")
     budget_mib: float = Field(8.0, gt=0, description="protected-capacity budget")
-    claims_k: int = Field(4, ge=1, description="the runtime adapter claims the first K waiting")
+    claims_k: int = Field(
+        16,
+        ge=1,
+        description="the runtime adapter claims the first K waiting requests. With LMCache's "
+        "MP connector a request not among the first K when it arrives is never claimed (vLLM "
+        "looks it up in the same pass that brings it into the first K), so K should cover "
+        "the longest waiting queue",
+    )
     step_base_s: float = Field(0.02, gt=0, description="TTU cost model prior, calibrated live")
     token_s: float = Field(5e-5, ge=0)
     max_num_seqs: int = Field(2, ge=1, description="vLLM slots (a queue forms behind them)")
