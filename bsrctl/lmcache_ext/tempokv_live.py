@@ -221,12 +221,25 @@ class LmcStagingDevice:
         return set(self._observed)
 
     def remaining_bytes(self, op_id: int) -> int:
-        """The device reports no progress: bytes left at the calibrated rate since start."""
+        """The device reports no progress, so it is estimated at the calibrated rate. The
+        shaped L2 is one device serving loads in submission order: what it served since
+        the oldest open op started is credited to the open ops oldest first, and no op more
+        than its own time since start (the device may have idled before it). Crediting
+        each op its own elapsed time alone counted overlapping ops' progress twice."""
         op: _Op | _Observed | None = self._ops.get(op_id) or self._observed.get(op_id)
         if op is None:
             return 0
-        done = (self.now() - op.start_s) * self.est_bytes_s
-        return max(1, int(op.size_bytes - done))
+        now = self.now()
+        open_ops = sorted(
+            (*self._ops.items(), *self._observed.items()), key=lambda kv: (kv[1].start_s, kv[0])
+        )
+        served = (now - open_ops[0][1].start_s) * self.est_bytes_s
+        for oid, o in open_ops:
+            credit = min(o.size_bytes, served, (now - o.start_s) * self.est_bytes_s)
+            if oid == op_id:
+                return max(1, int(op.size_bytes - credit))
+            served -= min(o.size_bytes, served)
+        return max(1, op.size_bytes)  # unreachable: op is open
 
     def poll(self) -> None:
         """Complete every op whose prefetch finished (zero-timeout wait)."""

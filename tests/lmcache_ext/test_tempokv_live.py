@@ -438,3 +438,25 @@ def test_a_stock_read_pins_in_the_model_but_holds_no_lock_of_tempokv(sm) -> None
             assert t.provider.tier.pins == {}
     finally:
         t.close()
+
+
+def test_device_progress_is_one_fifo_device_not_one_per_op() -> None:
+    """Two loads in flight on the one shaped device: the bytes it served since the oldest
+    started go to the oldest first (each op at most its own elapsed time), not each op its
+    own elapsed time (that counted the overlap twice)."""
+    from bsrctl.lmcache_ext.tempokv_live import LmcStagingDevice, _Observed, _Op
+
+    now = [0.0]
+    dev = LmcStagingDevice(storage=None, now=lambda: now[0], est_bytes_s=100.0)
+    dev._ops[1] = _Op(ticket=None, objects=[], size_bytes=50, start_s=0.0, on_done=print)
+    dev._observed[2] = _Observed(size_bytes=80, start_s=0.2, on_done=print)
+    now[0] = 0.3  # served 30 B since 0.0: all of it op 1's
+    assert (dev.remaining_bytes(1), dev.remaining_bytes(2)) == (20, 80)
+    now[0] = 0.7  # served 70 B: op 1 whole (50), op 2 the other 20
+    assert (dev.remaining_bytes(1), dev.remaining_bytes(2)) == (1, 60)  # 1: never "done"
+    del dev._ops[1]  # op 1 completes; op 2 alone: its own elapsed bounds its credit
+    assert dev.remaining_bytes(2) == 30
+    dev._ops[3] = _Op(ticket=None, objects=[], size_bytes=40, start_s=0.9, on_done=print)
+    now[0] = 1.0  # the 80 B served since 0.2 are op 2's: op 3 waits behind it (FIFO)
+    assert (dev.remaining_bytes(2), dev.remaining_bytes(3)) == (1, 40)
+    assert dev.remaining_bytes(99) == 0
