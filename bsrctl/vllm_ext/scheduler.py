@@ -98,6 +98,7 @@ class TempoKVAdapter(StepRecorder):
         # schedule() cost the engine loop (TTU projection, sends), measured
         self._tk_scheduled: deque[list[Any]] = deque()
         self._tk_last_done = 0.0
+        self._tk_prev_ids: set[str] = set()
         self._tk_errors = 0
 
     # ---- hooks ----------------------------------------------------------------------
@@ -233,9 +234,16 @@ class TempoKVAdapter(StepRecorder):
                 self._tk_last_done = done_at
                 # the measured step, for calibrating a simulation of the same run offline
                 tokens = int(out.total_num_scheduled_tokens)
+                # busy: a request of this step was in the previous one too (the loop cannot
+                # have idled between them), so done_s − the previous done_s is what one
+                # step cost the engine loop as a whole (scheduling, adapter, output)
+                ids = set(out.num_scheduled_tokens)
+                busy, self._tk_prev_ids = bool(ids & self._tk_prev_ids), ids
                 self._bk_trace.write({"kind": "step_time", "tokens": tokens,
                                       "s": round(done_at - start, 6),
-                                      "adapter_s": round(adapter_s, 6)})  # fmt: skip
+                                      "adapter_s": round(adapter_s, 6),
+                                      "done_s": round(done_at - self._tk_t0, 6),
+                                      "busy": busy})  # fmt: skip
                 return
 
     def _tk_collect(self) -> None:

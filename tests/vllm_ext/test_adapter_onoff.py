@@ -105,3 +105,8 @@ def test_adapter_on_and_off_decide_the_same(tmp_path: Path, off_cls: str, on_cls
     assert len(timed) == len(on_steps)
     assert all(r["adapter_s"] >= 0.0 and r["s"] >= 0.0 for r in timed)
     assert any(r["adapter_s"] > 0.0 for r in timed)
+    # and when its output came, in order, and whether it continued a request of the step
+    # before it (the loop cannot have idled between them)
+    done = [r["done_s"] for r in timed]
+    assert done == sorted(done) and isinstance(timed[0]["busy"], bool)
+    assert not timed[0]["busy"] and any(r["busy"] for r in timed)
