@@ -14,28 +14,10 @@ import yaml
 
 pytestmark = pytest.mark.e2e
 
-SPEC = {
-    "name": "serving-small",
-    "seed": 5,
-    "models": [{"name": "llama-3.1-8b"}],
-    "serving": {
-        # one document per request: a repeated document would be a hit in vLLM's own prefix
-        # cache (no external retrieval), so its claim could only stage bytes nobody reads
-        "documents_tokens": [3072, 2048, 2560] * 4,
-        "question_tokens": 32,
-        "num_requests": 12,
-        "interval_s": 0.2,
-        # one slot, 64 output tokens: each request takes longer than the interval, so a queue
-        # forms and the policies can differ in when they stage for it
-        "max_tokens": 64,
-        "l2_bandwidth_mib_s": 16.0,
-        "budget_mib": 12.0,
-        "claims_k": 12,  # every waiting request (a request beyond K at arrival is never claimed)
-        "max_num_seqs": 1,
-        "repeats": 2,
-    },
-    "experiment": {"kind": "policies", "cache_ratios": [1.0]},
-}
+# the shipped serving workload (its comments say why), two repeats instead of four
+SPEC = yaml.safe_load((Path(__file__).resolve().parents[2] / "ladders/tempokv-serving.yaml")
+                      .read_text())  # fmt: skip
+SPEC["serving"]["repeats"] = 2
 POLICIES = ["demand", "immediate", "queue-1", "queue-4", "tempokv-static", "tempokv", "tempokv-u"]
 
 
