@@ -51,15 +51,9 @@ from bsrctl.experiments.tempokv.serving import (
 from bsrctl.stack.bsr_client import BsrModuleClient
 from bsrctl.tempokv.spec import TempoKVSpec
 
-DEFAULT_SPEC = {
-    "name": "fig6-serving",
-    "seed": 11,
-    "models": [{"name": "llama-3.1-8b"}],
-    "serving": {"documents_tokens": [3072, 2048, 2560, 4096, 3072, 2048, 2560, 4096, 3072,
-                                     2048], "num_requests": 10,
-                "max_tokens": 32, "budget_mib": 6.0, "max_num_seqs": 1},
-    "experiment": {"kind": "policies", "cache_ratios": [1.0]},
-}  # fmt: skip
+# the shipped serving workload (ladders/tempokv-serving.yaml: one slot, 12 documents, shaped
+# L2, budget, claims_k), its interval replaced by each rate; its `repeats` is the grid's
+DEFAULT_SPEC = Path(__file__).resolve().parents[1] / "ladders" / "tempokv-serving.yaml"
 DEFAULT_RATES = (2.0, 4.0, 8.0, 12.0, 16.0)
 ARMS = ("lmcache", "tempokv")
 
@@ -211,7 +205,7 @@ def main() -> int:
         ap.error(f"RATES {args}: give numbers (requests per second)")
     if any(r <= 0 for r in rates):
         ap.error(f"RATES {rates}: each must be > 0")
-    spec = TempoKVSpec.model_validate(raw or DEFAULT_SPEC)
+    spec = TempoKVSpec.model_validate(raw or yaml.safe_load(DEFAULT_SPEC.read_text()))
     run_dir = Path(tempfile.mkdtemp(prefix="tk-fig6-"))
     run = spec.serving
     print(f"run dir {run_dir}; {ns.repeats} repeats; rates {rates}; {run.num_requests} requests "

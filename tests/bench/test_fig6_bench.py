@@ -7,6 +7,7 @@ import math
 import sys
 from pathlib import Path
 
+import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -59,7 +60,7 @@ def test_baseline_stack_differs_only_by_the_tempokv_launch(tmp_path: Path) -> No
     from bsrctl.experiments.tempokv.serving import stack_for
     from bsrctl.tempokv.spec import TempoKVSpec
 
-    spec = TempoKVSpec.model_validate(fig6.DEFAULT_SPEC)
+    spec = TempoKVSpec.model_validate(yaml.safe_load(fig6.DEFAULT_SPEC.read_text()))
     tk, _ = stack_for(spec, tmp_path / "tk")
     lm, _ = stack_for(spec, tmp_path / "lm", with_adapter=False)
     assert tk.extensions is not None and lm.extensions is not None
