@@ -42,15 +42,16 @@ UPDATE_METHOD = "tempokv.update"
 
 
 class _StepTrace:
-    """The per-step record (the on/off test compares `scheduled` and outputs)."""
+    """The per-step record (the on/off test compares `scheduled` and outputs). One handle
+    held open, line-buffered: each record is on disk when written (the run reads the trace
+    while vLLM still serves), without an open and close per record on the engine loop."""
 
     def __init__(self, path: Path | None) -> None:
-        self.path = path
+        self._file = path.open("a", buffering=1) if path is not None else None
 
     def write(self, record: dict[str, Any]) -> None:
-        if self.path is not None:
-            with self.path.open("a") as f:
-                f.write(json.dumps(record) + "\n")
+        if self._file is not None:
+            self._file.write(json.dumps(record) + "\n")
 
 
 def _config() -> dict[str, Any]:
