@@ -51,22 +51,19 @@ from bsrctl.experiments.tempokv.serving import (
 from bsrctl.stack.bsr_client import BsrModuleClient
 from bsrctl.tempokv.spec import TempoKVSpec
 
-DEFAULT_SPEC = {
-    "name": "fig6-serving",
-    "seed": 11,
-    "models": [{"name": "llama-3.1-8b"}],
-    "serving": {"documents_tokens": [3072, 2048, 2560, 4096, 3072, 2048, 2560, 4096, 3072,
-                                     2048], "num_requests": 10,
-                "max_tokens": 32, "budget_mib": 6.0, "max_num_seqs": 1},
-    "experiment": {"kind": "policies", "cache_ratios": [1.0]},
-}  # fmt: skip
+# the shipped serving workload (ladders/tempokv-serving.yaml: one slot, 12 documents, shaped
+# L2, budget, claims_k), its interval replaced by each rate; its `repeats` is the grid's
+DEFAULT_SPEC = Path(__file__).resolve().parents[1] / "ladders" / "tempokv-serving.yaml"
 DEFAULT_RATES = (2.0, 4.0, 8.0, 12.0, 16.0)
 ARMS = ("lmcache", "tempokv")
+# `--adapter-arm`: the TempoKV stack with the controller off (vLLM runs the adapter, which
+# reports to a server that answers "off"): what the adapter alone costs against stock
+ADAPTER_ARM = "adapter"
 
 
-def arm_orders(repeats: int) -> list[tuple[str, ...]]:
+def arm_orders(repeats: int, arms: tuple[str, ...] = ARMS) -> list[tuple[str, ...]]:
     """The arms' order in each repeat: AB, BA, AB, ... (drift over the run hits both)."""
-    return [ARMS if k % 2 == 0 else ARMS[::-1] for k in range(repeats)]
+    return [arms if k % 2 == 0 else arms[::-1] for k in range(repeats)]
 
 
 @dataclass(frozen=True)
@@ -100,7 +97,7 @@ def run_arm(
     spec: TempoKVSpec, arm: str, run_dir: Path, rates: Sequence[float], prep: Any, rep: int
 ) -> dict[float, Cell]:
     run = spec.serving
-    stack, _info = stack_for(spec, run_dir, with_adapter=arm == "tempokv")
+    stack, _info = stack_for(spec, run_dir, with_adapter=arm != "lmcache")
     out: dict[float, Cell] = {}
     client = None
     try:
@@ -167,16 +164,19 @@ def run_arm(
     return out
 
 
-def table(rates: Sequence[float], cells: list[dict[str, dict[float, Cell]]]) -> list[str]:
+def table(
+    rates: Sequence[float], cells: list[dict[str, dict[float, Cell]]], arm: str = "tempokv"
+) -> list[str]:
+    name = {"tempokv": "TempoKV", ADAPTER_ARM: "adapter only"}[arm]
     lines = [
-        "| rate rps | LMCache p95 TTFT s | TempoKV p95 TTFT s | LMCache tok/s | TempoKV tok/s "
-        "| p95 TempoKV/LMCache median [min–max] | tput TempoKV/LMCache median [min–max] "
-        "| canonical LMCache, TempoKV |",
+        f"| rate rps | LMCache p95 TTFT s | {name} p95 TTFT s | LMCache tok/s | {name} tok/s "
+        f"| p95 {name}/LMCache median [min–max] | tput {name}/LMCache median [min–max] "
+        f"| canonical LMCache, {name} |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for rate in rates:
         lm = [c["lmcache"][rate] for c in cells]
-        tk = [c["tempokv"][rate] for c in cells]
+        tk = [c[arm][rate] for c in cells]
         p95 = spread([ratio(t.p95_s, m.p95_s) for m, t in zip(lm, tk, strict=True)])
         tput = spread([ratio(t.tok_s, m.tok_s) for m, t in zip(lm, tk, strict=True)])
         lines.append(
@@ -195,8 +195,14 @@ def table(rates: Sequence[float], cells: list[dict[str, dict[float, Cell]]]) -> 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=3, help="runs of both arms (≥ 1)")
+    ap.add_argument(
+        "--adapter-arm",
+        action="store_true",
+        help="a third arm: the TempoKV stack with the controller off (the adapter's own cost)",
+    )
     ap.add_argument("args", nargs="*", help="[SPEC.yaml] [RATES...] (requests per second)")
     ns = ap.parse_args()
+    arms = (*ARMS, ADAPTER_ARM) if ns.adapter_arm else ARMS
     if ns.repeats < 1:
         ap.error(f"--repeats {ns.repeats}: give 1 or more")
     args = list(ns.args)
@@ -211,15 +217,15 @@ def main() -> int:
         ap.error(f"RATES {args}: give numbers (requests per second)")
     if any(r <= 0 for r in rates):
         ap.error(f"RATES {rates}: each must be > 0")
-    spec = TempoKVSpec.model_validate(raw or DEFAULT_SPEC)
+    spec = TempoKVSpec.model_validate(raw or yaml.safe_load(DEFAULT_SPEC.read_text()))
     run_dir = Path(tempfile.mkdtemp(prefix="tk-fig6-"))
     run = spec.serving
     print(f"run dir {run_dir}; {ns.repeats} repeats; rates {rates}; {run.num_requests} requests "
-          f"per cell; orders {arm_orders(ns.repeats)}", flush=True)  # fmt: skip
+          f"per cell; orders {arm_orders(ns.repeats, arms)}", flush=True)  # fmt: skip
     prep = prepare(spec, run_dir / "canonical")  # its stack is never started
     cells: list[dict[str, dict[float, Cell]]] = []
     try:
-        for k, order in enumerate(arm_orders(ns.repeats)):
+        for k, order in enumerate(arm_orders(ns.repeats, arms)):
             got = {
                 arm: run_arm(spec, arm, run_dir / f"r{k}-{arm}", rates, prep, k) for arm in order
             }
@@ -229,20 +235,23 @@ def main() -> int:
         return 3
     print()
     print("\n".join(table(rates, cells)))
+    if ns.adapter_arm:
+        print()
+        print("\n".join(table(rates, cells, ADAPTER_ARM)))
     print(f"\nmedians over {ns.repeats} repeats, {run.num_requests} requests per cell; shaped L2 "
           f"{run.l2_bandwidth_mib_s} MiB/s (O_DIRECT {prep.info['odirect']}), budget "
           f"{run.budget_mib} MiB, run dir {run_dir}")  # fmt: skip
     bad = [
         (k, arm, rate)
         for k, c in enumerate(cells)
-        for arm in ARMS
+        for arm in arms
         for rate in rates
         if c[arm][rate].canonical != c[arm][rate].requests
     ]
     if bad:
         print(f"FAILURE: non-canonical outputs in (repeat, arm, rate) {bad}", flush=True)
         return 1
-    print("all outputs canonical in both arms")
+    print(f"all outputs canonical in every arm ({', '.join(arms)})")
     return 0
 
 

@@ -29,11 +29,14 @@ def main() -> None:
     print(f"calibration: {cal}")
     serving = serving_rows(evidence)
     sim = simulate_like_serving(spec, cal, [*serving, "oracle"])
-    print("| policy | serving C MiB·s/req | sim C MiB·s/req | serving p95 s | sim p95 s |")
-    print("|---|---|---|---|---|")
+    print("| policy | serving C (pins) MiB·s/req | serving C reserved | sim C MiB·s/req | "
+          "serving p95 s | sim p95 s |")  # fmt: skip
+    print("|---|---|---|---|---|---|")
+    nan = float("nan")
     for p in sim:
-        s = serving.get(p, {"c": float("nan"), "p95": float("nan")})
-        print(f"| {p} | {s['c']:.4f} | {sim[p]['c']:.4f} | {s['p95']:.3f} | {sim[p]['p95']:.3f} |")
+        s = serving.get(p, {"c": nan, "c_reserved": nan, "p95": nan})
+        print(f"| {p} | {s['c']:.4f} | {s['c_reserved']:.4f} | {sim[p]['c']:.4f} | "
+              f"{s['p95']:.3f} | {sim[p]['p95']:.3f} |")  # fmt: skip
     for m, a in orderings(serving, sim).items():
         print(f"{m}: serving {' < '.join(a.left)}")
         print(f"{m}: sim     {' < '.join(a.right)}")

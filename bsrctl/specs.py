@@ -29,6 +29,12 @@ class VllmSpec(Strict):
         "auto", description="vLLM --kv-cache-dtype (fp8: 1 B per element)"
     )
     max_num_seqs: int = Field(4, ge=1, description="vLLM's running slots (--max-num-seqs)")
+    cpu_threads_bind: str | None = Field(
+        None,
+        description="VLLM_CPU_OMP_THREADS_BIND at TP 1, e.g. '0': the engine computes on those "
+        "cores only, the rest stay free for LMCache, the API server and clients; None: vLLM's "
+        "default (every core). TP > 1 binds one core per rank",
+    )
 
 
 class LmcacheSpec(Strict):

@@ -14,7 +14,15 @@ policies and estimators. What this module adds is the device under the provider:
   claim protecting it) has its locks dropped with ``finish_read_prefetched``: under the
   ``retain`` prefetch policy it stays in L1 for the stock lookup to find;
 - protected bytes are sampled from the objects actually locked, every loop pass, and C is
-  the integral of those samples.
+  the integral of those samples;
+- the stock lookup's own L2 reads (a request with no claim, or a claim that went ORDINARY)
+  share the same device, so each is registered as the provider's ordinary read
+  (``observe_stock``): an ORDINARY op the device does NOT perform (the stock lookup does),
+  done when the lookup's prefetch is reported done (``stock_done``), so the queue view TTR
+  is projected from holds it and its objects become resident in the provider's tier
+  through the normal completion path. At the request's retrieve (every rank) or
+  end_session the read ends; an op still outstanding then (or after ``STOCK_READ_MAX_S``)
+  is removed, or performed by the device if a commitment joined it.
 
 Everything runs on one loop thread (``LiveTempo``) under one lock: due timers (the
 controller's tick), prefetch completions, pin sync, sampling. Handlers call in under the
@@ -38,10 +46,13 @@ from bsrctl.tempokv.claims import ClaimState
 from bsrctl.tempokv.controller import Controller, RetrievalGrant
 from bsrctl.tempokv.kv import KvObject, Manifest
 from bsrctl.tempokv.policies import CAUSAL_POLICIES, Policy, Timed, make_policy
-from bsrctl.tempokv.provider import CommitDecision, StagingProvider
+from bsrctl.tempokv.provider import CommitDecision, OpKind, StagingProvider
 from bsrctl.tempokv.ttr import QueueProjectionTtr, RateMeter
 
 LOOP_S = 0.005  # loop pass: prefetch polling, pin sync and the protected-bytes sample
+# An observed stock read whose prefetch was never reported done nor its session ended is
+# ended after this long (vLLM's mq timeout is 60 s: no lookup it waits on lasts longer).
+STOCK_READ_MAX_S = 60.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +117,45 @@ class StageRecord:
     missed_objects: int  # not loaded (an L2 miss): the retrieval falls back for them
 
 
+@dataclass(slots=True)
+class _Observed:
+    """An ordinary op the stock lookup performs: the device only keeps its place."""
+
+    size_bytes: int
+    start_s: float
+    on_done: Callable[[int], None]
+
+
+@dataclass(slots=True)
+class StockRead:
+    """One stock lookup's L2 read as the provider observed it."""
+
+    request_id: str
+    read_id: str  # the provider's read: the claim's id (ORDINARY claim) or "stock:<id>"
+    claimed: bool
+    ops: tuple[int, ...]  # ordinary ops issued for it (objects neither resident nor in flight)
+    objects: int
+    size_bytes: int  # bytes of those ops: what the stock lookup reads from L2
+    start_s: float
+    world_size: int = 1
+    done_s: float | None = None  # the lookup's prefetch reported done
+    chunks_found: int | None = None  # what that prefetch reported
+    end_s: float | None = None
+    # done | dropped (ended before done: its op removed) | adopted (read by the device for
+    # a commitment) | expired (STOCK_READ_MAX_S) | ended (before done, its op left to
+    # another stock read) | open
+    outcome: str = "open"
+
+    def json(self) -> dict[str, Any]:
+        r6 = lambda x: None if x is None else round(x, 6)  # noqa: E731
+        return {
+            "request": self.request_id, "read": self.read_id, "claimed": self.claimed,
+            "ops": list(self.ops), "objects": self.objects, "bytes": self.size_bytes,
+            "start_s": r6(self.start_s), "done_s": r6(self.done_s), "end_s": r6(self.end_s),
+            "chunks_found": self.chunks_found, "outcome": self.outcome,
+        }  # fmt: skip
+
+
 class LmcStagingDevice:
     """``StagingDevice`` over a StorageManager: an op is a LOCK prefetch of its objects."""
 
@@ -116,12 +166,24 @@ class LmcStagingDevice:
         self.est_bytes_s = est_bytes_s
         self.objects: dict[str, LiveObject] = {}
         self.objects_of: Callable[[int], list[KvObject]] = lambda op_id: []
+        self.kind_of: Callable[[int], OpKind] = lambda op_id: OpKind.STAGE
         self._ops: dict[int, _Op] = {}
+        # Ordinary ops: in the live stack every ordinary read is the stock lookup's own
+        # (``LiveTempo.observe_stock``); the device never performs one unless adopted.
+        self._observed: dict[int, _Observed] = {}
         self.locked: dict[str, list[ObjectKey]] = {}  # object -> its read-locked keys
         self.stages: list[StageRecord] = []
         self.chunk_tokens = 256
 
     def start(self, op_id: int, size_bytes: int, on_done: Callable[[int], None]) -> None:
+        if self.kind_of(op_id) is OpKind.ORDINARY:
+            self._observed[op_id] = _Observed(size_bytes, self.now(), on_done)
+            return
+        self._stage(op_id, size_bytes, on_done, self.now())
+
+    def _stage(
+        self, op_id: int, size_bytes: int, on_done: Callable[[int], None], start_s: float
+    ) -> None:
         objs = [self.objects[o.object_id] for o in self.objects_of(op_id)]
         rows: dict[RowId, list[tuple[ObjectKey, int]]] = {}
         for obj in objs:
@@ -135,15 +197,49 @@ class LmcStagingDevice:
             self.chunk_tokens,
         )
         ticket = self.storage.stage(request, Window(0, 0, len(objs)))
-        self._ops[op_id] = _Op(ticket, objs, size_bytes, self.now(), on_done)
+        self._ops[op_id] = _Op(ticket, objs, size_bytes, start_s, on_done)
+
+    def finish_observed(self, op_id: int) -> bool:
+        """The stock lookup's read of this op is done: complete it (the provider's
+        ``_op_done``: its objects become resident). False if it is no longer observed."""
+        obs = self._observed.pop(op_id, None)
+        if obs is None:
+            return False
+        obs.on_done(op_id)
+        return True
+
+    def drop_observed(self, op_id: int) -> None:
+        self._observed.pop(op_id, None)
+
+    def adopt(self, op_id: int) -> None:
+        """A commitment waits on an observed op the stock lookup will not finish: read it
+        here (a LOCK prefetch, as staging; its start stays the observed one's)."""
+        obs = self._observed.pop(op_id)
+        self._stage(op_id, obs.size_bytes, obs.on_done, obs.start_s)
+
+    def observed_ops(self) -> set[int]:
+        return set(self._observed)
 
     def remaining_bytes(self, op_id: int) -> int:
-        """The device reports no progress: bytes left at the calibrated rate since start."""
-        op = self._ops.get(op_id)
+        """The device reports no progress, so it is estimated at the calibrated rate. The
+        shaped L2 is one device serving loads in submission order: what it served since
+        the oldest open op started is credited to the open ops oldest first, and no op more
+        than its own time since start (the device may have idled before it). Crediting
+        each op its own elapsed time alone counted overlapping ops' progress twice."""
+        op: _Op | _Observed | None = self._ops.get(op_id) or self._observed.get(op_id)
         if op is None:
             return 0
-        done = (self.now() - op.start_s) * self.est_bytes_s
-        return max(1, int(op.size_bytes - done))
+        now = self.now()
+        open_ops = sorted(
+            (*self._ops.items(), *self._observed.items()), key=lambda kv: (kv[1].start_s, kv[0])
+        )
+        served = (now - open_ops[0][1].start_s) * self.est_bytes_s
+        for oid, o in open_ops:
+            credit = min(o.size_bytes, served, (now - o.start_s) * self.est_bytes_s)
+            if oid == op_id:
+                return max(1, int(op.size_bytes - credit))
+            served -= min(o.size_bytes, served)
+        return max(1, op.size_bytes)  # unreachable: op is open
 
     def poll(self) -> None:
         """Complete every op whose prefetch finished (zero-timeout wait)."""
@@ -165,7 +261,7 @@ class LmcStagingDevice:
             op.on_done(op_id)
 
     def sync_pins(self, keep: Collection[str]) -> None:
-        """Drop the locks of every object no longer protected or pinned."""
+        """Drop the locks of every object not in `keep` (no longer protected)."""
         drop = [oid for oid in self.locked if oid not in keep]
         keys = [k for oid in drop for k in self.locked.pop(oid)]
         if keys:
@@ -178,24 +274,69 @@ class LmcStagingDevice:
         for op in self._ops.values():
             self.storage.release(op.ticket)
         self._ops.clear()
+        self._observed.clear()
         self.sync_pins(())
 
 
 class LiveStagingProvider(StagingProvider):
     """The mechanism's provider, plus the TTR estimate at each commitment (for the TTR
-    accuracy evidence): computed before committing, from the same queue view."""
+    accuracy evidence): computed before committing, from the same queue view; and the
+    claim's TTU then (`ttu_of`, the controller's aged estimate; None: none reported), so
+    the evidence can tell a TTU error from a TTR error."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._ttr = QueueProjectionTtr(self.rate)
-        self.ttr_at_commit: dict[str, tuple[float, float]] = {}  # claim -> (t, TTR estimate)
+        self.ttu_of: Callable[[str], float | None] = lambda _claim_id: None
+        # claim -> (t, TTR estimate, TTU estimate)
+        self.ttr_at_commit: dict[str, tuple[float, float, float | None]] = {}
 
     def commit(self, claim_id: str, manifest: Manifest) -> CommitDecision:
         est = self._ttr.ttr_s(self.ttr_query(manifest))
+        ttu = self.ttu_of(claim_id)
         decision = super().commit(claim_id, manifest)
         if decision.ok:
-            self.ttr_at_commit[claim_id] = (self.clock.now(), est)
+            self.ttr_at_commit[claim_id] = (self.clock.now(), est, ttu)
         return decision
+
+    # ---- observed stock reads (the live module's; the mechanism is unchanged) ------------
+    def issued_by(self, fn: Callable[[], None]) -> tuple[int, ...]:
+        """Run `fn` (an ``ordinary_read``); the ops it issued."""
+        first = self._next_op
+        fn()
+        return tuple(range(first, self._next_op))
+
+    def read_pending(self, read_id: str) -> set[int]:
+        """The ops this read still waits on (its own and those it joined)."""
+        read = self._reads.get(read_id)
+        return set(read.pending_ops) if read is not None else set()
+
+    def waiters(self, op_id: int) -> tuple[int, int]:
+        """(commitments, reads) still waiting on this op."""
+        return (
+            sum(op_id in c.pending_ops for c in self._commitments.values()),
+            sum(op_id in r.pending_ops for r in self._reads.values()),
+        )
+
+    def drop_op(self, op_id: int) -> None:
+        """Remove an ordinary op nobody waits on and whose read never completed: out of
+        the queue view, nothing made resident, no rate sample (it was not timed)."""
+        op = self._ops.pop(op_id)
+        if op.running:
+            if not op.bypass:
+                self.tier.inflight_bytes -= op.size_bytes
+            self._advance_share()
+            self._running -= 1
+        for obj in op.objects:
+            if self._object_op.get(obj.object_id) == op_id:
+                del self._object_op[obj.object_id]
+        self._changed()
+        self._start_ops()
+        self.on_change()
+
+    def queue_bytes(self) -> int:
+        """Bytes of every op outstanding (issued, not seen complete)."""
+        return sum(op.size_bytes for op in self._ops.values())
 
 
 @dataclass
@@ -226,9 +367,10 @@ class Samples:
 class LiveTempo:
     """Controller + provider + device on one loop thread over a StorageManager."""
 
-    def __init__(self, storage: Any, config: LiveConfig) -> None:
+    def __init__(self, storage: Any, config: LiveConfig, clock: Any = None) -> None:
+        """`clock`: the wall clock; a test may pass a ``VirtualClock`` (exact estimates)."""
         self.config = config
-        self.clock = WallClock()
+        self.clock = clock if clock is not None else WallClock()
         self.device = LmcStagingDevice(storage, self.clock.now, config.prior_bytes_s)
         self.device.chunk_tokens = config.chunk_tokens
         self.provider = LiveStagingProvider(
@@ -241,6 +383,7 @@ class LiveTempo:
         )
         provider = self.provider
         self.device.objects_of = lambda op_id: provider._ops[op_id].objects
+        self.device.kind_of = lambda op_id: provider._ops[op_id].kind
         static = config.static_rate_bytes_s or config.prior_bytes_s
         self.policy: Policy = make_policy(config.policy, provider, static)
         self.controller = Controller(
@@ -250,20 +393,32 @@ class LiveTempo:
             tick_s=config.tick_s,
             crossing_wakeup=self.policy.crossing_wakeup,
         )
+        provider.ttu_of = self._ttu_now
         self.samples = Samples()
         self.lock = threading.RLock()
         self._stop = threading.Event()
         self._ready_waiters: dict[str, threading.Event] = {}
         self.retrievals: dict[str, str] = {}  # claim -> grant name
+        self.retrieval_at: dict[str, float] = {}  # claim -> when its retrieval was demanded
+        self._world: dict[str, int] = {}  # claim -> TP ranks whose retrieve ends it
+        self._retrieved: dict[str, set[int]] = {}  # claim -> ranks whose retrieve came
+        self._stock: dict[str, StockRead] = {}  # request -> its observed stock read, open
+        self.stock_reads: list[StockRead] = []  # ended
         self._thread = threading.Thread(target=self._loop, name="tempokv-live", daemon=True)
         self._thread.start()
 
+    def _ttu_now(self, claim_id: str) -> float | None:
+        claim = self.controller.claims.get(claim_id)
+        return None if claim is None else claim.ttu_now(self.clock.now())
+
     # ---- runtime adapter → controller ------------------------------------------------
-    def report(self, claim_id: str, objects: Sequence[LiveObject]) -> None:
-        """A new claim: its objects are in L2 (the probe found them); metadata only."""
+    def report(self, claim_id: str, objects: Sequence[LiveObject], world_size: int = 1) -> None:
+        """A new claim: its objects are in L2 (the probe found them); metadata only. Its
+        protection ends once `world_size` ranks retrieved it."""
         with self.lock:
             if claim_id in self.controller.claims:
                 return
+            self._world[claim_id] = max(1, world_size)
             for obj in objects:
                 self.device.objects.setdefault(obj.object_id, obj)
             kvs = [o.kv() for o in objects]
@@ -297,6 +452,7 @@ class LiveTempo:
             if claim.state is ClaimState.ORDINARY:
                 return RetrievalGrant.ORDINARY
             event = threading.Event()
+            self.retrieval_at.setdefault(claim_id, self.clock.now())
             grant = self.controller.request_retrieval(claim_id, event.set)
             if grant is RetrievalGrant.READY:
                 event.set()
@@ -309,18 +465,138 @@ class LiveTempo:
         event = self._ready_waiters.get(claim_id)
         return event is not None and event.wait(timeout_s)
 
-    def end_retrieval(self, claim_id: str) -> None:
-        """The transfer to the engine is done: protection on this claim's behalf ends."""
+    def end_retrieval(self, claim_id: str, rank: int | None = None) -> None:
+        """One rank's transfer to the engine is done; after every rank's (the claim's
+        world size; a call without a rank counts as a new one), protection on this claim's
+        behalf ends, and an observed stock read of the request ends."""
         with self.lock:
+            stock = self._stock.get(claim_id)
+            world = self._world.get(claim_id) or (stock.world_size if stock else 1)
+            got = self._retrieved.setdefault(claim_id, set())
+            got.add(rank if rank is not None else -1 - len(got))
+            if len(got) < world:
+                return
+            self._retrieved.pop(claim_id, None)
+            self._end_stock(claim_id)
             claim = self.controller.claims.get(claim_id)
             self._ready_waiters.pop(claim_id, None)
             if claim is None:
+                self._sync()
                 return
             if claim.state is ClaimState.STAGEREADY:
                 self.controller.begin_transfer(claim_id)
             if claim.state is ClaimState.TRANSFERRING:
                 self.controller.end_transfer(claim_id)
             self._sync()
+
+    # ---- the stock lookup's own L2 reads ------------------------------------------------
+    def observe_stock(
+        self, request_id: str, objects: Sequence[LiveObject], world_size: int = 1
+    ) -> StockRead | None:
+        """The stock lookup of `request_id` is about to read its hit objects (`objects`, the
+        complete hit prefix) from L2: register an ordinary read on the provider, so an
+        ORDINARY op of those neither resident nor in flight joins its queue view. The
+        device does not perform it. A claim granted ORDINARY reads as itself (the
+        controller's ``ordinary_read``: its manifest); a request with no claim (or a
+        cancelled/released one) as ``stock:<id>``. A claim TempoKV serves (READY, WAIT):
+        None, its objects are TempoKV's."""
+        with self.lock:
+            self._end_stock(request_id)  # a repeated lookup: the earlier read ends first
+            claim = self.controller.claims.get(request_id)
+            ordinary = claim is not None and claim.state is ClaimState.ORDINARY
+            if (
+                claim is not None
+                and not ordinary
+                and claim.state
+                not in (
+                    ClaimState.CANCELLED,
+                    ClaimState.RELEASED,
+                )
+            ):
+                return None
+            for obj in objects:
+                self.device.objects.setdefault(obj.object_id, obj)
+            kvs = [o.kv() for o in objects]
+            self.provider.store(kvs)
+            read_id = request_id if ordinary else f"stock:{request_id}"
+            if ordinary:
+                ops = self.provider.issued_by(
+                    lambda: self.controller.ordinary_read(request_id, lambda: None)
+                )
+            else:
+                ops = self.provider.issued_by(
+                    lambda: self.provider.ordinary_read(read_id, Manifest(tuple(kvs)), lambda: None)
+                )
+            p_ops = self.provider._ops
+            sr = StockRead(
+                request_id,
+                read_id,
+                ordinary,
+                ops,
+                sum(len(p_ops[i].objects) for i in ops),
+                sum(p_ops[i].size_bytes for i in ops),
+                self.clock.now(),
+                world_size=max(1, world_size),
+            )
+            self._stock[request_id] = sr
+            self.clock.call_later(STOCK_READ_MAX_S, lambda: self._expire(sr))
+            self._sync()
+            return sr
+
+    def stock_done(self, request_id: str, chunks: int) -> None:
+        """The stock lookup's prefetch reported done (`chunks` found): its ops complete
+        (the provider's normal completion: objects resident, the rate meter observes)."""
+        with self.lock:
+            sr = self._stock.get(request_id)
+            if sr is None or sr.done_s is not None:
+                return
+            sr.done_s, sr.chunks_found, sr.outcome = self.clock.now(), chunks, "done"
+            # every observed op it waits on, its own or one it joined: the lookup found
+            # all its objects, so whoever issued them, they are loaded now
+            for op_id in sorted(self.provider.read_pending(sr.read_id)):
+                self.device.finish_observed(op_id)
+            self._sync()
+
+    def end_session(self, request_id: str) -> None:
+        """The request is torn down: an open claim is cancelled, a stock read ends."""
+        with self.lock:
+            self._retrieved.pop(request_id, None)
+            self._end_stock(request_id)
+            self.cancel(request_id)
+
+    def _expire(self, sr: StockRead) -> None:
+        if self._stock.get(sr.request_id) is sr:
+            self._end_stock(sr.request_id, expired=True)
+            self._sync()
+
+    def _end_stock(self, request_id: str, expired: bool = False) -> None:  # holds self.lock
+        """End the read (its pins). An observed op it waited on and no done came for: left
+        to another stock read waiting on it (its done completes it), else performed by the
+        device if a commitment joined it, else removed."""
+        sr = self._stock.pop(request_id, None)
+        if sr is None:
+            return
+        pending = self.provider.read_pending(sr.read_id) | set(sr.ops)
+        if sr.claimed:
+            self.controller.end_ordinary(sr.read_id)
+        else:
+            self.provider.end_ordinary(sr.read_id)
+        observed = self.device.observed_ops()
+        for op_id in sorted(pending & observed):
+            commitments, reads = self.provider.waiters(op_id)
+            if reads:
+                continue
+            if commitments:
+                self.device.adopt(op_id)
+                sr.outcome = "adopted"
+            else:
+                self.device.drop_observed(op_id)
+                self.provider.drop_op(op_id)
+                sr.outcome = "expired" if expired else "dropped"
+        if sr.outcome == "open":
+            sr.outcome = "ended"  # before done, its ops left to another read's lookup
+        sr.end_s = self.clock.now()
+        self.stock_reads.append(sr)
 
     # ---- loop ---------------------------------------------------------------------------
     def _loop(self) -> None:
@@ -337,7 +613,9 @@ class LiveTempo:
             time.sleep(LOOP_S)
 
     def _sync(self) -> None:  # holds self.lock
-        keep = set(self.provider.tier.protect_refs) | set(self.provider.tier.pins)
+        # Locks are protection only: an ordinary read's pins (the stock lookup's) are the
+        # model's; that lookup holds its own L1 read locks on what it reads.
+        keep = set(self.provider.tier.protect_refs)
         self.device.sync_pins(keep)
         self.samples.add(
             self.clock.now(), self.device.locked_bytes(), self.provider.tier.reserved_bytes
@@ -358,15 +636,18 @@ class LiveTempo:
         with self.lock:
             ctl, s = self.controller, self.samples
             ttr = []
-            for cid, (t_commit, est) in self.provider.ttr_at_commit.items():
+            for cid, (t_commit, est, ttu) in self.provider.ttr_at_commit.items():
                 claim = ctl.claims[cid]
                 ready = [tr.t_s for tr in claim.trace if tr.state is ClaimState.STAGEREADY]
                 actual = ready[0] - t_commit if ready else None
+                used = self.retrieval_at.get(cid)
                 ttr.append(
                     {
                         "claim": cid,
                         "ttr_est_s": round(est, 6),
                         "stage_ready_s": None if actual is None else round(actual, 6),
+                        "ttu_est_s": None if ttu is None else round(ttu, 6),
+                        "retrieval_s": None if used is None else round(used - t_commit, 6),
                     }
                 )
             return {
@@ -393,5 +674,20 @@ class LiveTempo:
                     for r in self.device.stages
                 ],  # fmt: skip
                 "ttr": ttr,
+                "observed_stock_reads": self.stock_json(),
                 "locked_bytes_now": self.device.locked_bytes(),
+            }
+
+    def stock_json(self) -> dict[str, Any]:
+        """The stock lookups' L2 reads the provider observed: ended and still open."""
+        with self.lock:
+            reads = [r.json() for r in (*self.stock_reads, *self._stock.values())]
+            outcomes: dict[str, int] = {}
+            for r in reads:
+                outcomes[r["outcome"]] = outcomes.get(r["outcome"], 0) + 1
+            return {
+                "count": len(reads),
+                "bytes": sum(r["bytes"] for r in reads),
+                "outcomes": outcomes,
+                "reads": reads,
             }

@@ -46,6 +46,33 @@ def _serving(summary: dict[str, Any]) -> str:
             f"| {m['budget_bytes']} | {m['canonical']}/{m['requests']} | {m['committed']} | "
             f"{m['ttr_error_abs_p50_s']:.3f} / {m['ttr_error_abs_p95_s']:.3f} |"
         )
+    repeats = summary.get("repeats", 1)
+    if repeats > 1:
+        lines += [
+            "",
+            f"Pooled over {repeats} repeats (every request of every repeat). Per repeat, in "
+            "run order (odd repeats run the policies in reverse):",
+            "",
+            "| policy | p95 TTFT s per repeat | C MiB·s/req per repeat | committed per repeat |",
+            "|---|---|---|---|",
+        ]
+        for policy, m in summary.get("policies", {}).items():
+            per = m["per_repeat"]
+            lines.append(
+                f"| {policy} | {' / '.join(f'{x:.3f}' for x in per['p95_ttft_s'])} | "
+                f"{' / '.join(f'{x:.4f}' for x in per['c_mib_s_per_req'])} | "
+                f"{' / '.join(str(x) for x in per['committed'])} |"
+            )
+    cost = summary.get("adapter_cost")
+    if cost:
+        a, w = cost["adapter_per_step"], cost["arrival_ack_wait"]
+        lines.append(
+            f"\nThe adapter on vLLM's engine loop (whole run): {a['total_s']:.3f} s over "
+            f"{a['n']} steps (p50 {1e3 * a['p50_s']:.2f} ms, p95 {1e3 * a['p95_s']:.2f} ms), "
+            f"{w['total_s']:.3f} s waiting for {w['n']} arrival replies (max "
+            f"{1e3 * w['max_s']:.1f} ms): {100 * cost['loop_share']:.2f}% of the measured "
+            "step time."
+        )
     for policy, why in summary.get("skipped_policies", {}).items():
         lines.append(f"\n{policy}: not run live ({why}).")
     return "\n".join(lines) + "\n"

@@ -289,10 +289,30 @@ class ServingRun(Strict):
     l2_latency_s: float = Field(0.005, ge=0, description="shaped FS L2 latency per load")
     l1_mib: int = Field(256, gt=0, description="LMCache L1 (the fast tier)")
     budget_mib: float = Field(8.0, gt=0, description="protected-capacity budget")
-    claims_k: int = Field(4, ge=1, description="the runtime adapter claims the first K waiting")
+    claims_k: int = Field(
+        16,
+        ge=1,
+        description="the runtime adapter claims the first K waiting requests. With LMCache's "
+        "MP connector a request not among the first K when it arrives is never claimed (vLLM "
+        "looks it up in the same pass that brings it into the first K), so K should cover "
+        "the longest waiting queue",
+    )
     step_base_s: float = Field(0.02, gt=0, description="TTU cost model prior, calibrated live")
     token_s: float = Field(5e-5, ge=0)
     max_num_seqs: int = Field(2, ge=1, description="vLLM slots (a queue forms behind them)")
+    engine_cpus: str | None = Field(
+        None,
+        description="cores vLLM computes on (VLLM_CPU_OMP_THREADS_BIND, e.g. '0-6'); default: "
+        "every core but the last, left to LMCache's staging, the API server and the client, so "
+        "that a policy which stages more does not also slow the engine (on a GPU node the "
+        "engine never shares its device with staging)",
+    )
+    repeats: int = Field(
+        1,
+        ge=1,
+        description="the whole policy grid again on the same stack (order reversed "
+        "every other repeat); measures and checks pool every repeat's requests",
+    )
 
 
 class TempoKVSpec(Strict):

@@ -42,15 +42,16 @@ UPDATE_METHOD = "tempokv.update"
 
 
 class _StepTrace:
-    """The per-step record (the on/off test compares `scheduled` and outputs)."""
+    """The per-step record (the on/off test compares `scheduled` and outputs). One handle
+    held open, line-buffered: each record is on disk when written (the run reads the trace
+    while vLLM still serves), without an open and close per record on the engine loop."""
 
     def __init__(self, path: Path | None) -> None:
-        self.path = path
+        self._file = path.open("a", buffering=1) if path is not None else None
 
     def write(self, record: dict[str, Any]) -> None:
-        if self.path is not None:
-            with self.path.open("a") as f:
-                f.write(json.dumps(record) + "\n")
+        if self._file is not None:
+            self._file.write(json.dumps(record) + "\n")
 
 
 def _config() -> dict[str, Any]:
@@ -94,8 +95,11 @@ class TempoKVAdapter(StepRecorder):
         self._tk_transport_kind = cfg.get("transport", "connector")
         self._tk_transport: Transport | None = None
         self._tk_t0 = time.monotonic()
-        self._tk_scheduled: deque[tuple[Any, float, float]] = deque()  # (out, at, modelled)
+        # [out, at, modelled, adapter_s]: adapter_s is what the adapter's own pass after
+        # schedule() cost the engine loop (TTU projection, sends), measured
+        self._tk_scheduled: deque[list[Any]] = deque()
         self._tk_last_done = 0.0
+        self._tk_prev_ids: set[str] = set()
         self._tk_errors = 0
 
     # ---- hooks ----------------------------------------------------------------------
@@ -108,10 +112,13 @@ class TempoKVAdapter(StepRecorder):
 
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
         out = super().schedule(*args, **kwargs)
+        began = time.monotonic()
         try:
             self._tk_after_schedule(out)
         except Exception as e:  # the adapter must never disturb scheduling
             self._tk_fail("schedule", e)
+        if self._tk_scheduled and self._tk_scheduled[-1][0] is out:
+            self._tk_scheduled[-1][3] = time.monotonic() - began  # the engine loop's cost
         return out
 
     def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
@@ -173,7 +180,7 @@ class TempoKVAdapter(StepRecorder):
         self._tk_collect()
         view = self._tk_view(out)
         modelled = self._tk.calibrator.base.step_s(view.scheduled_tokens, 0, 0)
-        self._tk_scheduled.append((out, time.monotonic(), modelled))
+        self._tk_scheduled.append([out, time.monotonic(), modelled, 0.0])
         update = self._tk.on_step(view)
         if update is None:
             return
@@ -221,15 +228,23 @@ class TempoKVAdapter(StepRecorder):
         """Step time: from when the step could start (scheduled, and the previous step
         done: async scheduling runs a step ahead) to its output."""
         while self._tk_scheduled:
-            out, at, modelled = self._tk_scheduled.popleft()
+            out, at, modelled, adapter_s = self._tk_scheduled.popleft()
             if out is scheduler_output:
                 start = max(at, self._tk_last_done)
                 self._tk.calibrator.observe(modelled, done_at - start)
                 self._tk_last_done = done_at
                 # the measured step, for calibrating a simulation of the same run offline
                 tokens = int(out.total_num_scheduled_tokens)
+                # busy: a request of this step was in the previous one too (the loop cannot
+                # have idled between them), so done_s − the previous done_s is what one
+                # step cost the engine loop as a whole (scheduling, adapter, output)
+                ids = set(out.num_scheduled_tokens)
+                busy, self._tk_prev_ids = bool(ids & self._tk_prev_ids), ids
                 self._bk_trace.write({"kind": "step_time", "tokens": tokens,
-                                      "s": round(done_at - start, 6)})  # fmt: skip
+                                      "s": round(done_at - start, 6),
+                                      "adapter_s": round(adapter_s, 6),
+                                      "done_s": round(done_at - self._tk_t0, 6),
+                                      "busy": busy})  # fmt: skip
                 return
 
     def _tk_collect(self) -> None:
@@ -251,8 +266,13 @@ class TempoKVAdapter(StepRecorder):
         transport = self._tk_transport
         if transport is None:
             transport = self._tk_transport = self._tk_make_transport()
+        t0 = time.monotonic()
         acked = transport.send(UPDATE_METHOD, payload, wait_s)
-        extra: dict[str, Any] = {"arrival": True, "acked": acked} if arrival else {}
+        # how long the engine loop was held for the reply: what an arrival claim costs it
+        waited = round(time.monotonic() - t0, 6)
+        extra: dict[str, Any] = (
+            {"arrival": True, "acked": acked, "ack_wait_s": waited} if arrival else {}
+        )
         self._bk_trace.write({"kind": "update", **payload, **extra})
 
     def _tk_make_transport(self) -> Transport:

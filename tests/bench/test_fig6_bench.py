@@ -7,6 +7,7 @@ import math
 import sys
 from pathlib import Path
 
+import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -59,7 +60,7 @@ def test_baseline_stack_differs_only_by_the_tempokv_launch(tmp_path: Path) -> No
     from bsrctl.experiments.tempokv.serving import stack_for
     from bsrctl.tempokv.spec import TempoKVSpec
 
-    spec = TempoKVSpec.model_validate(fig6.DEFAULT_SPEC)
+    spec = TempoKVSpec.model_validate(yaml.safe_load(fig6.DEFAULT_SPEC.read_text()))
     tk, _ = stack_for(spec, tmp_path / "tk")
     lm, _ = stack_for(spec, tmp_path / "lm", with_adapter=False)
     assert tk.extensions is not None and lm.extensions is not None
@@ -69,3 +70,19 @@ def test_baseline_stack_differs_only_by_the_tempokv_launch(tmp_path: Path) -> No
     assert lm.extensions.server_module == tk.extensions.server_module
     assert lm.extensions.l2_device == tk.extensions.l2_device
     assert lm.spec == tk.spec
+
+
+def test_the_adapter_arm_runs_in_the_order_and_gets_its_own_table() -> None:
+    arms = (*fig6.ARMS, fig6.ADAPTER_ARM)
+    assert fig6.arm_orders(2, arms) == [arms, arms[::-1]]
+    cells = [
+        {"lmcache": {4.0: fig6.Cell(1.0, 100.0, 10, 10, "")},
+         "tempokv": {4.0: fig6.Cell(2.0, 80.0, 10, 10, "")},
+         "adapter": {4.0: fig6.Cell(1.5, 90.0, 10, 10, "")}},
+    ]  # fmt: skip
+    rows = fig6.table([4.0], cells, fig6.ADAPTER_ARM)
+    assert rows[0].startswith("| rate rps | LMCache p95 TTFT s | adapter only p95 TTFT s |")
+    assert rows[2] == (
+        "| 4 | 1.000 | 1.500 | 100.0 | 90.0 | 1.500 [1.500–1.500] "
+        "| 0.900 [0.900–0.900] | 10/10, 10/10 |"
+    )

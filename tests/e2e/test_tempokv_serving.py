@@ -14,26 +14,11 @@ import yaml
 
 pytestmark = pytest.mark.e2e
 
-SPEC = {
-    "name": "serving-small",
-    "seed": 5,
-    "models": [{"name": "llama-3.1-8b"}],
-    "serving": {
-        # one document per request: a repeated document would be a hit in vLLM's own prefix
-        # cache (no external retrieval), so its claim could only stage bytes nobody reads
-        "documents_tokens": [3072, 2048, 2560, 3072, 2048, 2560, 3072, 2048],
-        "question_tokens": 32,
-        "num_requests": 8,
-        "interval_s": 0.1,
-        # decode-dominated service: a loading request holds no slot in vLLM (queued loads),
-        # so only requests arriving while another one decodes wait long enough to be claimed
-        "max_tokens": 64,
-        "l2_bandwidth_mib_s": 16.0,
-        "budget_mib": 6.0,
-        "max_num_seqs": 1,
-    },
-    "experiment": {"kind": "policies", "cache_ratios": [1.0]},
-}
+# the shipped serving workload (its comments say why), two repeats instead of six
+SPEC = yaml.safe_load((Path(__file__).resolve().parents[2] / "ladders/tempokv-serving.yaml")
+                      .read_text())  # fmt: skip
+SPEC["serving"]["repeats"] = 2
+POLICIES = ["immediate", "tempokv", "demand", "tempokv-static", "tempokv-u", "queue-1", "queue-4"]
 
 
 def test_every_policy_on_the_serving_stack(tmp_path: Path, bsrctl) -> None:
@@ -45,26 +30,39 @@ def test_every_policy_on_the_serving_stack(tmp_path: Path, bsrctl) -> None:
     (run,) = out.iterdir()
     doc = json.loads((run / "evidence.json").read_text())
     assert doc["complete"], res.stderr[-3000:]
-    points = {p["params"]["policy"]: p for p in doc["points"]}
-    assert list(points) == [
-        "demand", "immediate", "queue-1", "queue-4", "tempokv-static", "tempokv", "tempokv-u"
+    # every policy once per repeat, in the run order (reversed on the second repeat)
+    assert [(p["params"]["repeat"], p["params"]["policy"]) for p in doc["points"]] == [
+        *[(0, p) for p in POLICIES], *[(1, p) for p in reversed(POLICIES)]
     ]  # fmt: skip
     assert doc["summary"]["skipped_policies"] == {"oracle": "needs the run's future: "
                                                   "simulation only"}  # fmt: skip
-    for policy, p in points.items():
+    for p in doc["points"]:
         checks = {c["name"]: c["verdict"] for c in p["checks"]}
-        assert checks["canonical_output"] == "PASS", (policy, p["checks"])
-        assert checks["protected_within_budget"] == "PASS", (policy, p["checks"])
+        assert checks["canonical_output"] == "PASS", (p["id"], p["checks"])
+        assert checks["protected_within_budget"] == "PASS", (p["id"], p["checks"])
         m = p["measures"]
-        assert m["canonical"] == m["requests"] == 8
+        assert m["canonical"] == m["requests"] == 12 and len(m["ttfts_s"]) == 12
         assert m["peak_locked_bytes"] <= m["budget_bytes"]
-    assert points["demand"]["measures"]["retrievals"]  # retrieval demand reached the controller
-    assert points["immediate"]["measures"]["committed"] > 0
-    assert points["immediate"]["measures"]["c_byte_s"] > 0
-    assert points["tempokv"]["measures"]["ttr_error_s"]  # TTR vs stage-ready, per commitment
-    names = {c["name"] for c in doc["summary"]["checks"]}
-    assert names == {"c_below_immediate", "p95_below_demand"}
-    assert (run / "summary.md").read_text().count("| tempokv |") == 1
+        assert "observed_stock_reads" in p["extra"]
+    rows = doc["summary"]["policies"]
+    assert list(rows) == POLICIES and doc["summary"]["repeats"] == 2
+    for policy, row in rows.items():  # pooled over both repeats
+        assert (row["requests"], row["canonical"], row["repeats"]) == (24, 24, 2), policy
+        assert len(row["per_repeat"]["p95_ttft_s"]) == 2
+    points = {(p["params"]["policy"], p["params"]["repeat"]): p for p in doc["points"]}
+    assert points["demand", 0]["measures"]["retrievals"]  # retrieval demand reached it
+    assert rows["immediate"]["committed"] > 0 and rows["immediate"]["c_byte_s"] > 0
+    assert rows["tempokv"]["ttr_error_s"]  # TTR vs stage-ready, per commitment
+    assert rows["tempokv"]["ttu_error_s"]  # TTU at commit vs when retrieval came
+    cost = doc["summary"]["adapter_cost"]
+    assert cost["steps"]["n"] == cost["adapter_per_step"]["n"] > 0
+    assert cost["arrival_ack_wait"]["n"] > 0
+    checks = {c["name"]: c for c in doc["summary"]["checks"]}
+    assert set(checks) == {"c_below_immediate", "p95_below_demand"}
+    assert all("per repeat: " in c["detail"] for c in checks.values())
+    md = (run / "summary.md").read_text()
+    assert md.count("| tempokv |") == 2  # the pooled table and the per-repeat one
+    assert "The adapter on vLLM's engine loop" in md
 
 
 def test_lmcache_killed_with_committed_claims_leaves_no_pin(tmp_path: Path) -> None:

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import lmcext_kv as kv
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from lmcache.v1.distributed.api import ObjectKey
 from lmcache.v1.distributed.config import (
     EvictionConfig,
@@ -23,6 +25,7 @@ from lmcache.v1.distributed.config import (
 from lmcache.v1.distributed.l2_adapters.config import L2AdaptersConfig
 from lmcache.v1.distributed.storage_manager import StorageManager
 
+from bsrctl.clock import VirtualClock
 from bsrctl.lmcache_ext.faults.adapter import BsrFaultL2AdapterConfig
 from bsrctl.lmcache_ext.storage import LMCacheRestoreStorage
 from bsrctl.lmcache_ext.tempokv_live import LiveConfig, LiveObject, LiveTempo
@@ -30,7 +33,9 @@ from bsrctl.restore.types import RowId
 from bsrctl.stack.extensions import odirect_allowed
 from bsrctl.tempokv.claims import ClaimState
 from bsrctl.tempokv.controller import RetrievalGrant
+from bsrctl.tempokv.kv import Manifest
 from bsrctl.tempokv.policies import CAUSAL_POLICIES
+from bsrctl.tempokv.ttr import OpView, project_finish_s
 
 CHUNK = 64 * 1024
 L1 = 16 * 1024 * 1024
@@ -161,3 +166,297 @@ def test_oracle_is_refused_live() -> None:
         LiveConfig.from_json({"policy": "oracle"})
     with pytest.raises(ValueError, match=r"unknown fields \['budget'\]"):
         LiveConfig.from_json({"budget": 1})
+
+
+def test_ttu_at_commit_and_time_to_retrieval_are_reported(sm) -> None:
+    """Each commitment records the claim's TTU then (None when the runtime sent none, as
+    for Immediate) and when retrieval was later demanded: the TTU error in the evidence."""
+    r_keys, s_keys = kv.make_keys(2, "ttu-r"), kv.make_keys(2, "ttu-s")
+    kv.store(sm, r_keys + s_keys, CHUNK)
+    kv.forget(sm, r_keys + s_keys)
+    t = live(sm, "tempokv", budget_chunks=4)
+    try:
+        t.report("R", objects(r_keys))
+        t.update(["R"], {"R": 0.0})  # use now: TTU 0 ≤ TTR, committed at once
+        until(lambda: state(t, "R") is not ClaimState.PLANNED)
+        time.sleep(0.05)
+        assert t.begin_retrieval("R") in (RetrievalGrant.WAIT, RetrievalGrant.READY)
+        with t.lock:
+            t_commit, _est, ttu = t.provider.ttr_at_commit["R"]
+            used = t.retrieval_at["R"]
+        report = t.report_json()
+    finally:
+        t.close()
+    imm = live(sm, "immediate", budget_chunks=4)
+    try:
+        imm.report("S", objects(s_keys))
+        until(lambda: state(imm, "S") is not ClaimState.PLANNED)
+        no_ttu = imm.report_json()["ttr"]
+    finally:
+        imm.close()
+    (row,) = report["ttr"]
+    assert ttu is not None and -1.0 < ttu <= 0.0  # aged from 0 s at the update
+    assert row["ttu_est_s"] == round(ttu, 6)
+    assert row["retrieval_s"] == round(used - t_commit, 6) and row["retrieval_s"] >= 0.05
+    assert [(r["claim"], r["ttu_est_s"], r["retrieval_s"]) for r in no_ttu] == [("S", None, None)]
+
+
+# ---- the stock lookup's own L2 reads, observed by the provider ----------------------------
+
+
+def virtual(sm: StorageManager, policy: str, budget_chunks: int) -> LiveTempo:
+    """As `live`, on a virtual clock that never moves: an observed op's remaining bytes are
+    its size, so the TTR estimates are exact."""
+    storage = LMCacheRestoreStorage(sm, {0: kv.layout(CHUNK)})
+    cfg = LiveConfig(policy=policy, capacity_bytes=L1, budget_bytes=budget_chunks * CHUNK,
+                     prior_bytes_s=64 * CHUNK, tick_s=0.02)  # fmt: skip
+    return LiveTempo(storage, cfg, clock=VirtualClock(0.0))
+
+
+def queue(t: LiveTempo) -> tuple[OpView, ...]:
+    with t.lock:
+        return t.provider.ttr_query(Manifest(())).ops
+
+
+def test_an_unclaimed_stock_read_is_in_the_queue_view_and_lengthens_ttr(sm) -> None:
+    a, b = kv.make_keys(4, "sv-a"), kv.make_keys(3, "sv-b")
+    kv.store(sm, a + b, CHUNK)
+    kv.forget(sm, a + b)
+    t = virtual(sm, "demand", budget_chunks=8)
+    try:
+        sr = t.observe_stock("s1", objects(b))
+        assert sr is not None and (sr.read_id, sr.claimed, sr.objects) == ("stock:s1", False, 3)
+        # exactly one ordinary op of the lookup's 3 chunks; the device does not read it
+        assert queue(t) == (OpView(3 * CHUNK, running=True, staging=False),)
+        with t.lock:
+            assert t.provider.queue_bytes() == t.provider.tier.inflight_bytes == 3 * CHUNK
+        time.sleep(0.05)  # loop passes: nothing staged by the device
+        assert t.device.stages == [] and t.device.locked_bytes() == 0
+        t.report("A", objects(a))
+        assert state(t, "A") is ClaimState.PLANNED  # Demand: commits at retrieval only
+        assert t.begin_retrieval("A") is RetrievalGrant.WAIT
+        est = t.provider.ttr_at_commit["A"][1]
+        rate = t.provider.rate.aggregate_bytes_s
+        with_read = project_finish_s(
+            (OpView(3 * CHUNK, True, False), OpView(4 * CHUNK, False)), 1, rate
+        )[1]
+        alone = project_finish_s((OpView(4 * CHUNK, False),), 1, rate)[0]
+        assert est == with_read  # A shares the device with the stock read while it runs
+        assert alone == 4 * CHUNK / (64 * CHUNK)
+        assert est - alone == pytest.approx(3 * CHUNK / (64 * CHUNK), abs=1e-12)  # its share
+        assert t.wait_ready("A", 10.0)
+        # the lookup's prefetch reported done: the op completes, its objects are resident
+        t.stock_done("s1", 3)
+        assert queue(t) == ()
+        with t.lock:
+            assert all(t.provider.tier.is_resident(o.object_id) for o in objects(b))
+            assert t.provider.tier.inflight_bytes == 0
+        # a later claim on the same document counts them resident: ready at commit, TTR 0
+        t.report("B", objects(b))
+        assert t.begin_retrieval("B") is RetrievalGrant.READY
+        assert t.provider.ttr_at_commit["B"][1] == 0.0
+        with t.lock:  # the read pins what it read until its retrieve
+            assert t.provider.tier.pins == {o.object_id: 1 for o in objects(b)}
+        t.end_retrieval("s1", 0)  # its retrieve: the read ends, and its pins
+        with t.lock:
+            assert t.provider.tier.pins == {}
+        seen = t.stock_json()
+    finally:
+        t.close()
+    assert (seen["count"], seen["bytes"], seen["outcomes"]) == (1, 3 * CHUNK, {"done": 1})
+    (r,) = seen["reads"]
+    assert (r["request"], r["ops"], r["objects"], r["chunks_found"]) == ("s1", [0], 3, 3)
+    assert r["start_s"] == r["done_s"] == r["end_s"] == 0.0  # the virtual clock's
+
+
+def test_a_stock_read_never_reported_done_is_removed_at_end_session(sm) -> None:
+    c = kv.make_keys(2, "sv-c")
+    kv.store(sm, c, CHUNK)
+    kv.forget(sm, c)
+    t = virtual(sm, "demand", budget_chunks=8)
+    try:
+        t.observe_stock("s2", objects(c))
+        assert queue(t) == (OpView(2 * CHUNK, True, False),)
+        t.end_session("s2")
+        assert queue(t) == ()
+        with t.lock:
+            assert t.provider.tier.inflight_bytes == 0
+            assert not any(t.provider.tier.is_resident(o.object_id) for o in objects(c))
+        t.stock_done("s2", 2)  # a late report changes nothing
+        assert queue(t) == ()
+        seen = t.stock_json()
+    finally:
+        t.close()
+    assert seen["outcomes"] == {"dropped": 1} and seen["reads"][0]["done_s"] is None
+
+
+def test_a_commitment_that_joined_an_abandoned_stock_read_is_staged_by_the_device(sm) -> None:
+    c = kv.make_keys(2, "sv-j")
+    kv.store(sm, c, CHUNK)
+    kv.forget(sm, c)
+    t = live(sm, "immediate", budget_chunks=8)
+    try:
+        with t.lock:  # the read first, then the claim: it joins the read's op
+            t.observe_stock("s3", objects(c))
+            t.report("J", objects(c))
+            assert state(t, "J") is ClaimState.STAGING
+            assert len(queue(t)) == 1
+        t.end_session("s3")  # no done came: the device reads it for J
+        until(lambda: state(t, "J") is ClaimState.STAGEREADY)
+        with t.lock:
+            assert t.device.locked_bytes() == 2 * CHUNK
+            assert [s.size_bytes for s in t.device.stages] == [2 * CHUNK]
+        assert t.stock_json()["outcomes"] == {"adopted": 1}
+    finally:
+        t.close()
+
+
+def test_a_claim_granted_ordinary_reads_as_itself(sm) -> None:
+    d = kv.make_keys(4, "sv-d")
+    kv.store(sm, d, CHUNK)
+    kv.forget(sm, d)
+    t = virtual(sm, "demand", budget_chunks=2)  # 4 chunks never fit: ORDINARY
+    try:
+        t.report("D", objects(d))
+        assert t.begin_retrieval("D") is RetrievalGrant.ORDINARY
+        sr = t.observe_stock("D", objects(d))
+        assert sr is not None and (sr.read_id, sr.claimed, sr.size_bytes) == ("D", True, 4 * CHUNK)
+        assert queue(t) == (OpView(4 * CHUNK, True, False),)
+        t.stock_done("D", 4)
+        t.end_retrieval("D", 0)
+        assert queue(t) == ()
+        assert state(t, "D") is ClaimState.ORDINARY
+        assert t.stock_json()["outcomes"] == {"done": 1}
+    finally:
+        t.close()
+
+
+def test_a_claim_tempokv_serves_is_not_observed(sm) -> None:
+    e = kv.make_keys(2, "sv-e")
+    kv.store(sm, e, CHUNK)
+    kv.forget(sm, e)
+    t = live(sm, "immediate", budget_chunks=8)
+    try:
+        t.report("E", objects(e))
+        until(lambda: state(t, "E") is ClaimState.STAGEREADY)
+        assert t.begin_retrieval("E") is RetrievalGrant.READY
+        assert t.observe_stock("E", objects(e)) is None
+        assert t.stock_json()["count"] == 0
+    finally:
+        t.close()
+
+
+def test_tp2_release_waits_for_every_rank(sm) -> None:
+    keys = kv.make_keys(3, "sv-tp")
+    kv.store(sm, keys, CHUNK)
+    kv.forget(sm, keys)
+    t = live(sm, "immediate", budget_chunks=4)
+    try:
+        t.report("T", objects(keys), world_size=2)
+        until(lambda: state(t, "T") is ClaimState.STAGEREADY)
+        assert t.begin_retrieval("T") is RetrievalGrant.READY
+        t.end_retrieval("T", 0)  # rank 0 read its part; rank 1 still reads the pinned objects
+        t.end_retrieval("T", 0)  # the same rank again does not count twice
+        assert state(t, "T") is ClaimState.STAGEREADY
+        with t.lock:
+            assert t.device.locked_bytes() == 3 * CHUNK
+        t.end_retrieval("T", 1)
+        assert state(t, "T") is ClaimState.RELEASED
+        with t.lock:
+            assert t.device.locked_bytes() == 0
+    finally:
+        t.close()
+
+
+@settings(max_examples=25, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])  # fmt: skip
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["observe", "done", "end"]),
+            st.integers(0, 3),  # request
+            st.frozensets(st.integers(0, 5), min_size=1),  # its chunks of a shared pool
+        ),
+        max_size=14,
+    )
+)
+def test_queue_view_is_the_outstanding_stock_reads(sm, steps) -> None:
+    """Whatever lookups, done reports and session ends come, the queue view holds each
+    outstanding observed op once, by its bytes; what completed is resident; nothing stays."""
+    pool = objects(kv.make_keys(6, "sv-h"))  # metadata only: the device never reads them
+    t = virtual(sm, "demand", budget_chunks=8)
+    try:
+        for what, req, chunks in steps:
+            rid = f"q{req}"
+            if what == "observe":
+                t.observe_stock(rid, [pool[i] for i in sorted(chunks)])
+            elif what == "done":
+                t.stock_done(rid, len(chunks))
+            else:
+                t.end_session(rid)
+            with t.lock:
+                open_ops = {
+                    op for r in t._stock.values() for op in t.provider.read_pending(r.read_id)
+                }  # fmt: skip
+                assert open_ops == t.device.observed_ops()  # no op outlives every read on it
+                sizes = [t.provider._ops[op].size_bytes for op in sorted(open_ops)]
+                assert [v.remaining_bytes for v in queue(t)] == sizes
+                assert t.provider.tier.inflight_bytes == sum(sizes)
+                in_flight = [o.object_id for op in open_ops for o in t.provider._ops[op].objects]
+                assert len(in_flight) == len(set(in_flight))  # each object read once
+                resident = {o.object_id for o in pool if t.provider.tier.is_resident(o.object_id)}
+                assert not resident & set(in_flight)
+        for req in range(4):
+            t.end_session(f"q{req}")
+        assert queue(t) == ()
+        with t.lock:
+            assert t.provider.tier.inflight_bytes == 0
+    finally:
+        t.close()
+
+
+def test_a_stock_read_pins_in_the_model_but_holds_no_lock_of_tempokv(sm) -> None:
+    """A stock lookup of objects a claim staged reads them from L1 under its own locks:
+    once the claim is released TempoKV's locks go (C counts protection only), while the
+    provider's tier keeps them pinned for the read until its retrieve."""
+    keys = kv.make_keys(2, "sv-pin")
+    kv.store(sm, keys, CHUNK)
+    kv.forget(sm, keys)
+    t = live(sm, "immediate", budget_chunks=4)
+    try:
+        t.report("Y", objects(keys))
+        until(lambda: state(t, "Y") is ClaimState.STAGEREADY)
+        sr = t.observe_stock("Z", objects(keys))  # resident: nothing to read, pinned
+        assert sr is not None and sr.ops == () and queue(t) == ()
+        assert t.begin_retrieval("Y") is RetrievalGrant.READY
+        t.end_retrieval("Y", 0)
+        with t.lock:
+            assert t.provider.tier.pins == {o.object_id: 1 for o in objects(keys)}
+            assert t.device.locked_bytes() == 0
+        t.end_session("Z")
+        with t.lock:
+            assert t.provider.tier.pins == {}
+    finally:
+        t.close()
+
+
+def test_device_progress_is_one_fifo_device_not_one_per_op() -> None:
+    """Two loads in flight on the one shaped device: the bytes it served since the oldest
+    started go to the oldest first (each op at most its own elapsed time), not each op its
+    own elapsed time (that counted the overlap twice)."""
+    from bsrctl.lmcache_ext.tempokv_live import LmcStagingDevice, _Observed, _Op
+
+    now = [0.0]
+    dev = LmcStagingDevice(storage=None, now=lambda: now[0], est_bytes_s=100.0)
+    dev._ops[1] = _Op(ticket=None, objects=[], size_bytes=50, start_s=0.0, on_done=print)
+    dev._observed[2] = _Observed(size_bytes=80, start_s=0.2, on_done=print)
+    now[0] = 0.3  # served 30 B since 0.0: all of it op 1's
+    assert (dev.remaining_bytes(1), dev.remaining_bytes(2)) == (20, 80)
+    now[0] = 0.7  # served 70 B: op 1 whole (50), op 2 the other 20
+    assert (dev.remaining_bytes(1), dev.remaining_bytes(2)) == (1, 60)  # 1: never "done"
+    del dev._ops[1]  # op 1 completes; op 2 alone: its own elapsed bounds its credit
+    assert dev.remaining_bytes(2) == 30
+    dev._ops[3] = _Op(ticket=None, objects=[], size_bytes=40, start_s=0.9, on_done=print)
+    now[0] = 1.0  # the 80 B served since 0.2 are op 2's: op 3 waits behind it (FIFO)
+    assert (dev.remaining_bytes(2), dev.remaining_bytes(3)) == (1, 40)
+    assert dev.remaining_bytes(99) == 0

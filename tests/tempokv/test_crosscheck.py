@@ -31,7 +31,11 @@ TRACE = [
     {"kind": "step_time", "tokens": 0, "s": 0.5},  # an empty step is no cost sample
 ]
 EVIDENCE = {
-    "summary": {"stack": {"kv_bytes_per_token": 4096}},
+    "summary": {"stack": {"kv_bytes_per_token": 4096},
+                "policies": {"demand": {"c_mib_s_per_req": 0.5, "p95_ttft_s": 2.0,
+                                        "model_c_mib_s_per_req": 0.2},
+                             "immediate": {"c_mib_s_per_req": 0.3, "p95_ttft_s": 1.0,
+                                           "model_c_mib_s_per_req": 0.4}}},
     "points": [
         {"params": {"policy": "demand"}, "measures": {"c_mib_s_per_req": 0.5, "p95_ttft_s": 2.0},
          "extra": {"stages": [{"bytes": 1 << 20, "start_s": 1.0, "done_s": 1.25}]}},
@@ -57,6 +61,7 @@ def test_sim_spec_is_the_serving_run() -> None:
     assert s.workload.arrivals.kind == "fixed" and s.workload.arrivals.interval_s == 0.1
     assert (s.workload.output.max_tokens, s.workload.output.eos_fraction) == (8, 0.0)
     assert (s.engine.max_seqs, s.engine.loads, s.engine.max_batched_tokens) == (1, "queued", 201)
+    assert s.engine.release == "transfer_end"  # the server releases after the retrieve
     assert s.device.fast_tier_gib == 64 / 1024 and s.device.budget_fraction == 2.0 / 64
     assert s.device.staging_gib_s == (4 << 20) / (1 << 30)
 
@@ -67,5 +72,30 @@ def test_simulated_rows_and_orderings() -> None:
     assert set(sim) == {"demand", "immediate", "oracle"}
     assert all(v["p95"] > 0 and v["c"] >= 0 for v in sim.values())
     agree = orderings(serving_rows(EVIDENCE), sim)
-    assert set(agree) == {"c", "p95"}
-    assert agree["c"].left == ("immediate", "demand")  # serving, lowest first
+    assert set(agree) == {"c", "c_reserved", "p95"}
+    assert agree["c"].left == ("immediate", "demand")  # serving, lowest first (pins)
+    assert agree["c_reserved"].left == ("demand", "immediate")  # reserved from commit
+
+
+LOOP_TRACE = [
+    {"kind": "step_time", "tokens": 100, "s": 0.010, "done_s": 1.000, "busy": False},
+    {"kind": "step_time", "tokens": 1, "s": 0.002, "done_s": 1.005, "busy": True},
+    {"kind": "step_time", "tokens": 1, "s": 0.002, "done_s": 1.010, "busy": True},
+    {"kind": "step_time", "tokens": 0, "s": 0.001, "done_s": 1.500, "busy": False},  # idle
+    {"kind": "step_time", "tokens": 201, "s": 0.020, "done_s": 2.000, "busy": False},
+    {"kind": "step_time", "tokens": 201, "s": 0.020, "done_s": 2.025, "busy": True},
+]
+
+
+def test_the_loop_cost_comes_from_busy_output_gaps() -> None:
+    from bsrctl.experiments.tempokv.crosscheck import loop_points
+
+    # only steps sharing a request with the previous one: the loop did not idle before them
+    pts = loop_points(LOOP_TRACE)
+    assert [(x, round(y, 6)) for x, y in pts] == [(1, 0.005), (1, 0.005), (201, 0.025)]
+    cal = calibrate(EVIDENCE, LOOP_TRACE)
+    assert cal.loop_steps == 3
+    assert (cal.loop_base_s, cal.loop_token_s) == (pytest.approx(0.0049), pytest.approx(1e-4))
+    assert cal.cost().step_base_s == cal.loop_base_s  # the sim runs on the loop's cost
+    old = calibrate(EVIDENCE, TRACE)  # a trace without output times: the steps' own time
+    assert old.loop_steps == 0 and old.cost().step_base_s == old.step_base_s

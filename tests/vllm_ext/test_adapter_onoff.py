@@ -100,3 +100,13 @@ def test_adapter_on_and_off_decide_the_same(tmp_path: Path, off_cls: str, on_cls
     assert all(set(u["hits"]) == set(u["report"]) for u in updates if u["report"])
     assert any(u["ttus_s"] for u in updates)  # TTUs were projected and sent
     assert len(updates) < len(on_steps) + len(on_out)  # only on change, not every step
+    # every measured step carries the adapter's own cost on the engine loop
+    timed = [r for r in records if r["kind"] == "step_time"]
+    assert len(timed) == len(on_steps)
+    assert all(r["adapter_s"] >= 0.0 and r["s"] >= 0.0 for r in timed)
+    assert any(r["adapter_s"] > 0.0 for r in timed)
+    # and when its output came, in order, and whether it continued a request of the step
+    # before it (the loop cannot have idled between them)
+    done = [r["done_s"] for r in timed]
+    assert done == sorted(done) and isinstance(timed[0]["busy"], bool)
+    assert not timed[0]["busy"] and any(r["busy"] for r in timed)

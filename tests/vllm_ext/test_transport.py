@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from pathlib import Path
 
 from lmcache.v1.multiprocess.futures import MessagingFuture
 from lmcache.v1.multiprocess.protocols.server_module import (
@@ -14,6 +15,7 @@ from lmcache.v1.multiprocess.protocols.server_module import (
     ServerModuleCallResponse,
 )
 
+from bsrctl.vllm_ext.scheduler import TempoKVAdapter, _StepTrace
 from bsrctl.vllm_ext.transport import RecordTransport, ServerModuleTransport
 
 
@@ -66,3 +68,25 @@ def test_plain_sends_do_not_wait() -> None:
     r = RecordTransport()
     assert r.send("tempokv.update", {"order": ["a"]}, wait_s=1.0) is True
     assert r.sent == [("tempokv.update", {"order": ["a"]})]
+
+
+def _adapter(client: DelayedClient, trace: Path) -> TempoKVAdapter:
+    """The adapter's send path alone (no vLLM scheduler under it)."""
+    a = TempoKVAdapter.__new__(TempoKVAdapter)
+    a._tk_transport = ServerModuleTransport([client], ServerModuleCallRequest)
+    a._bk_trace = _StepTrace(trace)
+    return a
+
+
+def test_the_trace_records_how_long_an_arrival_held_the_engine_loop(tmp_path: Path) -> None:
+    trace = tmp_path / "adapter-trace.jsonl"
+    _adapter(DelayedClient(0.05), trace)._tk_send({"report": ["a"]}, arrival=True, wait_s=2.0)
+    _adapter(DelayedClient(0.5), trace)._tk_send({"report": ["b"]}, arrival=True, wait_s=0.05)
+    _adapter(DelayedClient(0.5), trace)._tk_send({"order": ["a"]})  # not an arrival: no wait
+    recs = [json.loads(line) for line in trace.read_text().splitlines()]
+    assert [(r["kind"], r.get("arrival"), r.get("acked")) for r in recs] == [
+        ("update", True, True), ("update", True, False), ("update", None, None)
+    ]  # fmt: skip
+    assert 0.05 <= recs[0]["ack_wait_s"] < 2.0  # acked: the reply's delay
+    assert 0.05 <= recs[1]["ack_wait_s"] < 0.4  # gave up at its bound
+    assert "ack_wait_s" not in recs[2]

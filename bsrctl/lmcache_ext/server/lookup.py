@@ -120,6 +120,7 @@ class LookupHandlers(ModuleState):
 
     def _stock_lookup_done(self, request_id: str, chunks: int) -> None:
         """W=0: the built-in lookup pinned `chunks` chunks of every row in L1."""
+        self._tempo_stock_done(request_id, chunks)
         self._sample_l1()
         with self._lock:
             key = self._stock_keys.pop(request_id, None)
@@ -170,6 +171,7 @@ class LookupHandlers(ModuleState):
                 self._modes[rid] = Mode.STOCK
                 self._stock_keys[rid] = key
             self._count("lookups_stock")
+            self._tempo_observe(key)  # TempoKV's provider sees the L2 read it makes
             self._lookup_mod.lookup(key, tp_size)
         except Exception:
             log.exception("bsr lookup of %s failed: answering 0 chunks", rid)

@@ -68,7 +68,7 @@ class RetrieveHandlers(ModuleState):
                         key, instance_id, gpu_block_ids, event_ipc_handle, skip_first_n_tokens
                     )
                 finally:
-                    self._tempo_retrieved(rid)
+                    self._tempo_retrieved(rid, key.worker_id)
             return self._windowed_retrieve(
                 key, instance_id, gpu_block_ids, event_ipc_handle, skip_first_n_tokens
             )

@@ -112,7 +112,13 @@ class ModuleState:
     def _tempo_holding(self, request_id: str) -> bool:
         return False
 
-    def _tempo_retrieved(self, request_id: str) -> None:
+    def _tempo_observe(self, key: Any) -> None:
+        return None  # a stock lookup that reads L2 itself
+
+    def _tempo_stock_done(self, request_id: str, chunks: int) -> None:
+        return None  # its prefetch reported done
+
+    def _tempo_retrieved(self, request_id: str, rank: int | None = None) -> None:
         return None
 
     def _tempo_ended(self, request_id: str) -> None:

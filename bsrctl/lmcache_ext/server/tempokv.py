@@ -14,8 +14,11 @@
 Retrieval hooks (the stock path, W = 0): at a request's lookup its claim is asked for
 retrieval; READY or ORDINARY go on at once (the stock lookup finds staged objects in L1,
 or reads L2 as usual), WAIT holds the lookup (its status answers "not yet", so vLLM keeps
-the request waiting) until the committed staging is ready. After its retrieve the claim's
-protection ends; its end_session cancels a claim still open.
+the request waiting) until the committed staging is ready. A lookup that reads L2 itself
+(no claim, or ORDINARY) is registered with the provider as an observed ordinary read
+(``LiveTempo.observe_stock``), done when its prefetch status reports done. After every
+rank's retrieve (the claim's or lookup's world size) the claim's protection and the
+observed read end; its end_session cancels a claim still open and ends the read.
 """
 
 from __future__ import annotations
@@ -80,7 +83,11 @@ class TempoKVHandlers(ModuleState):
             return _json({"policy": None})
         with self._lock:
             counts = {k: v for k, v in self._counters.items() if k.startswith("tempokv_")}
-        return _json({**tempo.report_json(), "reports_dropped": counts})
+        report = tempo.report_json()
+        seen = report["observed_stock_reads"]
+        log.info("tempokv status (%s): observed stock reads %s", report["policy"],
+                 json.dumps(seen, sort_keys=True))  # fmt: skip
+        return _json({**report, "reports_dropped": counts})
 
     @server_module_handler("tempokv.update")
     def tempokv_update(self, payload: bytes) -> bytes:
@@ -104,7 +111,7 @@ class TempoKVHandlers(ModuleState):
                 continue
             hit_tokens[rid] = len(objects) * self._ctx.chunk_size
             if objects:
-                tempo.report(rid, objects)
+                tempo.report(rid, objects, int(hit["world_size"]))
             else:
                 self._count("tempokv_reports_no_hit")
         for rid in req.get("cancel") or ():
@@ -125,7 +132,6 @@ class TempoKVHandlers(ModuleState):
         """The claim's objects: the complete hit prefix, one chunk column each."""
         model, world = str(hit["model_name"]), int(hit["world_size"])
         tokens = [int(t) for t in hit["token_ids"]]
-        attn_desc = self._ctx.layout_desc_registry.find_attn_desc(model, world)
         key = IPCCacheServerKey(
             model_name=model,
             world_size=world,
@@ -137,7 +143,14 @@ class TempoKVHandlers(ModuleState):
             cache_salt=str(hit.get("cache_salt", "")),
             num_kv_readers=world,
         )
-        hashes = self._ctx.token_hasher.compute_chunk_hashes(tokens, end=len(tokens))
+        return self._tempo_key_objects(key)
+
+    def _tempo_key_objects(self, key: IPCCacheServerKey) -> list[LiveObject]:
+        """The complete hit prefix of a lookup key (probe: metadata only), one chunk column
+        each; a claim's and a lookup's objects of one document share their ids."""
+        model = key.model_name
+        attn_desc = self._ctx.layout_desc_registry.find_attn_desc(model, key.world_size)
+        hashes = self._ctx.token_hasher.compute_chunk_hashes(list(key.token_ids), end=key.end)
         if not hashes:
             return []
         request = self._lookup_request(key, hashes, attn_desc)  # type: ignore[attr-defined]
@@ -184,13 +197,32 @@ class TempoKVHandlers(ModuleState):
         held = getattr(self, "_tempo_held", {}).get(request_id)
         return held is not None and not held.done()
 
-    def _tempo_retrieved(self, request_id: str) -> None:
+    def _tempo_observe(self, key: IPCCacheServerKey) -> None:
+        """The stock lookup of this key reads L2 itself: the provider sees that read."""
+        tempo = self._tempo
+        if tempo is None:
+            return
+        try:
+            objects = self._tempo_key_objects(key)
+        except Exception:
+            log.exception("tempokv: objects of %s not found: stock read not observed",
+                          key.request_id)  # fmt: skip
+            return
+        if objects:
+            tempo.observe_stock(key.request_id, objects, key.world_size)
+
+    def _tempo_stock_done(self, request_id: str, chunks: int) -> None:
         tempo = self._tempo
         if tempo is not None:
-            tempo.end_retrieval(request_id)
+            tempo.stock_done(request_id, chunks)
+
+    def _tempo_retrieved(self, request_id: str, rank: int | None = None) -> None:
+        tempo = self._tempo
+        if tempo is not None:
+            tempo.end_retrieval(request_id, rank)
 
     def _tempo_ended(self, request_id: str) -> None:
         getattr(self, "_tempo_held", {}).pop(request_id, None)
         tempo = self._tempo
         if tempo is not None:
-            tempo.cancel(request_id)
+            tempo.end_session(request_id)

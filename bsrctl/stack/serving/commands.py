@@ -128,6 +128,9 @@ def vllm_env(v: VllmSpec, cache_root: Path, connector: bool = True) -> dict[str,
         "VLLM_CPU_KVCACHE_SPACE": str(v.kvcache_space_gib),
         "VLLM_CACHE_ROOT": str(cache_root),
     }
+    if v.cpu_threads_bind is not None and v.tensor_parallel_size == 1:
+        # canonical and served vLLM alike: a different thread count may change float sums
+        env["VLLM_CPU_OMP_THREADS_BIND"] = v.cpu_threads_bind
     if not connector:
         return env
     env["VLLM_SERVER_DEV_MODE"] = "1"

@@ -11,8 +11,10 @@ import json
 import time
 
 from bsr_inprocess import C_BYTES, CHUNK, MODEL
+from lmcache.v1.multiprocess.custom_types import IPCCacheServerKey
 
 from bsrctl.prompts import prompt_ids
+from bsrctl.tempokv.kv import Manifest
 
 N_CHUNKS = 4
 
@@ -71,6 +73,7 @@ def test_immediate_claim_staged_found_by_lookup_and_released(bsr_sm_server) -> N
         assert status["locked_bytes_now"] == 0
         assert status["peak_locked_bytes"] <= status["budget_bytes"]
         assert [r["claim"] for r in status["ttr"]] == ["r1"]
+        assert status["observed_stock_reads"]["count"] == 0  # READY: TempoKV's objects
         server.module.end_session("r1")
     finally:
         call(server, "tempokv.configure", {"policy": None})
@@ -86,11 +89,7 @@ def test_demand_holds_the_lookup_until_stage_ready(bsr_sm_server) -> None:
              {"report": ["r2"], "hits": {"r2": hit(tokens)}, "order": ["r2"]})  # fmt: skip
         time.sleep(0.1)
         assert states(server)["r2"] == "PLANNED"  # Demand never commits ahead
-        from lmcache.v1.multiprocess.custom_types import IPCCacheServerKey
-
-        key = IPCCacheServerKey(MODEL, 1, None, tuple(tokens), 0, len(tokens), "r2",
-                                num_kv_readers=1)  # fmt: skip
-        server.module.lookup(key, 1)  # retrieval demanded: commits now, lookup held
+        server.module.lookup(key(tokens, "r2"), 1)  # retrieval demanded: commits now, lookup held
         got = None
         deadline = time.monotonic() + 10
         while got is None and time.monotonic() < deadline:
@@ -114,3 +113,57 @@ def test_off_and_bad_config(bsr_sm_server) -> None:
     assert call(server, "tempokv.update", {"report": ["x"], "order": ["x"]})["off"] is True
     bad = call(server, "tempokv.configure", {"policy": "oracle"})
     assert bad["ok"] is False and "simulation only" in bad["error"]
+
+
+def test_an_unclaimed_stock_lookup_is_observed_until_its_prefetch_is_done(bsr_sm_server) -> None:
+    server = bsr_sm_server(64 * C_BYTES, window_chunks=0)
+    tokens = prompt_ids("tk-stock", N_CHUNKS * CHUNK, 1000)
+    server.seed(tokens)
+    configure(server, "demand")
+    try:
+        tempo = server.module._tempo
+        with tempo.lock:  # the lookup registers its read; no prefetch status asked yet
+            server.module.lookup(key(tokens, "u1"), 1)
+            (view,) = tempo.provider.ttr_query(Manifest(())).ops
+            assert (view.running, view.staging) == (True, False)
+            assert tempo.provider.queue_bytes() == N_CHUNKS * C_BYTES
+        assert server.module.wait_prefetch_status("u1", 10.0) == N_CHUNKS  # the stock read
+        seen = call(server, "tempokv.status", {})["observed_stock_reads"]
+        assert (seen["count"], seen["bytes"], seen["outcomes"]) == (1, N_CHUNKS * C_BYTES,
+                                                                    {"done": 1})  # fmt: skip
+        (r,) = seen["reads"]
+        assert (r["request"], r["read"], r["claimed"], r["objects"], r["chunks_found"]) == (
+            "u1", "stock:u1", False, N_CHUNKS, N_CHUNKS)  # fmt: skip
+        assert r["start_s"] <= r["done_s"] and r["end_s"] is None
+        with tempo.lock:
+            assert tempo.provider.queue_bytes() == 0
+            resident = [tempo.provider.tier.is_resident(o) for o in tempo.device.objects]
+        assert resident == [True] * N_CHUNKS  # in L1 now: the provider's tier knows
+        server.module.end_session("u1")
+        seen = call(server, "tempokv.status", {})["observed_stock_reads"]
+        assert seen["outcomes"] == {"done": 1} and seen["reads"][0]["end_s"] is not None
+    finally:
+        call(server, "tempokv.configure", {"policy": None})
+
+
+def test_a_stock_lookup_ended_before_its_prefetch_leaves_nothing_queued(bsr_sm_server) -> None:
+    server = bsr_sm_server(64 * C_BYTES, window_chunks=0)
+    tokens = prompt_ids("tk-stock-end", N_CHUNKS * CHUNK, 1000)
+    server.seed(tokens)
+    configure(server, "demand")
+    try:
+        tempo = server.module._tempo
+        with tempo.lock:
+            server.module.lookup(key(tokens, "u2"), 1)
+            server.module.end_session("u2")  # torn down before any status was asked
+            assert tempo.provider.queue_bytes() == 0
+            assert tempo.provider.tier.inflight_bytes == 0
+        seen = call(server, "tempokv.status", {})["observed_stock_reads"]
+        assert (seen["count"], seen["outcomes"]) == (1, {"dropped": 1})
+    finally:
+        call(server, "tempokv.configure", {"policy": None})
+
+
+def key(tokens: list[int], rid: str) -> IPCCacheServerKey:
+    return IPCCacheServerKey(MODEL, 1, None, tuple(tokens), 0, len(tokens), rid,
+                             num_kv_readers=1)  # fmt: skip

@@ -87,3 +87,17 @@ def test_vllm_environments(tmp_path: Path) -> None:
     assert served == plain
     assert "VLLM_CPU_OMP_THREADS_BIND" not in vllm_env(VllmSpec(), tmp_path)
     assert base_env()["HF_HUB_OFFLINE"] == "1" and base_env()["VLLM_HOST_IP"] == "127.0.0.1"
+
+
+def test_engine_cores_bind_canonical_and_served_vllm_alike(tmp_path: Path) -> None:
+    v = VllmSpec(cpu_threads_bind="0")
+    for connector in (False, True):
+        assert vllm_env(v, tmp_path, connector=connector)["VLLM_CPU_OMP_THREADS_BIND"] == "0"
+    tp2 = vllm_env(VllmSpec(cpu_threads_bind="0", tensor_parallel_size=2), tmp_path)
+    assert tp2["VLLM_CPU_OMP_THREADS_BIND"] in ("0|1", "0|0")  # TP > 1: one core per rank
+
+
+def test_tempokv_engine_leaves_the_last_core() -> None:
+    from bsrctl.experiments.tempokv.serving import engine_cpus_default
+
+    assert [engine_cpus_default(n) for n in (1, 2, 3, 16)] == [None, "0", "0-1", "0-14"]

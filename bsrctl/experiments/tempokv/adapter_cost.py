@@ -1,0 +1,46 @@
+"""What the runtime adapter cost vLLM's engine loop, from its trace: its own pass after
+each schedule() (`step_time.adapter_s`: TTU projection and sends) and each arrival's wait
+for the server's reply (`update.ack_wait_s`), beside the measured step times. The adapter
+decides nothing, but it does take time on the loop that runs the engine."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from bsrctl.experiments.tempokv.pooled import quantile
+
+
+def _dist(xs: list[float]) -> dict[str, float | int]:
+    return {
+        "n": len(xs),
+        "p50_s": round(quantile(xs, 0.5), 6) if xs else 0.0,
+        "p95_s": round(quantile(xs, 0.95), 6) if xs else 0.0,
+        "max_s": round(max(xs), 6) if xs else 0.0,
+        "total_s": round(sum(xs), 6),
+    }
+
+
+def adapter_cost(records: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    steps, adapter, acks = [], [], []
+    for r in records:
+        if r.get("kind") == "step_time":
+            steps.append(float(r["s"]))
+            adapter.append(float(r.get("adapter_s", 0.0)))
+        elif r.get("kind") == "update" and r.get("arrival") and "ack_wait_s" in r:
+            acks.append(float(r["ack_wait_s"]))
+    total_step = sum(steps)
+    return {
+        "steps": _dist(steps),
+        "adapter_per_step": _dist(adapter),
+        "arrival_ack_wait": _dist(acks),
+        "loop_share": round((sum(adapter) + sum(acks)) / total_step, 6) if total_step else 0.0,
+    }
+
+
+def read_trace(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

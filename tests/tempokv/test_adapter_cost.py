@@ -1,0 +1,36 @@
+"""The adapter's cost on vLLM's engine loop, read from its trace: exact sums and shares."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from bsrctl.experiments.tempokv.adapter_cost import adapter_cost, read_trace
+
+TRACE = [
+    {"kind": "step", "scheduled": {}},
+    {"kind": "step_time", "tokens": 1, "s": 0.010, "adapter_s": 0.001},
+    {"kind": "step_time", "tokens": 9, "s": 0.030, "adapter_s": 0.003},
+    {"kind": "update", "arrival": True, "acked": True, "ack_wait_s": 0.02},
+    {"kind": "update", "arrival": False},  # a post-step update waits for nothing
+    {"kind": "step_time", "tokens": 4, "s": 0.020},  # before adapter_s existed: counted 0
+]
+
+
+def test_costs_are_summed_exactly() -> None:
+    c = adapter_cost(TRACE)
+    assert c["steps"] == {"n": 3, "p50_s": 0.02, "p95_s": 0.029, "max_s": 0.03, "total_s": 0.06}
+    assert c["adapter_per_step"]["total_s"] == 0.004 and c["adapter_per_step"]["n"] == 3
+    assert c["arrival_ack_wait"] == {
+        "n": 1, "p50_s": 0.02, "p95_s": 0.02, "max_s": 0.02, "total_s": 0.02
+    }  # fmt: skip
+    assert c["loop_share"] == round(0.024 / 0.06, 6)
+
+
+def test_no_trace_costs_nothing(tmp_path: Path) -> None:
+    assert read_trace(tmp_path / "none.jsonl") == []
+    c = adapter_cost([])
+    assert c["loop_share"] == 0.0 and c["steps"]["n"] == 0
+    path = tmp_path / "t.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in TRACE) + "\n")
+    assert read_trace(path) == TRACE
