@@ -12,6 +12,7 @@ one sent, aged by the time since (a TTU that merely counts down is no change).""
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -64,7 +65,11 @@ class AdapterSettings:
     k: int = 4  # claims for the first K waiting requests
     needs_ttu: bool = True  # timed policies read TTU; the others only the order
     ttu_quantile: float | None = None  # TempoKV-U
-    ttu_tolerance_s: float = 0.005  # a TTU that moved less than this is not sent again
+    # a TTU that moved less than this is not sent again, and TTUs are projected at most this
+    # often while the claimed set and the order stay the same (each projection and each
+    # update cost the engine loop and the server; a change below the controller's tick
+    # changes no commitment by more than a tick: serving runs set it to the tick)
+    ttu_tolerance_s: float = 0.005
     # an arrival's claim must reach the controller before vLLM looks the request up (in
     # its next schedule()): add_request waits this long at most for the server's reply
     arrival_ack_s: float = 0.2
@@ -137,6 +142,8 @@ class LiveAdapterCore:
         self._sent_ttus: dict[str, tuple[float, float]] = {}  # id -> (ttu_s, at_s)
         self.updates_sent = 0
         self.steps_seen = 0
+        self.projections = 0
+        self._projected_at = -math.inf
 
     def set_hit(self, req_id: str, hit_tokens: int) -> None:
         if req_id in self.claimed:
@@ -169,8 +176,15 @@ class LiveAdapterCore:
             self._sent_ttus.pop(r, None)
         order = tuple(w.req_id for w in view.waiting)
         ttus: dict[str, float] = {}
-        if self.s.needs_ttu and self.claimed:
+        due = (
+            report
+            or order != self._sent_order
+            or view.at_s - self._projected_at >= self.s.ttu_tolerance_s
+        )
+        if self.s.needs_ttu and self.claimed and due:
             ttus = self._project(view)
+            self.projections += 1
+            self._projected_at = view.at_s
         changed_ttus = {
             r: t
             for r, t in ttus.items()

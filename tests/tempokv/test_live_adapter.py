@@ -142,3 +142,18 @@ def test_loading_requests_take_no_head_place_at_arrival() -> None:
     u = c.on_arrival(arrival(["x", "y", "z"], loading=("x", "y")))
     assert u is not None and u.report == ("z",) and u.order == ("x", "y", "z")
     assert c.on_arrival(arrival(["x", "y", "z"], loading=("x", "y"))) is None
+
+
+def test_ttus_are_projected_at_most_once_per_tolerance_unless_claims_or_order_change() -> None:
+    c = core(tol=0.05)
+    c.on_step(view(0.0, ["a", "b", "c"]))  # new claims: projected
+    assert c.projections == 1
+    for at in (0.01, 0.02, 0.03, 0.04):  # same claims and order, within the tolerance
+        c.on_step(view(at, ["a", "b", "c"]))
+    assert c.projections == 1
+    c.on_step(view(0.05, ["a", "b", "c"]))  # a tolerance later: projected again
+    assert c.projections == 2
+    c.on_step(view(0.06, ["a", "c", "b"]))  # the order changed: projected at once
+    assert c.projections == 3
+    c.on_step(view(0.07, ["b", "c"]))  # "a" left, "c" newly claimed: projected at once
+    assert c.projections == 4

@@ -85,6 +85,8 @@ def stack_for(
     adapter = {
         "k": run.claims_k,
         "needs_ttu": True,
+        # TTU precision below the controller's tick moves no commitment by more than a tick
+        "ttu_tolerance_s": spec.control.tick_s,
         "output_limit_tokens": run.max_tokens,
         "chunk_tokens": 256,
         "kv_bytes_per_token": kv_bytes,
