@@ -33,7 +33,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +49,7 @@ from bsrctl.experiments.tempokv.serving import (
     stack_for,
 )
 from bsrctl.stack.bsr_client import BsrModuleClient
+from bsrctl.stack.serving import ServingStack
 from bsrctl.tempokv.spec import TempoKVSpec
 
 # the shipped serving workload (ladders/tempokv-serving.yaml: one slot, 12 documents, shaped
@@ -59,6 +60,10 @@ ARMS = ("lmcache", "tempokv")
 # `--adapter-arm`: the TempoKV stack with the controller off (vLLM runs the adapter, which
 # reports to a server that answers "off"): what the adapter alone costs against stock
 ADAPTER_ARM = "adapter"
+# `--local-arm`: the same, but the adapter's updates stay in vLLM's process (no server call)
+# and it writes no trace: the adapter's in-process work alone
+LOCAL_ARM = "adapter-local"
+NAMES = {"tempokv": "TempoKV", ADAPTER_ARM: "adapter only", LOCAL_ARM: "adapter, no RPC"}
 
 
 def arm_orders(repeats: int, arms: tuple[str, ...] = ARMS) -> list[tuple[str, ...]]:
@@ -93,11 +98,19 @@ class Cell:
     controller: str  # what tempokv.status said after the cell ("" for the baseline)
 
 
+def arm_stack(spec: TempoKVSpec, arm: str, run_dir: Path) -> ServingStack:
+    stack, _info = stack_for(spec, run_dir, with_adapter=arm != "lmcache")
+    if arm == LOCAL_ARM and stack.extensions is not None and stack.extensions.tempokv:
+        tk = replace(stack.extensions.tempokv, transport="record", trace_path=None)
+        stack = ServingStack(stack.spec, run_dir, replace(stack.extensions, tempokv=tk))
+    return stack
+
+
 def run_arm(
     spec: TempoKVSpec, arm: str, run_dir: Path, rates: Sequence[float], prep: Any, rep: int
 ) -> dict[float, Cell]:
     run = spec.serving
-    stack, _info = stack_for(spec, run_dir, with_adapter=arm != "lmcache")
+    stack = arm_stack(spec, arm, run_dir)
     out: dict[float, Cell] = {}
     client = None
     try:
@@ -167,7 +180,7 @@ def run_arm(
 def table(
     rates: Sequence[float], cells: list[dict[str, dict[float, Cell]]], arm: str = "tempokv"
 ) -> list[str]:
-    name = {"tempokv": "TempoKV", ADAPTER_ARM: "adapter only"}[arm]
+    name = NAMES[arm]
     lines = [
         f"| rate rps | LMCache p95 TTFT s | {name} p95 TTFT s | LMCache tok/s | {name} tok/s "
         f"| p95 {name}/LMCache median [min–max] | tput {name}/LMCache median [min–max] "
@@ -201,8 +214,15 @@ def main() -> int:
         help="a third arm: the TempoKV stack with the controller off (the adapter's own cost)",
     )
     ap.add_argument("args", nargs="*", help="[SPEC.yaml] [RATES...] (requests per second)")
+    ap.add_argument(
+        "--local-arm",
+        action="store_true",
+        help="a fourth arm: the adapter with no server call and no trace (controller off)",
+    )
     ns = ap.parse_args()
-    arms = (*ARMS, ADAPTER_ARM) if ns.adapter_arm else ARMS
+    arms = (
+        ARMS + ((ADAPTER_ARM,) if ns.adapter_arm else ()) + ((LOCAL_ARM,) if ns.local_arm else ())
+    )
     if ns.repeats < 1:
         ap.error(f"--repeats {ns.repeats}: give 1 or more")
     args = list(ns.args)
@@ -235,9 +255,9 @@ def main() -> int:
         return 3
     print()
     print("\n".join(table(rates, cells)))
-    if ns.adapter_arm:
+    for extra in arms[len(ARMS) :]:
         print()
-        print("\n".join(table(rates, cells, ADAPTER_ARM)))
+        print("\n".join(table(rates, cells, extra)))
     print(f"\nmedians over {ns.repeats} repeats, {run.num_requests} requests per cell; shaped L2 "
           f"{run.l2_bandwidth_mib_s} MiB/s (O_DIRECT {prep.info['odirect']}), budget "
           f"{run.budget_mib} MiB, run dir {run_dir}")  # fmt: skip

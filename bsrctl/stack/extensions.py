@@ -95,11 +95,14 @@ class TempoKVLaunch:
     read_ttl_s: int = 600
     scheduler_cls: str = "bsrctl.vllm_ext.scheduler.TempoKVScheduler"
     trace_path: str | None = None
+    # "connector": updates reach the server module; "record": kept in vLLM's process, no
+    # server call (the adapter cost bench's arm that separates the adapter from its RPCs)
+    transport: str = "connector"
 
     def vllm_env(self) -> dict[str, str]:
         import json
 
-        cfg: dict[str, Any] = {"adapter": dict(self.adapter), "transport": "connector"}
+        cfg: dict[str, Any] = {"adapter": dict(self.adapter), "transport": self.transport}
         if self.trace_path is not None:
             cfg["trace_path"] = self.trace_path
         return {"BSRCTL_TEMPOKV": json.dumps(cfg)}

@@ -86,3 +86,20 @@ def test_the_adapter_arm_runs_in_the_order_and_gets_its_own_table() -> None:
         "| 4 | 1.000 | 1.500 | 100.0 | 90.0 | 1.500 [1.500–1.500] "
         "| 0.900 [0.900–0.900] | 10/10, 10/10 |"
     )
+
+
+def test_the_local_arm_keeps_the_adapter_in_process_without_a_trace(tmp_path: Path) -> None:
+    import json
+
+    from bsrctl.tempokv.spec import TempoKVSpec
+
+    spec = TempoKVSpec.model_validate(yaml.safe_load(fig6.DEFAULT_SPEC.read_text()))
+    local = fig6.arm_stack(spec, fig6.LOCAL_ARM, tmp_path / "l")
+    full = fig6.arm_stack(spec, fig6.ADAPTER_ARM, tmp_path / "a")
+    cfg = json.loads(local.extensions.tempokv.vllm_env()["BSRCTL_TEMPOKV"])
+    assert cfg["transport"] == "record" and "trace_path" not in cfg
+    cfg = json.loads(full.extensions.tempokv.vllm_env()["BSRCTL_TEMPOKV"])
+    assert cfg["transport"] == "connector" and cfg["trace_path"].endswith("adapter-trace.jsonl")
+    assert cfg["adapter"] == json.loads(
+        local.extensions.tempokv.vllm_env()["BSRCTL_TEMPOKV"])["adapter"]  # fmt: skip
+    assert fig6.arm_stack(spec, "lmcache", tmp_path / "s").extensions.tempokv is None
