@@ -2,72 +2,48 @@
 inside the server module, or an in-process one in tests).
 
 The mechanism is ``bsrctl.tempokv`` unchanged: ``Controller``, ``StagingProvider``, the
-policies and estimators. What this module adds is the device under the provider:
+policies and estimators. The device under the provider is ``tempokv_device`` (LOCK
+prefetches; the locks are the pins), the provider's live additions and the pin sampler are
+``tempokv_provider``. What this module adds is the loop that drives them and the stock
+lookup's own L2 reads:
 
-- a KV object is one chunk column of a request's prefix (its keys on every TP rank and
-  object group), identified by the chunk hash;
-- a staging op is a LOCK prefetch of its objects' keys (``LMCacheRestoreStorage.stage``),
-  loaded from L2 into L1 and read-locked there: the locks are the pins. LMCache's read
-  locks expire after ``read_ttl_seconds``; the server runs with a TTL above the longest
-  protection (bsrctl sets it), so no pin lapses under a committed claim;
-- an object whose protection ended (its claim released or cancelled, no other committed
-  claim protecting it) has its locks dropped with ``finish_read_prefetched``: under the
-  ``retain`` prefetch policy it stays in L1 for the stock lookup to find;
-- protected bytes are sampled from the objects actually locked, every loop pass, and C is
-  the integral of those samples;
-- the stock lookup's own L2 reads (a request with no claim, or a claim that went ORDINARY)
-  share the same device, so each is registered as the provider's ordinary read
+- the stock lookup's reads (a request with no claim, or a claim that went ORDINARY) share
+  the same device, so each is registered as the provider's ordinary read
   (``observe_stock``): an ORDINARY op the device does NOT perform (the stock lookup does),
   done when the lookup's prefetch is reported done (``stock_done``), so the queue view TTR
   is projected from holds it and its objects become resident in the provider's tier
   through the normal completion path. At the request's retrieve (every rank) or
   end_session the read ends; an op still outstanding then (or after ``STOCK_READ_MAX_S``)
-  is removed, or performed by the device if a commitment joined it.
+  is removed, or performed by the device if a commitment joined it;
+- protected bytes are sampled from the objects actually locked, every loop pass, and C is
+  the integral of those samples.
 
 Everything runs on one loop thread (``LiveTempo``) under one lock: due timers (the
 controller's tick), prefetch completions, pin sync, sampling. Handlers call in under the
-same lock. Nothing here blocks on L2: a prefetch is polled with a zero timeout.
+same lock.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from lmcache.v1.distributed.api import ObjectKey
-
 from bsrctl.clock import WallClock
-from bsrctl.lmcache_ext.storage import LMCacheTicket
-from bsrctl.restore.types import RestoreRequest, RowId, RowKeys, Window
+from bsrctl.lmcache_ext.tempokv_device import LiveObject, LmcStagingDevice
+from bsrctl.lmcache_ext.tempokv_provider import LiveStagingProvider, Samples
 from bsrctl.tempokv.claims import ClaimState
 from bsrctl.tempokv.controller import Controller, RetrievalGrant
-from bsrctl.tempokv.kv import KvObject, Manifest
+from bsrctl.tempokv.kv import Manifest
 from bsrctl.tempokv.policies import CAUSAL_POLICIES, Policy, Timed, make_policy
-from bsrctl.tempokv.provider import CommitDecision, OpKind, StagingProvider
-from bsrctl.tempokv.ttr import QueueProjectionTtr, RateMeter
+from bsrctl.tempokv.ttr import RateMeter
 
 LOOP_S = 0.005  # loop pass: prefetch polling, pin sync and the protected-bytes sample
 # An observed stock read whose prefetch was never reported done nor its session ended is
 # ended after this long (vLLM's mq timeout is 60 s: no lookup it waits on lasts longer).
 STOCK_READ_MAX_S = 60.0
-
-
-@dataclass(frozen=True, slots=True)
-class LiveObject:
-    """One chunk column: its key on every row (TP rank, object group)."""
-
-    object_id: str
-    keys: tuple[tuple[RowId, ObjectKey, int], ...]  # (row, key, bytes) per row
-
-    @property
-    def size_bytes(self) -> int:
-        return sum(b for _, _, b in self.keys)
-
-    def kv(self) -> KvObject:
-        return KvObject(self.object_id, self.size_bytes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,33 +76,6 @@ class LiveConfig:
 
 
 @dataclass(slots=True)
-class _Op:
-    ticket: Any  # LMCacheTicket, or the server storage's routed ticket around one
-    objects: list[LiveObject]
-    size_bytes: int
-    start_s: float
-    on_done: Callable[[int], None]
-
-
-@dataclass(frozen=True, slots=True)
-class StageRecord:
-    op_id: int
-    size_bytes: int
-    start_s: float
-    done_s: float
-    missed_objects: int  # not loaded (an L2 miss): the retrieval falls back for them
-
-
-@dataclass(slots=True)
-class _Observed:
-    """An ordinary op the stock lookup performs: the device only keeps its place."""
-
-    size_bytes: int
-    start_s: float
-    on_done: Callable[[int], None]
-
-
-@dataclass(slots=True)
 class StockRead:
     """One stock lookup's L2 read as the provider observed it."""
 
@@ -154,214 +103,6 @@ class StockRead:
             "start_s": r6(self.start_s), "done_s": r6(self.done_s), "end_s": r6(self.end_s),
             "chunks_found": self.chunks_found, "outcome": self.outcome,
         }  # fmt: skip
-
-
-class LmcStagingDevice:
-    """``StagingDevice`` over a StorageManager: an op is a LOCK prefetch of its objects."""
-
-    def __init__(self, storage: Any, now: Callable[[], float], est_bytes_s: float) -> None:
-        """`storage`: an ``LMCacheRestoreStorage`` or the server's ``ServerRestoreStorage``."""
-        self.storage = storage
-        self.now = now
-        self.est_bytes_s = est_bytes_s
-        self.objects: dict[str, LiveObject] = {}
-        self.objects_of: Callable[[int], list[KvObject]] = lambda op_id: []
-        self.kind_of: Callable[[int], OpKind] = lambda op_id: OpKind.STAGE
-        self._ops: dict[int, _Op] = {}
-        # Ordinary ops: in the live stack every ordinary read is the stock lookup's own
-        # (``LiveTempo.observe_stock``); the device never performs one unless adopted.
-        self._observed: dict[int, _Observed] = {}
-        self.locked: dict[str, list[ObjectKey]] = {}  # object -> its read-locked keys
-        self.stages: list[StageRecord] = []
-        self.chunk_tokens = 256
-
-    def start(self, op_id: int, size_bytes: int, on_done: Callable[[int], None]) -> None:
-        if self.kind_of(op_id) is OpKind.ORDINARY:
-            self._observed[op_id] = _Observed(size_bytes, self.now(), on_done)
-            return
-        self._stage(op_id, size_bytes, on_done, self.now())
-
-    def _stage(
-        self, op_id: int, size_bytes: int, on_done: Callable[[int], None], start_s: float
-    ) -> None:
-        objs = [self.objects[o.object_id] for o in self.objects_of(op_id)]
-        rows: dict[RowId, list[tuple[ObjectKey, int]]] = {}
-        for obj in objs:
-            for row, key, nbytes in obj.keys:
-                rows.setdefault(row, []).append((key, nbytes))
-        request = RestoreRequest(
-            f"tempokv-op{op_id}",
-            tuple(
-                RowKeys(row, tuple(k for k, _ in ks), ks[0][1]) for row, ks in sorted(rows.items())
-            ),
-            self.chunk_tokens,
-        )
-        ticket = self.storage.stage(request, Window(0, 0, len(objs)))
-        self._ops[op_id] = _Op(ticket, objs, size_bytes, start_s, on_done)
-
-    def finish_observed(self, op_id: int) -> bool:
-        """The stock lookup's read of this op is done: complete it (the provider's
-        ``_op_done``: its objects become resident). False if it is no longer observed."""
-        obs = self._observed.pop(op_id, None)
-        if obs is None:
-            return False
-        obs.on_done(op_id)
-        return True
-
-    def drop_observed(self, op_id: int) -> None:
-        self._observed.pop(op_id, None)
-
-    def adopt(self, op_id: int) -> None:
-        """A commitment waits on an observed op the stock lookup will not finish: read it
-        here (a LOCK prefetch, as staging; its start stays the observed one's)."""
-        obs = self._observed.pop(op_id)
-        self._stage(op_id, obs.size_bytes, obs.on_done, obs.start_s)
-
-    def observed_ops(self) -> set[int]:
-        return set(self._observed)
-
-    def remaining_bytes(self, op_id: int) -> int:
-        """The device reports no progress, so it is estimated at the calibrated rate. The
-        shaped L2 is one device serving loads in submission order: what it served since
-        the oldest open op started is credited to the open ops oldest first, and no op more
-        than its own time since start (the device may have idled before it). Crediting
-        each op its own elapsed time alone counted overlapping ops' progress twice."""
-        op: _Op | _Observed | None = self._ops.get(op_id) or self._observed.get(op_id)
-        if op is None:
-            return 0
-        now = self.now()
-        open_ops = sorted(
-            (*self._ops.items(), *self._observed.items()), key=lambda kv: (kv[1].start_s, kv[0])
-        )
-        served = (now - open_ops[0][1].start_s) * self.est_bytes_s
-        for oid, o in open_ops:
-            credit = min(o.size_bytes, served, (now - o.start_s) * self.est_bytes_s)
-            if oid == op_id:
-                return max(1, int(op.size_bytes - credit))
-            served -= min(o.size_bytes, served)
-        return max(1, op.size_bytes)  # unreachable: op is open
-
-    def poll(self) -> None:
-        """Complete every op whose prefetch finished (zero-timeout wait)."""
-        for op_id, op in list(self._ops.items()):
-            result = self.storage.wait(op.ticket, 0.0)
-            if result is None:
-                continue
-            del self._ops[op_id]
-            ticket: LMCacheTicket = getattr(op.ticket, "ticket", op.ticket)
-            locked = set(ticket.hit_keys)
-            missed = 0
-            for obj in op.objects:
-                keys = [k for _, k, _ in obj.keys if k in locked]
-                if len(keys) < len(obj.keys):
-                    missed += 1
-                self.locked.setdefault(obj.object_id, []).extend(keys)
-            ticket.released = True  # its locks are now held per object, released below
-            self.stages.append(StageRecord(op_id, op.size_bytes, op.start_s, self.now(), missed))
-            op.on_done(op_id)
-
-    def sync_pins(self, keep: Collection[str]) -> None:
-        """Drop the locks of every object not in `keep` (no longer protected)."""
-        drop = [oid for oid in self.locked if oid not in keep]
-        keys = [k for oid in drop for k in self.locked.pop(oid)]
-        if keys:
-            self.storage.sm.finish_read_prefetched(keys)
-
-    def locked_bytes(self) -> int:
-        return sum(self.objects[oid].size_bytes for oid, ks in self.locked.items() if ks)
-
-    def release_all(self) -> None:
-        for op in self._ops.values():
-            self.storage.release(op.ticket)
-        self._ops.clear()
-        self._observed.clear()
-        self.sync_pins(())
-
-
-class LiveStagingProvider(StagingProvider):
-    """The mechanism's provider, plus the TTR estimate at each commitment (for the TTR
-    accuracy evidence): computed before committing, from the same queue view; and the
-    claim's TTU then (`ttu_of`, the controller's aged estimate; None: none reported), so
-    the evidence can tell a TTU error from a TTR error."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._ttr = QueueProjectionTtr(self.rate)
-        self.ttu_of: Callable[[str], float | None] = lambda _claim_id: None
-        # claim -> (t, TTR estimate, TTU estimate)
-        self.ttr_at_commit: dict[str, tuple[float, float, float | None]] = {}
-
-    def commit(self, claim_id: str, manifest: Manifest) -> CommitDecision:
-        est = self._ttr.ttr_s(self.ttr_query(manifest))
-        ttu = self.ttu_of(claim_id)
-        decision = super().commit(claim_id, manifest)
-        if decision.ok:
-            self.ttr_at_commit[claim_id] = (self.clock.now(), est, ttu)
-        return decision
-
-    # ---- observed stock reads (the live module's; the mechanism is unchanged) ------------
-    def issued_by(self, fn: Callable[[], None]) -> tuple[int, ...]:
-        """Run `fn` (an ``ordinary_read``); the ops it issued."""
-        first = self._next_op
-        fn()
-        return tuple(range(first, self._next_op))
-
-    def read_pending(self, read_id: str) -> set[int]:
-        """The ops this read still waits on (its own and those it joined)."""
-        read = self._reads.get(read_id)
-        return set(read.pending_ops) if read is not None else set()
-
-    def waiters(self, op_id: int) -> tuple[int, int]:
-        """(commitments, reads) still waiting on this op."""
-        return (
-            sum(op_id in c.pending_ops for c in self._commitments.values()),
-            sum(op_id in r.pending_ops for r in self._reads.values()),
-        )
-
-    def drop_op(self, op_id: int) -> None:
-        """Remove an ordinary op nobody waits on and whose read never completed: out of
-        the queue view, nothing made resident, no rate sample (it was not timed)."""
-        op = self._ops.pop(op_id)
-        if op.running:
-            if not op.bypass:
-                self.tier.inflight_bytes -= op.size_bytes
-            self._advance_share()
-            self._running -= 1
-        for obj in op.objects:
-            if self._object_op.get(obj.object_id) == op_id:
-                del self._object_op[obj.object_id]
-        self._changed()
-        self._start_ops()
-        self.on_change()
-
-    def queue_bytes(self) -> int:
-        """Bytes of every op outstanding (issued, not seen complete)."""
-        return sum(op.size_bytes for op in self._ops.values())
-
-
-@dataclass
-class Samples:
-    """Protected bytes sampled from the locked objects, and their integral C (byte·s)."""
-
-    at_s: list[float] = field(default_factory=list)
-    locked_bytes: list[int] = field(default_factory=list)
-    reserved_bytes: list[int] = field(default_factory=list)
-    integral_byte_s: float = 0.0
-    peak_locked_bytes: int = 0
-    peak_reserved_bytes: int = 0
-    max_keep: int = 20000
-
-    def add(self, t_s: float, locked: int, reserved: int) -> None:
-        if self.at_s:
-            self.integral_byte_s += self.locked_bytes[-1] * (t_s - self.at_s[-1])
-        self.peak_locked_bytes = max(self.peak_locked_bytes, locked)
-        self.peak_reserved_bytes = max(self.peak_reserved_bytes, reserved)
-        if len(self.at_s) >= self.max_keep:  # keep the integral exact, thin the trace
-            self.at_s, self.locked_bytes = self.at_s[-1:], self.locked_bytes[-1:]
-            self.reserved_bytes = self.reserved_bytes[-1:]
-        self.at_s.append(t_s)
-        self.locked_bytes.append(locked)
-        self.reserved_bytes.append(reserved)
 
 
 class LiveTempo:

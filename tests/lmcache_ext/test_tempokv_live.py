@@ -28,7 +28,8 @@ from lmcache.v1.distributed.storage_manager import StorageManager
 from bsrctl.clock import VirtualClock
 from bsrctl.lmcache_ext.faults.adapter import BsrFaultL2AdapterConfig
 from bsrctl.lmcache_ext.storage import LMCacheRestoreStorage
-from bsrctl.lmcache_ext.tempokv_live import LiveConfig, LiveObject, LiveTempo
+from bsrctl.lmcache_ext.tempokv_device import LiveObject
+from bsrctl.lmcache_ext.tempokv_live import LiveConfig, LiveTempo
 from bsrctl.restore.types import RowId
 from bsrctl.stack.extensions import odirect_allowed
 from bsrctl.tempokv.claims import ClaimState
@@ -444,7 +445,7 @@ def test_device_progress_is_one_fifo_device_not_one_per_op() -> None:
     """Two loads in flight on the one shaped device: the bytes it served since the oldest
     started go to the oldest first (each op at most its own elapsed time), not each op its
     own elapsed time (that counted the overlap twice)."""
-    from bsrctl.lmcache_ext.tempokv_live import LmcStagingDevice, _Observed, _Op
+    from bsrctl.lmcache_ext.tempokv_device import LmcStagingDevice, _Observed, _Op
 
     now = [0.0]
     dev = LmcStagingDevice(storage=None, now=lambda: now[0], est_bytes_s=100.0)

@@ -34,7 +34,8 @@ from lmcache.v1.multiprocess.ext_server_module import server_module_handler
 
 from bsrctl.lmcache_ext.mp_storage import ServerRestoreStorage
 from bsrctl.lmcache_ext.server.state import Mode, ModuleState, log
-from bsrctl.lmcache_ext.tempokv_live import LiveConfig, LiveObject, LiveTempo
+from bsrctl.lmcache_ext.tempokv_device import LiveObject
+from bsrctl.lmcache_ext.tempokv_live import LiveConfig, LiveTempo
 from bsrctl.tempokv.controller import RetrievalGrant
 
 WAIT_READY_MAX_S = 40.0  # a held lookup never outlives vLLM's mq timeout (60 s)

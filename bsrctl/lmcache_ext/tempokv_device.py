@@ -1,0 +1,192 @@
+"""The device under TempoKV's provider in the live stack: LMCache's real StorageManager.
+
+- a KV object is one chunk column of a request's prefix (its keys on every TP rank and
+  object group), identified by the chunk hash;
+- a staging op is a LOCK prefetch of its objects' keys (``LMCacheRestoreStorage.stage``),
+  loaded from L2 into L1 and read-locked there: the locks are the pins. LMCache's read
+  locks expire after ``read_ttl_seconds``; the server runs with a TTL above the longest
+  protection (bsrctl sets it), so no pin lapses under a committed claim;
+- an object whose protection ended has its locks dropped with ``finish_read_prefetched``:
+  under the ``retain`` prefetch policy it stays in L1 for the stock lookup to find;
+- an ordinary op is the stock lookup's own L2 read: the device does not perform it (unless
+  adopted for a commitment that joined it), it only keeps its place until told it is done.
+
+Nothing here blocks on L2: a prefetch is polled with a zero timeout (``poll``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
+from typing import Any
+
+from lmcache.v1.distributed.api import ObjectKey
+
+from bsrctl.lmcache_ext.storage import LMCacheTicket
+from bsrctl.restore.types import RestoreRequest, RowId, RowKeys, Window
+from bsrctl.tempokv.kv import KvObject
+from bsrctl.tempokv.provider import OpKind
+
+
+@dataclass(frozen=True, slots=True)
+class LiveObject:
+    """One chunk column: its key on every row (TP rank, object group)."""
+
+    object_id: str
+    keys: tuple[tuple[RowId, ObjectKey, int], ...]  # (row, key, bytes) per row
+
+    @property
+    def size_bytes(self) -> int:
+        return sum(b for _, _, b in self.keys)
+
+    def kv(self) -> KvObject:
+        return KvObject(self.object_id, self.size_bytes)
+
+
+@dataclass(slots=True)
+class _Op:
+    ticket: Any  # LMCacheTicket, or the server storage's routed ticket around one
+    objects: list[LiveObject]
+    size_bytes: int
+    start_s: float
+    on_done: Callable[[int], None]
+
+
+@dataclass(frozen=True, slots=True)
+class StageRecord:
+    op_id: int
+    size_bytes: int
+    start_s: float
+    done_s: float
+    missed_objects: int  # not loaded (an L2 miss): the retrieval falls back for them
+
+
+@dataclass(slots=True)
+class _Observed:
+    """An ordinary op the stock lookup performs: the device only keeps its place."""
+
+    size_bytes: int
+    start_s: float
+    on_done: Callable[[int], None]
+
+
+class LmcStagingDevice:
+    """``StagingDevice`` over a StorageManager: an op is a LOCK prefetch of its objects."""
+
+    def __init__(self, storage: Any, now: Callable[[], float], est_bytes_s: float) -> None:
+        """`storage`: an ``LMCacheRestoreStorage`` or the server's ``ServerRestoreStorage``."""
+        self.storage = storage
+        self.now = now
+        self.est_bytes_s = est_bytes_s
+        self.objects: dict[str, LiveObject] = {}
+        self.objects_of: Callable[[int], list[KvObject]] = lambda op_id: []
+        self.kind_of: Callable[[int], OpKind] = lambda op_id: OpKind.STAGE
+        self._ops: dict[int, _Op] = {}
+        # Ordinary ops: in the live stack every ordinary read is the stock lookup's own
+        # (``LiveTempo.observe_stock``); the device never performs one unless adopted.
+        self._observed: dict[int, _Observed] = {}
+        self.locked: dict[str, list[ObjectKey]] = {}  # object -> its read-locked keys
+        self.stages: list[StageRecord] = []
+        self.chunk_tokens = 256
+
+    def start(self, op_id: int, size_bytes: int, on_done: Callable[[int], None]) -> None:
+        if self.kind_of(op_id) is OpKind.ORDINARY:
+            self._observed[op_id] = _Observed(size_bytes, self.now(), on_done)
+            return
+        self._stage(op_id, size_bytes, on_done, self.now())
+
+    def _stage(
+        self, op_id: int, size_bytes: int, on_done: Callable[[int], None], start_s: float
+    ) -> None:
+        objs = [self.objects[o.object_id] for o in self.objects_of(op_id)]
+        rows: dict[RowId, list[tuple[ObjectKey, int]]] = {}
+        for obj in objs:
+            for row, key, nbytes in obj.keys:
+                rows.setdefault(row, []).append((key, nbytes))
+        request = RestoreRequest(
+            f"tempokv-op{op_id}",
+            tuple(
+                RowKeys(row, tuple(k for k, _ in ks), ks[0][1]) for row, ks in sorted(rows.items())
+            ),
+            self.chunk_tokens,
+        )
+        ticket = self.storage.stage(request, Window(0, 0, len(objs)))
+        self._ops[op_id] = _Op(ticket, objs, size_bytes, start_s, on_done)
+
+    def finish_observed(self, op_id: int) -> bool:
+        """The stock lookup's read of this op is done: complete it (the provider's
+        ``_op_done``: its objects become resident). False if it is no longer observed."""
+        obs = self._observed.pop(op_id, None)
+        if obs is None:
+            return False
+        obs.on_done(op_id)
+        return True
+
+    def drop_observed(self, op_id: int) -> None:
+        self._observed.pop(op_id, None)
+
+    def adopt(self, op_id: int) -> None:
+        """A commitment waits on an observed op the stock lookup will not finish: read it
+        here (a LOCK prefetch, as staging; its start stays the observed one's)."""
+        obs = self._observed.pop(op_id)
+        self._stage(op_id, obs.size_bytes, obs.on_done, obs.start_s)
+
+    def observed_ops(self) -> set[int]:
+        return set(self._observed)
+
+    def remaining_bytes(self, op_id: int) -> int:
+        """The device reports no progress, so it is estimated at the calibrated rate. The
+        shaped L2 is one device serving loads in submission order: what it served since
+        the oldest open op started is credited to the open ops oldest first, and no op more
+        than its own time since start (the device may have idled before it). Crediting
+        each op its own elapsed time alone counted overlapping ops' progress twice."""
+        op: _Op | _Observed | None = self._ops.get(op_id) or self._observed.get(op_id)
+        if op is None:
+            return 0
+        now = self.now()
+        open_ops = sorted(
+            (*self._ops.items(), *self._observed.items()), key=lambda kv: (kv[1].start_s, kv[0])
+        )
+        served = (now - open_ops[0][1].start_s) * self.est_bytes_s
+        for oid, o in open_ops:
+            credit = min(o.size_bytes, served, (now - o.start_s) * self.est_bytes_s)
+            if oid == op_id:
+                return max(1, int(op.size_bytes - credit))
+            served -= min(o.size_bytes, served)
+        return max(1, op.size_bytes)  # unreachable: op is open
+
+    def poll(self) -> None:
+        """Complete every op whose prefetch finished (zero-timeout wait)."""
+        for op_id, op in list(self._ops.items()):
+            result = self.storage.wait(op.ticket, 0.0)
+            if result is None:
+                continue
+            del self._ops[op_id]
+            ticket: LMCacheTicket = getattr(op.ticket, "ticket", op.ticket)
+            locked = set(ticket.hit_keys)
+            missed = 0
+            for obj in op.objects:
+                keys = [k for _, k, _ in obj.keys if k in locked]
+                if len(keys) < len(obj.keys):
+                    missed += 1
+                self.locked.setdefault(obj.object_id, []).extend(keys)
+            ticket.released = True  # its locks are now held per object, released below
+            self.stages.append(StageRecord(op_id, op.size_bytes, op.start_s, self.now(), missed))
+            op.on_done(op_id)
+
+    def sync_pins(self, keep: Collection[str]) -> None:
+        """Drop the locks of every object not in `keep` (no longer protected)."""
+        drop = [oid for oid in self.locked if oid not in keep]
+        keys = [k for oid in drop for k in self.locked.pop(oid)]
+        if keys:
+            self.storage.sm.finish_read_prefetched(keys)
+
+    def locked_bytes(self) -> int:
+        return sum(self.objects[oid].size_bytes for oid, ks in self.locked.items() if ks)
+
+    def release_all(self) -> None:
+        for op in self._ops.values():
+            self.storage.release(op.ticket)
+        self._ops.clear()
+        self._observed.clear()
+        self.sync_pins(())
