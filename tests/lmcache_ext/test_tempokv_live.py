@@ -65,6 +65,14 @@ def sm(tmp_path: Path):
     manager.close()
 
 
+def in_l2(sm: StorageManager, n: int, tag: str) -> list[ObjectKey]:
+    """`n` chunk keys stored (through L1 into L2) and forgotten from L1: an L2-only hit."""
+    keys = kv.make_keys(n, tag)
+    kv.store(sm, keys, CHUNK)
+    kv.forget(sm, keys)
+    return keys
+
+
 def objects(keys: list[ObjectKey]) -> list[LiveObject]:
     return [LiveObject(k.chunk_hash.hex(), ((ROW, k, CHUNK),)) for k in keys]
 
@@ -94,10 +102,8 @@ def state(t: LiveTempo, cid: str) -> ClaimState:
 
 
 def test_commit_stage_pin_release_budget_and_fallback(sm) -> None:
-    a, b, c = kv.make_keys(4, "a"), kv.make_keys(4, "b"), kv.make_keys(2, "c")
+    a, b, c = in_l2(sm, 4, "a"), in_l2(sm, 4, "b"), in_l2(sm, 2, "c")
     shared = a[:2]  # claim "ab" shares a's first two chunks
-    kv.store(sm, a + b + c, CHUNK)
-    kv.forget(sm, a + b + c)
     t = live(sm, "immediate", budget_chunks=8)
     try:
         t.report("A", objects(a))
@@ -140,9 +146,7 @@ def test_commit_stage_pin_release_budget_and_fallback(sm) -> None:
 
 @pytest.mark.parametrize("policy", CAUSAL_POLICIES)
 def test_every_causal_policy_commits_on_the_real_store(sm, policy: str) -> None:
-    keys = kv.make_keys(3, f"p-{policy}")
-    kv.store(sm, keys, CHUNK)
-    kv.forget(sm, keys)
+    keys = in_l2(sm, 3, f"p-{policy}")
     t = live(sm, policy, budget_chunks=4)
     try:
         t.report("R", objects(keys))
@@ -172,9 +176,7 @@ def test_oracle_is_refused_live() -> None:
 def test_ttu_at_commit_and_time_to_retrieval_are_reported(sm) -> None:
     """Each commitment records the claim's TTU then (None when the runtime sent none, as
     for Immediate) and when retrieval was later demanded: the TTU error in the evidence."""
-    r_keys, s_keys = kv.make_keys(2, "ttu-r"), kv.make_keys(2, "ttu-s")
-    kv.store(sm, r_keys + s_keys, CHUNK)
-    kv.forget(sm, r_keys + s_keys)
+    r_keys, s_keys = in_l2(sm, 2, "ttu-r"), in_l2(sm, 2, "ttu-s")
     t = live(sm, "tempokv", budget_chunks=4)
     try:
         t.report("R", objects(r_keys))
@@ -220,9 +222,7 @@ def queue(t: LiveTempo) -> tuple[OpView, ...]:
 
 
 def test_an_unclaimed_stock_read_is_in_the_queue_view_and_lengthens_ttr(sm) -> None:
-    a, b = kv.make_keys(4, "sv-a"), kv.make_keys(3, "sv-b")
-    kv.store(sm, a + b, CHUNK)
-    kv.forget(sm, a + b)
+    a, b = in_l2(sm, 4, "sv-a"), in_l2(sm, 3, "sv-b")
     t = virtual(sm, "demand", budget_chunks=8)
     try:
         sr = t.observe_stock("s1", objects(b))
@@ -271,9 +271,7 @@ def test_an_unclaimed_stock_read_is_in_the_queue_view_and_lengthens_ttr(sm) -> N
 
 
 def test_a_stock_read_never_reported_done_is_removed_at_end_session(sm) -> None:
-    c = kv.make_keys(2, "sv-c")
-    kv.store(sm, c, CHUNK)
-    kv.forget(sm, c)
+    c = in_l2(sm, 2, "sv-c")
     t = virtual(sm, "demand", budget_chunks=8)
     try:
         t.observe_stock("s2", objects(c))
@@ -292,9 +290,7 @@ def test_a_stock_read_never_reported_done_is_removed_at_end_session(sm) -> None:
 
 
 def test_a_commitment_that_joined_an_abandoned_stock_read_is_staged_by_the_device(sm) -> None:
-    c = kv.make_keys(2, "sv-j")
-    kv.store(sm, c, CHUNK)
-    kv.forget(sm, c)
+    c = in_l2(sm, 2, "sv-j")
     t = live(sm, "immediate", budget_chunks=8)
     try:
         with t.lock:  # the read first, then the claim: it joins the read's op
@@ -313,9 +309,7 @@ def test_a_commitment_that_joined_an_abandoned_stock_read_is_staged_by_the_devic
 
 
 def test_a_claim_granted_ordinary_reads_as_itself(sm) -> None:
-    d = kv.make_keys(4, "sv-d")
-    kv.store(sm, d, CHUNK)
-    kv.forget(sm, d)
+    d = in_l2(sm, 4, "sv-d")
     t = virtual(sm, "demand", budget_chunks=2)  # 4 chunks never fit: ORDINARY
     try:
         t.report("D", objects(d))
@@ -333,9 +327,7 @@ def test_a_claim_granted_ordinary_reads_as_itself(sm) -> None:
 
 
 def test_a_claim_tempokv_serves_is_not_observed(sm) -> None:
-    e = kv.make_keys(2, "sv-e")
-    kv.store(sm, e, CHUNK)
-    kv.forget(sm, e)
+    e = in_l2(sm, 2, "sv-e")
     t = live(sm, "immediate", budget_chunks=8)
     try:
         t.report("E", objects(e))
@@ -348,9 +340,7 @@ def test_a_claim_tempokv_serves_is_not_observed(sm) -> None:
 
 
 def test_tp2_release_waits_for_every_rank(sm) -> None:
-    keys = kv.make_keys(3, "sv-tp")
-    kv.store(sm, keys, CHUNK)
-    kv.forget(sm, keys)
+    keys = in_l2(sm, 3, "sv-tp")
     t = live(sm, "immediate", budget_chunks=4)
     try:
         t.report("T", objects(keys), world_size=2)
@@ -420,9 +410,7 @@ def test_a_stock_read_pins_in_the_model_but_holds_no_lock_of_tempokv(sm) -> None
     """A stock lookup of objects a claim staged reads them from L1 under its own locks:
     once the claim is released TempoKV's locks go (C counts protection only), while the
     provider's tier keeps them pinned for the read until its retrieve."""
-    keys = kv.make_keys(2, "sv-pin")
-    kv.store(sm, keys, CHUNK)
-    kv.forget(sm, keys)
+    keys = in_l2(sm, 2, "sv-pin")
     t = live(sm, "immediate", budget_chunks=4)
     try:
         t.report("Y", objects(keys))
