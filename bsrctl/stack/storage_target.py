@@ -34,14 +34,18 @@ class StorageTarget:
         spec: TargetSpec,
         run_dir: Path,
         *,
+        l2_adapter: str = "auto",
         mooncake_master: str = "",
         make_stack: StorageStackFactory | None = None,
     ) -> None:
-        """``mooncake_master`` ("host:port"): the L2 tier is that Mooncake store (the process
-        runs in its network namespace), not files. ``make_stack`` builds the stack from its
+        """``l2_adapter``: the FS tier's adapter (``StorageStackConfig.l2_adapter``; auto:
+        bsrctl's iff load_concurrency > 1). ``mooncake_master`` ("host:port"): the L2 tier
+        is that Mooncake store instead (the process runs in its network namespace), not
+        files. ``make_stack`` builds the stack from its
         config (default ``stack.storage.deploy``; the failure-matrix tests pass one broken on
         purpose)."""
         self.spec = spec
+        self.l2_adapter = "bsr_mooncake" if mooncake_master else l2_adapter
         self.mooncake_master = mooncake_master
         self.make_stack = make_stack
         self.reg: Registration = spec.registration_for("storage")
@@ -104,7 +108,7 @@ class StorageTarget:
                 registration=self.reg,
                 l1_capacity_bytes=l1_bytes,
                 restore=settings,
-                l2_adapter="bsr_mooncake" if self.mooncake_master else "auto",
+                l2_adapter=self.l2_adapter,
                 mooncake_master=self.mooncake_master,
                 destination=self.spec.storage.destination,
             )
