@@ -266,11 +266,14 @@ class BoundedRestorer:
             ) from e
         try:
             t_install = self._since(run)
+            run.unsynced = True
             run.installed_bytes += destination.install(rid, w, objects, n)
             t_sync = self._since(run)
             destination.sync(rid)
+            run.unsynced = False
             t_done = self._since(run)
         except Exception as e:
+            self._drain_device(run, destination)  # copies issued before the error land first
             ctx.__exit__(type(e), e, e.__traceback__)
             raise RestoreFailed(
                 FailureKind.INSTALL_ERROR, f"window {w.index}: install raised {e!r}"
@@ -304,8 +307,27 @@ class BoundedRestorer:
             self.budget.release(item.budget_chunks)
             item.budget_chunks = 0
 
+    def _drain_device(self, run: RunState, destination: RestoreDestination) -> None:
+        """After a failure, wait for the installs already issued (``sync``) before anything
+        is released. A sync that raises leaves it unknown whether copies still read the
+        staged objects: they are then withheld (kept locked and accounted), never freed
+        under a copy. Never raises."""
+        if not run.unsynced:
+            return
+        try:
+            destination.sync(run.plan.request.request_id)
+            run.unsynced = False
+        except Exception as e:
+            run.withheld = f"device sync after the failure raised {e!r}"
+            log.error("restore of %s: %s; staged windows withheld",
+                      run.plan.request.request_id, run.withheld)  # fmt: skip
+
     def _release_all(self, run: RunState, inflight: deque[InFlight]) -> None:
-        """Release every window still held (failure or unexpected exit). Never raises."""
+        """Release every window still held (failure or unexpected exit). Never raises.
+        Windows whose copies may still run (``run.withheld``) stay held."""
+        if run.withheld:
+            inflight.clear()  # their locks and accounting stay: the bytes are still pinned
+            return
         while inflight:
             item = inflight.popleft()
             try:
@@ -323,7 +345,10 @@ class BoundedRestorer:
         detail: str,
     ) -> RestoreOutcome:
         rid = run.plan.request.request_id
+        self._drain_device(run, destination)
         self._release_all(run, inflight)
+        if run.withheld:
+            detail = f"{detail}; release withheld: {run.withheld}"
         try:
             destination.mark_invalid(rid)
         except Exception:

@@ -31,6 +31,12 @@ class RunState:
         self.peak: dict[int, int] = {}
         self.admit_wait: dict[int, float] = {}  # window -> seconds blocked on the budget
         self.timing: dict[int, dict[str, float]] = {}  # window -> phase marks
+        # An install was issued and no sync has confirmed it landed: on a device with
+        # asynchronous copies they may still read the staged objects, so nothing is released
+        # before a sync (the stock retrieve releases from a stream callback, after its copies).
+        self.unsynced = False
+        # Why the staged windows were not released (the device could not be synced), or "".
+        self.withheld = ""
 
     def mark(self, window: Window, name: str, value: float) -> None:
         self.timing.setdefault(window.index, {})[name] = value
