@@ -1,5 +1,9 @@
 """The storage target: LMCache's StorageManager in-process (one per rank), real L1 + FS L2,
-no model. Runs BSR at paper geometry without an engine."""
+no model. Runs BSR at paper geometry without an engine.
+
+``StorageTarget.deploy`` is the one way a storage stack is built from a spec: sweep, ladder
+and law (through ``measure``), the failure matrix's storage cells and
+bench/restore_bandwidth.py all deploy through it (``stack.storage.deploy`` underneath)."""
 
 from __future__ import annotations
 
@@ -7,7 +11,7 @@ import json
 import shutil
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bsrctl.errors import BadInput
 from bsrctl.registration import Registration
@@ -16,18 +20,38 @@ from bsrctl.specs import TargetSpec
 from bsrctl.stack.machine import l1_fits
 from bsrctl.stack.target import Prompt, RestoreMeasures, exact_div
 
+if TYPE_CHECKING:  # LMCache is imported when a stack is deployed, not with the target
+    from bsrctl.stack.storage import StorageStack, StorageStackFactory
+
 
 class StorageTarget:
     """LMCache's StorageManager in-process (one per rank), real L1 + FS L2, no model."""
 
     kind = "storage"
 
-    def __init__(self, spec: TargetSpec, run_dir: Path) -> None:
+    def __init__(
+        self,
+        spec: TargetSpec,
+        run_dir: Path,
+        *,
+        l2_adapter: str = "auto",
+        mooncake_master: str = "",
+        make_stack: StorageStackFactory | None = None,
+    ) -> None:
+        """``l2_adapter``: the FS tier's adapter (``StorageStackConfig.l2_adapter``; auto:
+        bsrctl's iff load_concurrency > 1). ``mooncake_master`` ("host:port"): the L2 tier
+        is that Mooncake store instead (the process runs in its network namespace), not
+        files. ``make_stack`` builds the stack from its
+        config (default ``stack.storage.deploy``; the failure-matrix tests pass one broken on
+        purpose)."""
         self.spec = spec
+        self.l2_adapter = "bsr_mooncake" if mooncake_master else l2_adapter
+        self.mooncake_master = mooncake_master
+        self.make_stack = make_stack
         self.reg: Registration = spec.registration_for("storage")
         self.run_dir = Path(run_dir)
         self.root = Path(spec.storage.root_dir or self.run_dir / "storage")
-        self.stack: Any = None
+        self.stack: StorageStack | None = None
         self.settings = RestoreSettings()
         self.on_phase: Callable[[str], None] = lambda _step: None  # seed, forget, restore
 
@@ -40,6 +64,7 @@ class StorageTarget:
         """The geometry recorded when the prefix was stored: this deployment's when it
         wrote the first objects under the root, else the one recorded then."""
         if not self.stored_record.is_file() and wrote:
+            assert self.stack is not None
             doc = {"model": self.reg.model, "tensors": list(self.stack.registration.geometry())}
             self.stored_record.write_text(json.dumps(doc, indent=1))
         if not self.stored_record.is_file():
@@ -72,19 +97,23 @@ class StorageTarget:
     def fits(self, l1_bytes: int) -> tuple[bool, str]:
         return l1_fits(l1_bytes * self.l1_ranks, self.spec.memory_reserve_bytes)
 
-    def deploy(self, l1_bytes: int, settings: RestoreSettings) -> None:
+    def deploy(self, l1_bytes: int, settings: RestoreSettings) -> StorageStack:
+        """A fresh stack with this L1 per rank and these settings (also ``self.stack``)."""
         from bsrctl.stack.storage import StorageStackConfig, deploy
 
         self.settings = settings
-        self.stack = deploy(
+        self.stack = (self.make_stack or deploy)(
             StorageStackConfig(
                 root_dir=self.root,
                 registration=self.reg,
                 l1_capacity_bytes=l1_bytes,
                 restore=settings,
+                l2_adapter=self.l2_adapter,
+                mooncake_master=self.mooncake_master,
                 destination=self.spec.storage.destination,
             )
         )
+        return self.stack
 
     def describe(self) -> dict[str, Any]:
         doc = self.stack.describe() if self.stack else {"kind": "storage"}
@@ -95,6 +124,7 @@ class StorageTarget:
 
     def measure(self, prompt: Prompt, window_chunks: int, cold: bool = True) -> RestoreMeasures:
         st, reg = self.stack, self.reg
+        assert st is not None, "measure before deploy"
         tokens = prompt.tokens
         self.on_phase("seed")
         seed = st.seed(tokens, prompt.salt)
@@ -142,9 +172,10 @@ class StorageTarget:
                 f.unlink(missing_ok=True)
         self.stored_record.unlink(missing_ok=True)
 
-    def teardown(self) -> None:
+    def teardown(self, remove_files: bool = False) -> None:
+        """Close the stack; ``remove_files``: also delete its root_dir."""
         if self.stack is not None:
-            self.stack.teardown()
+            self.stack.teardown(remove_files=remove_files)
             self.stack = None
 
     def cleanup(self) -> None:

@@ -1,17 +1,21 @@
-"""TEST ONLY: storage stacks whose restore is broken on purpose (the matrix can fail), the
-same ways as the serving mutant module: ``skip_invalidation`` (destination blocks stay
-valid), ``partial_after_failure`` (the completed windows are exposed), ``skip_force_local``
-(no marker). ``run_storage_cell`` / ``run_matrix`` take ``mutant_stack(...)`` as the stack."""
+"""TEST ONLY: storage stacks broken on purpose (the matrix can fail): their restore the same
+ways as the serving mutant module: ``skip_invalidation`` (destination blocks stay valid),
+``partial_after_failure`` (the completed windows are exposed), ``skip_force_local`` (no
+marker); and their teardown: ``leak_manager`` (the last rank's StorageManager is left open,
+its threads running and its L1 segment mapped; ``close_leaked()`` closes it afterwards).
+``run_storage_cell`` / ``run_matrix`` take ``mutant_stack(...)`` as the stack."""
 
 from __future__ import annotations
 
 import dataclasses
 from typing import Any
 
-from bsrctl.restore import BoundedRestorer, RestoreConfig
-from bsrctl.stack.storage import FaultSpec, StorageStack, StorageStackConfig
+from bsrctl.restore import BoundedRestorer, RestoreConfig, RestoreStorage
+from bsrctl.stack.storage import StorageStack, StorageStackConfig
 
-STORAGE_MUTATIONS = ("skip_invalidation", "partial_after_failure", "skip_force_local")
+STORAGE_MUTATIONS = ("skip_invalidation", "partial_after_failure", "skip_force_local",
+                     "leak_manager")  # fmt: skip
+LEAKED: list[Any] = []  # StorageManagers a leak_manager teardown left open
 
 
 class _KeepValid:
@@ -50,12 +54,27 @@ class MutantStorageStack(StorageStack):
         self.mutations = mutations
 
     def make_restorer(
-        self, config: RestoreConfig, fault: FaultSpec | None = None
+        self, config: RestoreConfig, storage: RestoreStorage | None = None
     ) -> BoundedRestorer:
-        base = super().make_restorer(config, fault)
+        base = super().make_restorer(config, storage)
         mutant = MutantRestorer(base.storage, base.config, base.gauge, base.markers)
         mutant.mutations = self.mutations
         return mutant
+
+    def teardown(self, remove_files: bool = False) -> None:
+        if "leak_manager" in self.mutations and self.managers:
+            rank = max(self.managers)
+            LEAKED.append(self.managers.pop(rank))
+            self.high_water.pop(rank, None)
+        super().teardown(remove_files)
+
+
+def close_leaked() -> int:
+    """Close what leak_manager teardowns left open. Returns how many."""
+    n = len(LEAKED)
+    while LEAKED:
+        LEAKED.pop().close()
+    return n
 
 
 def mutant_stack(*mutations: str):

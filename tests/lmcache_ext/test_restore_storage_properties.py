@@ -32,6 +32,7 @@ from bsrctl.stack.storage import (  # noqa: E402
     StorageStack,
     StorageStackConfig,
     deploy,
+    restore_with_fault,
 )
 
 CHUNK_TOKENS = 16
@@ -110,7 +111,11 @@ def test_bounded_restore(big_stack: StorageStack, reg: Registration, n, w, extra
     if fault is not None:
         spec = FaultSpec(fault[0], window=fault[1] % math.ceil(n / w), rank=fault[1] % 2)
     before = big_stack.l1_usage_bytes()
-    res = big_stack.restore(w, b, fault=spec, request_id=f"p{next(_ids)}")
+    rid = f"p{next(_ids)}"
+    if spec is None:
+        res = big_stack.restore(w, b, request_id=rid)
+    else:
+        res = restore_with_fault(big_stack, spec, w, b, request_id=rid)
 
     assert res.restore_pool_peak_bytes <= b * c + reg.aux_bytes
     assert res.l1_usage_after_bytes == before  # everything staged was released
@@ -156,7 +161,7 @@ def test_l1_returns_to_a_nonzero_prior_usage(big_stack: StorageStack, reg) -> No
     assert base == {0: 3 * reg.bytes_per_chunk, 1: 3 * reg.bytes_per_chunk}
     big_stack.seed(10 * CHUNK_TOKENS, "other")
     ok = big_stack.restore(3, 3, request_id="nz-ok")
-    bad = big_stack.restore(3, 6, fault=FaultSpec("drop_key", 2, rank=1), request_id="nz-bad")
+    bad = restore_with_fault(big_stack, FaultSpec("drop_key", 2, rank=1), 3, 6, request_id="nz-bad")
     assert ok.ok and not bad.ok
     assert ok.l1_usage_after_bytes == bad.l1_usage_after_bytes == base
 
@@ -184,14 +189,16 @@ def test_one_invalid_rank_group_collapses_the_prefix(big_stack: StorageStack, re
     assert r.ok and r.cached_tokens == 0 and r.blocks_valid == 0 and r.bytes_restored == 0
     # a one-rank fault mid-restore invalidates every block, rank 0's included
     big_stack.seed(6 * CHUNK_TOKENS, "hma")
-    r = big_stack.restore(2, 2, fault=FaultSpec("drop_key", 1, rank=1, group=1), request_id="hma-2")
+    r = restore_with_fault(
+        big_stack, FaultSpec("drop_key", 1, rank=1, group=1), 2, 2, request_id="hma-2"
+    )
     assert r.failure.startswith("MISSING_KEY") and r.windows_done == 1
     assert r.cached_tokens == 0 and r.blocks_valid == 0
 
 
 def test_force_local_marker_lifecycle(big_stack: StorageStack, reg) -> None:
     big_stack.seed(6 * CHUNK_TOKENS, "fl")
-    failed = big_stack.restore(2, 2, fault=FaultSpec("timeout", 1), request_id="fl")
+    failed = restore_with_fault(big_stack, FaultSpec("timeout", 1), 2, 2, request_id="fl")
     assert failed.failure.startswith("TIMEOUT")
     assert big_stack.markers.state("fl") == MarkerState.FORCED
     local = big_stack.restore(2, 2, request_id="fl")  # next admission pass: 0 external
@@ -200,7 +207,7 @@ def test_force_local_marker_lifecycle(big_stack: StorageStack, reg) -> None:
     assert big_stack.markers.state("fl") == MarkerState.CLEAR  # cleared on admission
     again = big_stack.restore(2, 2, request_id="fl")
     assert again.cached_tokens == 6 * CHUNK_TOKENS and not again.forced_local
-    big_stack.restore(2, 2, fault=FaultSpec("install_error", 0), request_id="fl-td")
+    restore_with_fault(big_stack, FaultSpec("install_error", 0), 2, 2, request_id="fl-td")
     restorer = big_stack.make_restorer(RestoreConfig(window_chunks=2))
     restorer.on_teardown("fl-td")
     assert big_stack.markers.state("fl-td") == MarkerState.CLEAR

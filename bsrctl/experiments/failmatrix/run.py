@@ -13,12 +13,14 @@ from bsrctl.experiments.failmatrix.checks import table
 from bsrctl.experiments.failmatrix.rig import Say
 from bsrctl.experiments.failmatrix.serving import ServingRig
 from bsrctl.experiments.failmatrix.spec import FailMatrixSpec, load_matrix
-from bsrctl.experiments.failmatrix.storage import StorageStackFactory, run_storage_cell
+from bsrctl.experiments.failmatrix.storage import (
+    StorageStackFactory,
+    run_storage_cell,
+    storage_registration,
+)
 from bsrctl.experiments.run import RunConsole, execute, progress
-from bsrctl.registration import tiny_llama_cpu
 from bsrctl.stack.extensions import ServerModule
 from bsrctl.stack.serving import check_ports
-from bsrctl.stack.storage import StorageStack
 from bsrctl.stack.versions import dist_version
 
 
@@ -71,7 +73,7 @@ def run_matrix(
                 assert rig is not None
                 point = rig.run_cell(cell)
             else:
-                point = run_storage_cell(spec, cell, w.run_dir, storage_stack or StorageStack)
+                point = run_storage_cell(spec, cell, w.run_dir, storage_stack)
             w.add_point(point)  # the run's console prints its line
         return _summary(w.points, skipped, substitutes), []
 
@@ -91,7 +93,7 @@ def _serving_stack(rig: ServingRig) -> dict[str, Any]:
 
 
 def _storage_stack(spec: FailMatrixSpec) -> dict[str, Any]:
-    reg = tiny_llama_cpu(chunk_tokens=spec.stack.lmcache.chunk_size, tp_size=spec.storage.tp_ranks)
+    reg = storage_registration(spec)
     versions = {d: v for d in ("lmcache", "bsrctl") if (v := dist_version(d)) is not None}
     return {"kind": "storage", "versions": versions, "registration": reg.to_dict()}
 

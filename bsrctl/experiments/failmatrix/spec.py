@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, ValidationError, model_validator
 
@@ -80,7 +80,11 @@ class WorkloadSpec(Strict):
 class StorageCellsSpec(Strict):
     """Geometry of the cells that run on the in-process storage stack."""
 
-    registration: Literal["tiny-llama"] = "tiny-llama"
+    registration: str | dict[str, Any] = Field(
+        "tiny-llama",
+        description="the geometry stored and restored, as a spec's `registration:` (a "
+        "preset, a registration YAML file or one inline); chunks of stack.lmcache.chunk_size",
+    )
     tp_ranks: int = Field(2, ge=1)
     prefix_tokens: int = Field(4096, gt=0)
     window_chunks: int = Field(2, gt=0)

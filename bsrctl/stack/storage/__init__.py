@@ -27,29 +27,40 @@ API (what ladder / sweep / law on ``--stack storage`` call)::
   ``restore_pool_peak_bytes`` is *measured*: the high-water mark of each rank's L1 allocator
   (read right after every L1 allocation) minus that rank's L1 usage when the restore
   started, max over ranks. ``gauge_peak_bytes_by_rank`` is the core's own accounting.
-- ``faults``: ``FaultSpec("drop_key", window=k)`` deletes one object of window k from L2
-  and L1 after the probe (a real missing key), ``"timeout"`` makes window k's wait report a
-  timeout (the prefetch itself still runs and is drained), ``"install_error"`` makes the
-  destination raise while installing window k.
+- ``restore`` is ``run(job(...))``: ``job`` builds the request, the core's config, the
+  per-rank storage and the destination; ``run`` probes and restores it. Faults are no part
+  of it: ``restore_with_fault(stack, FaultSpec("drop_key", window=k), W, B)`` (module
+  ``faults``) runs the same job with its storage or destination wrapped: ``drop_key``
+  deletes one object of window k from L2 and L1 after the probe (a real missing key),
+  ``"timeout"`` makes window k's wait report a timeout (the prefetch itself still runs and
+  is drained), ``"install_error"`` makes the destination raise while installing window k.
+- ``deploy(config)`` is the one constructor; ``StorageTarget.deploy`` (the target of
+  sweep / ladder / law, the failure matrix's storage cells, bench/restore_bandwidth.py)
+  builds every stack through it, from a ``TargetSpec``.
 
-Modules: ``config`` (StorageStackConfig, FaultSpec, SeedResult, StorageRestoreResult),
-``canonical`` (CanonicalKV), ``destinations`` (PoolDestination), ``ranks`` (PerRankStorage,
-L1HighWater), ``files`` (L2 object files), ``stack`` (StorageStack, deploy).
+Modules: ``config`` (StorageStackConfig, SeedResult, StorageRestoreResult), ``faults``
+(FaultSpec, restore_with_fault), ``canonical`` (CanonicalKV), ``destinations``
+(PoolDestination), ``ranks`` (PerRankStorage, L1HighWater), ``files`` (L2 object files),
+``stack`` (StorageStack, RestoreJob, deploy).
 """
 
 from bsrctl.stack.storage.canonical import CanonicalKV
 from bsrctl.stack.storage.config import (
     DESTINATIONS,
-    FAULT_KINDS,
     L2_ADAPTERS,
-    FaultSpec,
     SeedResult,
     StorageRestoreResult,
     StorageStackConfig,
 )
-from bsrctl.stack.storage.destinations import InjectedInstallError, PoolDestination
+from bsrctl.stack.storage.destinations import PoolDestination
+from bsrctl.stack.storage.faults import (
+    FAULT_KINDS,
+    FaultSpec,
+    InjectedInstallError,
+    restore_with_fault,
+)
 from bsrctl.stack.storage.ranks import L1HighWater, PerRankStorage
-from bsrctl.stack.storage.stack import StorageStack, deploy
+from bsrctl.stack.storage.stack import RestoreJob, StorageStack, StorageStackFactory, deploy
 
 __all__ = [
     "DESTINATIONS",
@@ -61,9 +72,12 @@ __all__ = [
     "L1HighWater",
     "PerRankStorage",
     "PoolDestination",
+    "RestoreJob",
     "SeedResult",
     "StorageRestoreResult",
     "StorageStack",
     "StorageStackConfig",
+    "StorageStackFactory",
     "deploy",
+    "restore_with_fault",
 ]

@@ -1,4 +1,4 @@
-"""What deploys a storage stack, what one fault is, and what seed and restore return."""
+"""What deploys a storage stack, and what seed and restore return."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ from bsrctl.settings import RestoreSettings
 
 DESTINATIONS = ("verify", "mmap", "null")
 L2_ADAPTERS = ("auto", "stock", "bsr_fs", "bsr_mooncake")
-FAULT_KINDS = ("drop_key", "timeout", "install_error")
 
 
 @dataclass(frozen=True)
@@ -42,20 +41,6 @@ class StorageStackConfig:
             )
         if self.l1_capacity_bytes < 4096:
             raise BadInput(f"l1_capacity_bytes={self.l1_capacity_bytes}: at least 4096")
-
-
-@dataclass(frozen=True)
-class FaultSpec:
-    """One injected fault of a restore."""
-
-    kind: str  # "drop_key" | "timeout" | "install_error"
-    window: int  # window index j where it strikes
-    rank: int = 0  # rank whose object is dropped (drop_key)
-    group: int = 0  # group whose object is dropped (drop_key)
-
-    def __post_init__(self) -> None:
-        if self.kind not in FAULT_KINDS:
-            raise BadInput(f"fault kind {self.kind!r}: one of {FAULT_KINDS}")
 
 
 @dataclass(frozen=True)

@@ -14,10 +14,6 @@ from bsrctl.restore import RestoreRequest, RowId, Window
 from bsrctl.stack.storage.canonical import CanonicalKV
 
 
-class InjectedInstallError(RuntimeError):
-    """Raised by a destination at the window a FaultSpec names."""
-
-
 class PoolDestination:
     """A request's destination blocks: one per (row, chunk); valid bit per block.
 
@@ -33,14 +29,12 @@ class PoolDestination:
         request: RestoreRequest[ObjectKey],
         chunk_hashes: Sequence[bytes],
         dest_dir: Path,
-        fail_window: int = -1,
     ) -> None:
         self.mode = mode
         self.canon = canon
         self.rows = {r.row: i for i, r in enumerate(request.rows)}
         self.row_bytes = {r.row: r.chunk_bytes for r in request.rows}
         self.hashes = list(chunk_hashes)
-        self.fail_window = fail_window
         n = request.num_chunks
         self.valid = {r.row: bytearray(n) for r in request.rows}
         self.mismatches = 0
@@ -64,8 +58,6 @@ class PoolDestination:
         objects: Mapping[RowId, Sequence[Any]],
         num_chunks: int,
     ) -> int:
-        if window.index == self.fail_window:
-            raise InjectedInstallError(f"injected install error in window {window.index}")
         done = 0
         for row, objs in objects.items():
             size = self.row_bytes[row]

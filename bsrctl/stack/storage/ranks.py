@@ -26,9 +26,8 @@ class _RankTickets:
 class PerRankStorage:
     """RestoreStorage over one StorageManager per TP rank: rows go to their rank's manager."""
 
-    def __init__(self, per_rank: Mapping[int, RestoreStorage], timeout_window: int = -1) -> None:
+    def __init__(self, per_rank: Mapping[int, RestoreStorage]) -> None:
         self.per_rank = dict(per_rank)
-        self.timeout_window = timeout_window  # window whose wait reports a timeout (fault)
 
     def _split(self, request: RestoreRequest[ObjectKey]) -> dict[int, RestoreRequest[ObjectKey]]:
         by: dict[int, list[RowKeys[ObjectKey]]] = {}
@@ -58,8 +57,6 @@ class PerRankStorage:
         return _RankTickets(parts, request.row_ids, window)
 
     def wait(self, ticket: _RankTickets, timeout_s: float) -> StageResult | None:
-        if ticket.window.index == self.timeout_window:
-            return None
         deadline = time.monotonic() + timeout_s
         hits: dict[RowId, tuple[bool, ...]] = {}
         by_rank: dict[int, int] = {}

@@ -7,7 +7,7 @@ import json
 import os
 import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,8 +23,10 @@ from bsrctl.restore import (
     BoundedRestorer,
     ForceLocalMarkers,
     RestoreConfig,
+    RestoreDestination,
     RestoreOutcome,
     RestoreRequest,
+    RestoreStorage,
     RowId,
     RowKeys,
 )
@@ -32,7 +34,6 @@ from bsrctl.stack import extensions, shm_ledger
 from bsrctl.stack.storage import l2
 from bsrctl.stack.storage.canonical import CanonicalKV
 from bsrctl.stack.storage.config import (
-    FaultSpec,
     SeedResult,
     StorageRestoreResult,
     StorageStackConfig,
@@ -47,6 +48,19 @@ class _Seeded:
     salt: str
     tokens: int
     hashes: list[bytes] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class RestoreJob:
+    """One restore, before it runs: the request, the core's config, the storage it stages
+    from, the pool it fills (measured and closed after) and the destination the core
+    installs into (the pool, unless a fault wraps it)."""
+
+    request: RestoreRequest[ObjectKey]
+    config: RestoreConfig
+    storage: RestoreStorage
+    pool: PoolDestination
+    destination: RestoreDestination
 
 
 class StorageStack:
@@ -138,7 +152,7 @@ class StorageStack:
 
     # ---- keys ----
 
-    def _key(self, chunk_hash: bytes, rank: int, group: int) -> ObjectKey:
+    def key_of(self, chunk_hash: bytes, rank: int, group: int) -> ObjectKey:
         tp = self.registration.tp_size
         kv_rank = ObjectKey.ComputeKVRank(tp, rank, tp, rank)
         return ObjectKey(
@@ -154,7 +168,7 @@ class StorageStack:
         rows = tuple(
             RowKeys(
                 RowId(rank, g.index),
-                tuple(self._key(h, rank, g.index) for h in hashes),
+                tuple(self.key_of(h, rank, g.index) for h in hashes),
                 reg.group_bytes_per_chunk(g.index),
             )
             for rank in range(reg.tp_size)
@@ -180,7 +194,7 @@ class StorageStack:
         for h in hashes:
             for rank in range(reg.tp_size):
                 for g in reg.groups:
-                    key = self._key(h, rank, g.index)
+                    key = self.key_of(h, rank, g.index)
                     data = None
                     if self.mooncake:
                         gi = g.index
@@ -237,7 +251,7 @@ class StorageStack:
         deleted = 0
         for rank, sm in self.managers.items():
             keys = [
-                self._key(h, rank, g.index)
+                self.key_of(h, rank, g.index)
                 for h in self.seeded.hashes
                 for g in self.registration.groups
             ]
@@ -253,7 +267,7 @@ class StorageStack:
         for h in self.seeded.hashes:
             for rank in range(self.registration.tp_size):
                 for g in self.registration.groups:
-                    count += drop_file_cache(self.path_of(self._key(h, rank, g.index)))
+                    count += drop_file_cache(self.path_of(self.key_of(h, rank, g.index)))
         return count
 
     def l1_usage_bytes(self) -> dict[int, int]:
@@ -270,75 +284,89 @@ class StorageStack:
         budget_chunks: int = 0,
         *,
         pipeline: bool = True,
-        fault: FaultSpec | None = None,
         request_id: str = "",
         destination: str | None = None,
     ) -> StorageRestoreResult:
         """Probe and restore the seeded prefix with W = ``window_chunks`` (0: whole plan)."""
+        job = self.job(
+            window_chunks,
+            budget_chunks,
+            pipeline=pipeline,
+            request_id=request_id,
+            destination=destination,
+        )
+        return self.run(job)
+
+    def job(
+        self,
+        window_chunks: int,
+        budget_chunks: int = 0,
+        *,
+        pipeline: bool = True,
+        request_id: str = "",
+        destination: str | None = None,
+    ) -> RestoreJob:
+        """What one restore of the seeded prefix runs on (``run`` runs it); ``faults``
+        places a fault by replacing its storage or destination."""
         if self.seeded is None:
             raise BadInput("restore before seed: call seed(prefix_tokens, salt) first")
         seeded = self.seeded
         rid = request_id or f"storage-{seeded.salt}-{seeded.tokens}-w{window_chunks}"
         settings = self.config.restore.with_window(window_chunks, budget_chunks)
-        config = settings.core_config(pipeline=pipeline)
-        restorer = self.make_restorer(config, fault)
         request = self.request(rid, seeded.hashes)
-        fail_window = fault.window if fault and fault.kind == "install_error" else -1
-        dest = self.destination(request, seeded.salt, destination, fail_window)
-        try:
-            return self._run(restorer, request, dest, fault)
-        finally:
-            dest.close()
+        pool = self.destination(request, seeded.salt, destination)
+        return RestoreJob(
+            request, settings.core_config(pipeline=pipeline), self.rank_storage(), pool, pool
+        )
+
+    def rank_storage(self) -> PerRankStorage:
+        """Every rank's StorageManager behind one RestoreStorage."""
+        drain_s = max(60.0, self.config.restore.window_timeout_s)
+        return PerRankStorage(
+            {
+                r: extensions.restore_storage(sm, self.layouts, drain_s)
+                for r, sm in self.managers.items()
+            }
+        )
 
     def make_restorer(
-        self, config: RestoreConfig, fault: FaultSpec | None = None
+        self, config: RestoreConfig, storage: RestoreStorage | None = None
     ) -> BoundedRestorer:
-        """A BoundedRestorer over every rank's StorageManager, sharing the stack's markers.
+        """A BoundedRestorer over ``storage`` (default: every rank's StorageManager), sharing
+        the stack's markers.
 
         One restorer owns one admission budget: use one restorer from several threads to
         restore several requests under a common B.
         """
-        drain_s = max(60.0, self.config.restore.window_timeout_s)
-        per_rank = {
-            r: extensions.restore_storage(sm, self.layouts, drain_s)
-            for r, sm in self.managers.items()
-        }
-        timeout_window = fault.window if fault and fault.kind == "timeout" else -1
-        return BoundedRestorer(
-            PerRankStorage(per_rank, timeout_window), config, markers=self.markers
-        )
+        store = storage if storage is not None else self.rank_storage()
+        return BoundedRestorer(store, config, markers=self.markers)
 
     def destination(
-        self,
-        request: RestoreRequest[ObjectKey],
-        salt: str,
-        mode: str | None = None,
-        fail_window: int = -1,
+        self, request: RestoreRequest[ObjectKey], salt: str, mode: str | None = None
     ) -> PoolDestination:
         """A fresh destination for ``request`` whose canonical bytes come from ``salt``."""
         canon = CanonicalKV(self.registration, salt)
         hashes = canon.chunk_hashes(request.num_chunks)
         return PoolDestination(
-            mode or self.config.destination, canon, request, hashes, self.dest_dir, fail_window
+            mode or self.config.destination, canon, request, hashes, self.dest_dir
         )
 
-    def _run(
-        self,
-        restorer: BoundedRestorer,
-        request: RestoreRequest[ObjectKey],
-        dest: PoolDestination,
-        fault: FaultSpec | None,
-    ) -> StorageRestoreResult:
-        reg, cfg = self.registration, restorer.config
+    def run(self, job: RestoreJob) -> StorageRestoreResult:
+        """Probe and restore the job's request into its destination; closes its pool."""
+        try:
+            return self._run(self.make_restorer(job.config, job.storage), job)
+        finally:
+            job.pool.close()
+
+    def _run(self, restorer: BoundedRestorer, job: RestoreJob) -> StorageRestoreResult:
+        reg, cfg, request, pool = self.registration, restorer.config, job.request, job.pool
         before = self.l1_usage_bytes()
         t0 = time.monotonic()
         plan = restorer.probe(request)
         t1 = time.monotonic()
-        if fault and fault.kind == "drop_key":
-            self._drop_key(plan.prefix_chunks, cfg.window_chunks, fault)
         for hw in self.high_water.values():
             hw.reset()
-        outcome: RestoreOutcome = restorer.restore(plan, dest)
+        outcome: RestoreOutcome = restorer.restore(plan, job.destination)
         t2 = time.monotonic()
         self.last_outcome = outcome
         if plan.forced_local:
@@ -347,7 +375,7 @@ class StorageStack:
             restorer.on_admitted(request.request_id)
         peak_abs = {r: hw.peak_bytes for r, hw in self.high_water.items()}
         peak = {r: peak_abs[r] - before[r] for r in peak_abs}
-        verify = None if dest.mode != "verify" else (dest.mismatches == 0 and outcome.ok)
+        verify = None if pool.mode != "verify" else (pool.mismatches == 0 and outcome.ok)
         failure = "" if outcome.ok else f"{outcome.failure.name}: {outcome.detail}"
         return StorageRestoreResult(
             tokens=self.seeded.tokens if self.seeded else 0,
@@ -365,9 +393,9 @@ class StorageStack:
             restore_s=t2 - t1,
             probe_s=t1 - t0,
             verify_ok=verify,
-            verify_mismatches=dest.mismatches,
-            blocks_valid=dest.blocks_valid,
-            blocks_total=dest.blocks_total,
+            verify_mismatches=pool.mismatches,
+            blocks_valid=pool.blocks_valid,
+            blocks_total=pool.blocks_total,
             l1_usage_before_bytes=before,
             l1_usage_after_bytes=self.l1_usage_bytes(),
             failure=failure,
@@ -376,17 +404,10 @@ class StorageStack:
             registration_digest=reg.digest(),
         )
 
-    def _drop_key(self, prefix_chunks: int, window_chunks: int, fault: FaultSpec) -> None:
-        """Delete one object of window ``fault.window`` from L2 and L1 (a real missing key)."""
-        w = window_chunks or prefix_chunks
-        chunk = fault.window * w
-        if self.seeded is None or chunk >= prefix_chunks:
-            raise BadInput(
-                f"fault window {fault.window} is beyond the plan ({prefix_chunks} chunks, W={w})"
-            )
-        key = self._key(self.seeded.hashes[chunk], fault.rank, fault.group)
+    def drop(self, key: ObjectKey, rank: int) -> None:
+        """Delete one of ``rank``'s objects from L2 and from its L1 (a real missing key)."""
         self.path_of(key).unlink(missing_ok=True)
-        self.managers[fault.rank].delete_l1_keys([key], force=True)
+        self.managers[rank].delete_l1_keys([key], force=True)
 
     def reset_peaks(self) -> None:
         for hw in self.high_water.values():
@@ -406,6 +427,9 @@ class StorageStack:
         shm_ledger.release(self.shm_key)
         if remove_files:
             shutil.rmtree(self.config.root_dir, ignore_errors=True)
+
+
+StorageStackFactory = Callable[[StorageStackConfig], StorageStack]
 
 
 def deploy(config: StorageStackConfig) -> StorageStack:

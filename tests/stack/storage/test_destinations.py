@@ -1,6 +1,6 @@
 """The destination pool checks every installed object against canonical bytes (verify), keeps
-a file-backed copy (mmap), or only counts (null); an injected install error strikes its
-window."""
+a file-backed copy (mmap), or only counts (null); an injected install error (a wrapper from
+``storage.faults``) strikes its window."""
 
 from __future__ import annotations
 
@@ -15,17 +15,18 @@ pytest.importorskip("lmcache")
 from bsrctl.registration import tiny_llama_cpu  # noqa: E402
 from bsrctl.restore import RestoreRequest, RowId, RowKeys, Window  # noqa: E402
 from bsrctl.stack.storage import CanonicalKV, InjectedInstallError, PoolDestination  # noqa: E402
+from bsrctl.stack.storage.faults import FailingInstall  # noqa: E402
 
 REG = tiny_llama_cpu()
 C = REG.bytes_per_chunk
 ROW = RowId(0, 0)
 
 
-def setup(mode: str, tmp_path: Path, fail_window: int = -1):
+def setup(mode: str, tmp_path: Path):
     canon = CanonicalKV(REG, "s0")
     hashes = canon.chunk_hashes(2)
     req = RestoreRequest("r", (RowKeys(ROW, ("k0", "k1"), C),), REG.chunk_tokens)
-    dest = PoolDestination(mode, canon, req, hashes, tmp_path, fail_window)
+    dest = PoolDestination(mode, canon, req, hashes, tmp_path)
     objs = [SimpleNamespace(byte_array=canon.object_bytes(h, 0, 0).copy()) for h in hashes]
     return dest, objs
 
@@ -51,11 +52,15 @@ def test_mmap_keeps_a_copy_and_close_removes_it(tmp_path: Path) -> None:
 
 
 def test_install_error_strikes_its_window_only(tmp_path: Path) -> None:
-    dest, objs = setup("null", tmp_path, fail_window=1)
+    """The fault wraps the pool (the pool itself knows no fault)."""
+    pool, objs = setup("null", tmp_path)
+    dest = FailingInstall(pool, window=1)
     assert dest.install("r", Window(0, 0, 1), {ROW: objs[:1]}, 1) == C
     with pytest.raises(InjectedInstallError, match="window 1"):
         dest.install("r", Window(1, 1, 2), {ROW: objs[1:]}, 1)
-    assert dest.blocks_valid == 1
+    assert pool.blocks_valid == 1
+    dest.mark_invalid("r")
+    assert pool.blocks_valid == 0
 
 
 def test_an_object_of_the_wrong_size_is_refused(tmp_path: Path) -> None:

@@ -1,0 +1,36 @@
+"""The bench's last line: BSR against the best baseline of each tier at the largest size."""
+
+from __future__ import annotations
+
+from .common import TierResult
+
+
+def goal_label(w: int) -> str:
+    """The goal rows: the first W at B = 2W."""
+    return f"bsr W={w} B={2 * w}"
+
+
+def last_line(fs: list[TierResult], mc: list[TierResult], w: int) -> str:
+    """``fs: bsr/best-raw=X.XX bsr/whole-plan=Y.YY mooncake: bsr/best-raw=Z.ZZ peak_bytes=N``
+    (each tier's part only when it ran): the ratios at the largest size (the whole-plan one
+    at the largest size whose whole plan ran), N the goal row's staging peak per rank (the
+    FS tier's when it ran)."""
+    label = goal_label(w)
+    fields: list[str] = []
+    peak = None
+    if fs:
+        r = fs[-1]
+        fields.append(f"fs: bsr/best-raw={r.rate[label] / r.best_raw:.2f}")
+        wholes = [x for x in reversed(fs) if x.whole]
+        if wholes:
+            x = wholes[0]
+            assert x.whole is not None
+            fields.append(f"bsr/whole-plan={x.rate[label] / x.whole:.2f}")
+        else:
+            fields.append("bsr/whole-plan=n/a")
+        peak = r.row(label).peak
+    if mc:
+        r = mc[-1]
+        fields.append(f"mooncake: bsr/best-raw={r.rate[label] / r.best_raw:.2f}")
+        peak = peak if peak is not None else r.row(label).peak
+    return " ".join(fields) + f" peak_bytes={peak}"

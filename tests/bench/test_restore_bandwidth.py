@@ -1,0 +1,122 @@
+"""bench/restore_bandwidth.py's pure parts (bench/bandwidth/): the round-robin order, the
+median pass, the one results table, the worker's result across the process boundary, the
+worker's command line and the last line's format. No stack is deployed."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+if str(BENCH) not in sys.path:  # the entry script runs with bench/ first on sys.path
+    sys.path.insert(0, str(BENCH))
+
+from bandwidth.common import GIB, Lookup, Rounds, Row, Sample, TierResult, table  # noqa: E402
+from bandwidth.mooncake import ENTRY, read_worker, worker_argv  # noqa: E402
+from bandwidth.summary import last_line  # noqa: E402
+
+from bsrctl.registration import dsv4_flash_mtp_off  # noqa: E402
+
+WINDOW = {"fetch_s": 0.01, "wait_s": 0.002, "install_s": 0.0005, "sync_s": 0.0001,
+          "admit_wait_s": 0.0}  # fmt: skip
+
+
+def tier(tokens: int, rates: dict[str, float], whole: float | None = None) -> TierResult:
+    rows = [Row(label, 1.0, int(r * GIB), peak=100) for label, r in rates.items()]
+    if whole is not None:
+        rows.append(Row("whole-plan (W=0)", 1.0, int(whole * GIB), peak=900))
+    base = "raw" if any(k.startswith("raw") for k in rates) else "client"
+    return TierResult.of(tokens, rows, base, Lookup(0.001, 0.004))
+
+
+def test_rounds_start_one_mode_later_each_round() -> None:
+    rounds = Rounds()
+    seen: list[str] = []
+    for name in "abc":
+        rounds.add(name, lambda name=name: seen.append(name) or Sample(1.0, 1))
+    assert [rounds.order(r, 3) for r in range(3)] == [list("abc"), list("bca"), list("cab")]
+    assert [rounds.order(r, 2) for r in range(2)] == [list("abc"), list("bca")]
+    rounds.run(3)
+    assert seen == list("abcbcacab")
+    assert {k: len(v) for k, v in rounds.runs.items()} == {"a": 3, "b": 3, "c": 3}
+
+
+def test_the_median_pass_keeps_its_own_fields() -> None:
+    rounds = Rounds()
+    passes = iter([Sample(3.0, 30, peak=3), Sample(1.0, 10, peak=1), Sample(2.0, 20, peak=2)])
+    rounds.add("m", lambda: next(passes))
+    rounds.run(3)
+    assert rounds.median("m") == Sample(2.0, 20, peak=2)
+
+
+def test_one_table_for_every_tier() -> None:
+    rounds = Rounds()
+    rounds.add("raw O_DIRECT readers=1", lambda: Sample(0.5, GIB))
+    bsr = Sample(2.0, 2 * GIB, peak=1234, gauge_peak=1234, first_s=0.0125, windows=(WINDOW,) * 2,
+                 read_ns=4_000_000_000, read_bytes=2 * GIB, peak_inflight=3)  # fmt: skip
+    rounds.add("bsr W=8 B=16", lambda: bsr)
+    rounds.run(1)
+    lines: list[str] = []
+    rows = table(lines.append, rounds)
+    assert lines == [
+        f"{'mode':52} {'s':>7} {'GiB/s':>6} {'first ms':>8} {'peak B/rank':>11}  runs GiB/s",
+        f"{'raw O_DIRECT readers=1':52}   0.500   2.00 {'':8} {'':11}  [2.00]",
+        f"{'bsr W=8 B=16':52}   2.000   1.00     12.5        1234  [1.00]",
+        "    per window (n=2) fetch 10.0 wait 2.0 install 0.50 sync 0.10 admit 0.00 ms",
+        "    adapter reads: 0.50 GiB/s per read in flight, 2.00 reads in flight on average "
+        "(peak 3 per rank)",
+    ]
+    assert rows == [
+        Row("raw O_DIRECT readers=1", 0.5, GIB),
+        Row("bsr W=8 B=16", 2.0, 2 * GIB, 1234, 1234, 0.0125, 4_000_000_000, 2 * GIB, 3),
+    ]
+
+
+def test_the_worker_result_crosses_the_process_boundary() -> None:
+    res = tier(8192, {"client get_into parallel=1": 1.0, "bsr W=8 B=16": 0.9})
+    assert (res.best_raw_label, res.best_raw) == ("client get_into parallel=1", GIB)
+    said: list[str] = []
+    stdout = "# seeded 1 GiB\nmode ...\n" + __import__("json").dumps(res.to_json()) + "\n"
+    assert read_worker(stdout, said.append) == res
+    assert said == ["# seeded 1 GiB", "mode ..."]
+
+
+def test_the_worker_gets_this_runs_flags_for_one_size() -> None:
+    args = argparse.Namespace(tokens=[8192, 65536], windows=[8, 16], repeat=3,
+                              mc_whole_max_gib=2.0, mc_parallel=[1, 2], mc_load_workers=1,
+                              mc_load_workers_sweep=[1, 2])  # fmt: skip
+    small, large = worker_argv(args, "10.0.0.1:50051", 8192), worker_argv(args, "m", 65536)
+    assert small == [sys.executable, str(ENTRY), "--mooncake-worker", "10.0.0.1:50051",
+                     "--tokens", "8192", "--windows", "8", "16", "--repeat", "3",
+                     "--mc-whole-max-gib", "2.0", "--mc-parallel", "1", "2", "--conc", "1",
+                     "--mc-load-workers-sweep", "1", "2"]  # fmt: skip
+    assert large[-1] == "--mc-load-workers-sweep" and "65536" in large  # sweep: smallest only
+    assert ENTRY == BENCH / "restore_bandwidth.py"
+
+
+def test_last_line_format() -> None:
+    goal = "bsr W=8 B=16"
+    fs = [
+        tier(8192, {"raw O_DIRECT readers=1": 2.0, goal: 1.5}, whole=1.2),
+        tier(65536, {"raw O_DIRECT readers=1": 2.0, "raw O_DIRECT readers=4": 2.5, goal: 2.0}),
+    ]
+    mc = [tier(65536, {"client batch_get_into (8 objects/batch)": 4.0, goal: 3.0})]  # fmt: skip
+    assert last_line(fs, mc, 8) == (
+        "fs: bsr/best-raw=0.80 bsr/whole-plan=1.25 mooncake: bsr/best-raw=0.75 peak_bytes=100"
+    )
+    assert last_line(fs[1:], [], 8) == "fs: bsr/best-raw=0.80 bsr/whole-plan=n/a peak_bytes=100"
+    assert last_line([], mc, 8) == "mooncake: bsr/best-raw=0.75 peak_bytes=100"
+
+
+def test_the_bench_deploys_paper_geometry_through_the_storage_target(tmp_path: Path) -> None:
+    pytest.importorskip("lmcache")
+    from bandwidth import stacks
+
+    assert stacks.registration() == dsv4_flash_mtp_off(tp_size=2)
+    t = stacks.target(tmp_path)
+    assert (t.root, t.spec.storage.destination, t.l1_ranks) == (tmp_path, "null", 2)
+    assert t.spec.memory_reserve_bytes == 4 * GIB
+    assert (t.l2_adapter, stacks.target(tmp_path, "ns:1").l2_adapter) == ("bsr_fs", "bsr_mooncake")
