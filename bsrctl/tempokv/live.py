@@ -6,9 +6,12 @@ checks against its engine (queued loads: vLLM's WAITING_FOR_REMOTE_KVS).
 
 Read-only by construction: it takes frozen views and returns messages; the scheduler
 subclass (``bsrctl.vllm_ext.scheduler``) builds the views after vLLM decided, and sends
-the messages. Updates are sent only when something the controller reads changed: the
-claimed set, the order, or a TTU that moved by more than `ttu_tolerance_s` from the last
-one sent, aged by the time since (a TTU that merely counts down is no change)."""
+the messages. The simulation drives this same core (``bsrctl.tempokv.sim.runtime``): its
+engine builds a view at every iteration, adds its exact state (``EngineState``), and hands
+the messages straight to its controller. Updates are sent only when something the
+controller reads changed: the claimed set, the order, or a TTU that moved by more than
+`ttu_tolerance_s` from the last one sent, aged by the time since (a TTU that merely counts
+down is no change); the simulation sets `every_view`, and each view sends."""
 
 from __future__ import annotations
 
@@ -46,6 +49,18 @@ class LiveWaiting:
 
 
 @dataclass(frozen=True, slots=True)
+class EngineState:
+    """An engine's own exact state, where the engine knows it (the simulated engine does):
+    its limits and a snapshot with the step in progress, each load's time left and each
+    waiting request's hit and staging ETA. The projection then reads it instead of deriving
+    a snapshot from the view's fields (vLLM's scheduler knows none of these: it leaves it
+    out, and the core models the step just scheduled and queued loads)."""
+
+    limits: EngineLimits
+    snapshot: EngineSnapshot
+
+
+@dataclass(frozen=True, slots=True)
 class LiveView:
     """One scheduler step as decided, taken after the scheduler returned."""
 
@@ -58,6 +73,7 @@ class LiveView:
     max_seqs: int
     max_batched_tokens: int
     free_kv_tokens: int
+    engine: EngineState | None = None  # exact state, when the engine knows it
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,10 +86,16 @@ class AdapterSettings:
     # update cost the engine loop and the server; a change below the controller's tick
     # changes no commitment by more than a tick: serving runs set it to the tick)
     ttu_tolerance_s: float = 0.005
+    # send the order and every projected TTU after every view, changed or not: the
+    # simulated runtime does (its controller re-evaluates at each engine iteration, at no
+    # cost); a live update costs the engine loop a send, so serving runs keep it off
+    every_view: bool = False
     # an arrival's claim must reach the controller before vLLM looks the request up (in
     # its next schedule()): add_request waits this long at most for the server's reply
     arrival_ack_s: float = 0.2
     output_limit_tokens: int = 16  # the generation limit (max_tokens) of the workload
+    output_prior_tokens: tuple[int, ...] = ()  # calibration completions seeding the TTU
+    # predictor before any request finished (the simulation draws them from the spec)
     chunk_tokens: int = 256
     retrieval_bytes_s: float = 1e9  # fast tier → engine, for the projection's load_s
     kv_bytes_per_token: int = 0
@@ -83,6 +105,8 @@ class AdapterSettings:
     def from_json(cls, raw: Mapping[str, Any]) -> AdapterSettings:
         data = dict(raw)
         cost = data.pop("cost", None)
+        if "output_prior_tokens" in data:
+            data["output_prior_tokens"] = tuple(int(n) for n in data["output_prior_tokens"])
         out = cls(**data)
         return replace(out, cost=CostModel(**cost)) if cost is not None else out
 
@@ -134,7 +158,7 @@ class StepCalibrator:
 class LiveAdapterCore:
     def __init__(self, settings: AdapterSettings) -> None:
         self.s = settings
-        self.predictor = OutputPredictor(settings.output_limit_tokens)
+        self.predictor = OutputPredictor(settings.output_limit_tokens, settings.output_prior_tokens)
         self.calibrator = StepCalibrator(settings.cost)
         self.claimed: dict[str, int] = {}  # claimed request -> its hit tokens (0: unknown)
         self.eta_s: dict[str, float] = {}  # controller's staging ETA per claim (last reply)
@@ -176,8 +200,10 @@ class LiveAdapterCore:
             self._sent_ttus.pop(r, None)
         order = tuple(w.req_id for w in view.waiting)
         ttus: dict[str, float] = {}
+        every = self.s.every_view
         due = (
-            report
+            every
+            or report
             or order != self._sent_order
             or view.at_s - self._projected_at >= self.s.ttu_tolerance_s
         )
@@ -188,11 +214,12 @@ class LiveAdapterCore:
         changed_ttus = {
             r: t
             for r, t in ttus.items()
-            if r not in self._sent_ttus
+            if every
+            or r not in self._sent_ttus
             or abs(t - (self._sent_ttus[r][0] - (view.at_s - self._sent_ttus[r][1])))
             > self.s.ttu_tolerance_s
         }
-        if not report and order == self._sent_order and not changed_ttus:
+        if not every and not report and order == self._sent_order and not changed_ttus:
             return None
         self._sent_order = order
         for r, t in changed_ttus.items():
@@ -216,6 +243,22 @@ class LiveAdapterCore:
 
     def _project(self, view: LiveView) -> dict[str, float]:
         cost = self.calibrator.cost()
+        exact = view.engine
+        if exact is None:
+            snap, limits = self._snapshot(view, cost)
+        else:
+            snap, limits = exact.snapshot, exact.limits
+        targets = list(self.claimed)
+        if self.s.ttu_quantile is None:
+            return project_ttus(snap, cost, limits, self.predictor, targets)
+        return project_ttu_quantiles(
+            snap, cost, limits, self.predictor, self.s.ttu_quantile, targets
+        )
+
+    def _snapshot(self, view: LiveView, cost: CostModel) -> tuple[EngineSnapshot, EngineLimits]:
+        """The engine as the view shows it: queued loads (vLLM's WAITING_FOR_REMOTE_KVS),
+        the hits and ETAs the controller replied, the step just scheduled modelled with
+        the calibrated cost."""
         limits = EngineLimits(
             max_seqs=view.max_seqs,
             max_batched_tokens=view.max_batched_tokens,
@@ -249,13 +292,7 @@ class LiveAdapterCore:
         )
         # the step just scheduled runs first: its modelled time is the engine's busy time
         busy_s = cost.step_s(view.scheduled_tokens, 0, 0) if view.scheduled else 0.0
-        snap = EngineSnapshot(view.at_s, busy_s, running, waiting, holding)
-        targets = list(self.claimed)
-        if self.s.ttu_quantile is None:
-            return project_ttus(snap, cost, limits, self.predictor, targets)
-        return project_ttu_quantiles(
-            snap, cost, limits, self.predictor, self.s.ttu_quantile, targets
-        )
+        return EngineSnapshot(view.at_s, busy_s, running, waiting, holding), limits
 
     def _hit(self, w: LiveWaiting) -> int:
         hit = self.claimed.get(w.req_id, 0)
