@@ -157,3 +157,27 @@ def test_ttus_are_projected_at_most_once_per_tolerance_unless_claims_or_order_ch
     assert c.projections == 3
     c.on_step(view(0.07, ["b", "c"]))  # "a" left, "c" newly claimed: projected at once
     assert c.projections == 4
+
+
+def test_every_view_sends_the_order_and_every_ttu_each_time() -> None:
+    # the simulation's setting: its controller re-evaluates at each iteration
+    c = LiveAdapterCore(
+        AdapterSettings(k=2, ttu_tolerance_s=0.0, every_view=True, output_limit_tokens=8, cost=COST)
+    )
+    first = c.on_step(view(0.0, ["a", "b", "c"]))
+    again = c.on_step(view(0.0, ["a", "b", "c"]))  # nothing changed: sent all the same
+    assert first is not None and again is not None
+    assert (first.report, again.report) == (("a", "b"), ())
+    assert again.order == first.order == ("a", "b", "c")
+    assert again.ttus_s == first.ttus_s and set(again.ttus_s) == {"a", "b"}
+    assert (c.updates_sent, c.projections) == (2, 2)
+
+
+def test_output_priors_seed_the_predictor_and_read_from_json() -> None:
+    s = AdapterSettings.from_json({"output_limit_tokens": 8, "output_prior_tokens": [2, 4]})
+    assert s.output_prior_tokens == (2, 4)
+    c = LiveAdapterCore(s)
+    assert c.predictor.remaining_tokens(0) == 3.0  # mean of the priors, not the limit
+    assert (
+        LiveAdapterCore(AdapterSettings(output_limit_tokens=8)).predictor.remaining_tokens(0) == 8.0
+    )
