@@ -123,8 +123,8 @@ class LiveTempo:
             RateMeter(config.prior_bytes_s),
         )
         provider = self.provider
-        self.device.objects_of = lambda op_id: provider._ops[op_id].objects
-        self.device.kind_of = lambda op_id: provider._ops[op_id].kind
+        self.device.objects_of = provider.op_objects
+        self.device.kind_of = provider.op_kind
         static = config.static_rate_bytes_s or config.prior_bytes_s
         self.policy: Policy = make_policy(config.policy, provider, static)
         self.controller = Controller(
@@ -268,14 +268,14 @@ class LiveTempo:
                 ops = self.provider.issued_by(
                     lambda: self.provider.ordinary_read(read_id, Manifest(tuple(kvs)), lambda: None)
                 )
-            p_ops = self.provider._ops
+            p = self.provider
             sr = StockRead(
                 request_id,
                 read_id,
                 ordinary,
                 ops,
-                sum(len(p_ops[i].objects) for i in ops),
-                sum(p_ops[i].size_bytes for i in ops),
+                sum(len(p.op_objects(i)) for i in ops),
+                sum(p.op_bytes(i) for i in ops),
                 self.clock.now(),
                 world_size=max(1, world_size),
             )

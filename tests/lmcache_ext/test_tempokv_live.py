@@ -390,10 +390,10 @@ def test_queue_view_is_the_outstanding_stock_reads(sm, steps) -> None:
                     op for r in t._stock.values() for op in t.provider.read_pending(r.read_id)
                 }  # fmt: skip
                 assert open_ops == t.device.observed_ops()  # no op outlives every read on it
-                sizes = [t.provider._ops[op].size_bytes for op in sorted(open_ops)]
+                sizes = [t.provider.op_bytes(op) for op in sorted(open_ops)]
                 assert [v.remaining_bytes for v in queue(t)] == sizes
                 assert t.provider.tier.inflight_bytes == sum(sizes)
-                in_flight = [o.object_id for op in open_ops for o in t.provider._ops[op].objects]
+                in_flight = [o.object_id for op in open_ops for o in t.provider.op_objects(op)]
                 assert len(in_flight) == len(set(in_flight))  # each object read once
                 resident = {o.object_id for o in pool if t.provider.tier.is_resident(o.object_id)}
                 assert not resident & set(in_flight)
