@@ -53,6 +53,7 @@ class LiveConfig:
     budget_bytes: int = 32 << 20  # protected-capacity budget
     concurrency: int = 1
     prior_bytes_s: float = 64 << 20  # calibrated staging rate (the shaped L2's)
+    prior_latency_s: float = 0.0  # the shaped L2's per-op latency (the progress estimate)
     static_rate_bytes_s: float | None = None  # TempoKV-Static (default: the prior)
     tick_s: float = 0.05
     chunk_tokens: int = 256
@@ -112,7 +113,9 @@ class LiveTempo:
         """`clock`: the wall clock; a test may pass a ``VirtualClock`` (exact estimates)."""
         self.config = config
         self.clock = clock if clock is not None else WallClock()
-        self.device = LmcStagingDevice(storage, self.clock.now, config.prior_bytes_s)
+        self.device = LmcStagingDevice(
+            storage, self.clock.now, config.prior_bytes_s, config.prior_latency_s
+        )
         self.device.chunk_tokens = config.chunk_tokens
         self.provider = LiveStagingProvider(
             self.clock,

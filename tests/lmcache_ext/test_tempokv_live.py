@@ -429,23 +429,54 @@ def test_a_stock_read_pins_in_the_model_but_holds_no_lock_of_tempokv(sm) -> None
         t.close()
 
 
-def test_device_progress_is_one_fifo_device_not_one_per_op() -> None:
-    """Two loads in flight on the one shaped device: the bytes it served since the oldest
-    started go to the oldest first (each op at most its own elapsed time), not each op its
-    own elapsed time (that counted the overlap twice)."""
-    from bsrctl.lmcache_ext.tempokv_device import LmcStagingDevice, _Observed, _Op
+def test_device_progress_is_the_shaped_l2s_fifo_schedule() -> None:
+    """Loads in flight on the one shaped device (``tempokv.schedule``, one slot): an op is
+    served from when the one before it ended, really or on the schedule, never two at once
+    (crediting each op its own elapsed time counted the overlap twice); an open op the
+    schedule has done has 1 byte left. 64 B/s and eighths of a second: exact bytes."""
+    from bsrctl.lmcache_ext.tempokv_device import LmcStagingDevice
+    from bsrctl.tempokv.provider import OpKind
 
     now = [0.0]
-    dev = LmcStagingDevice(storage=None, now=lambda: now[0], est_bytes_s=100.0)
-    dev._ops[1] = _Op(ticket=None, objects=[], size_bytes=50, start_s=0.0, on_done=print)
-    dev._observed[2] = _Observed(size_bytes=80, start_s=0.2, on_done=print)
-    now[0] = 0.3  # served 30 B since 0.0: all of it op 1's
-    assert (dev.remaining_bytes(1), dev.remaining_bytes(2)) == (20, 80)
-    now[0] = 0.7  # served 70 B: op 1 whole (50), op 2 the other 20
-    assert (dev.remaining_bytes(1), dev.remaining_bytes(2)) == (1, 60)  # 1: never "done"
-    del dev._ops[1]  # op 1 completes; op 2 alone: its own elapsed bounds its credit
-    assert dev.remaining_bytes(2) == 30
-    dev._ops[3] = _Op(ticket=None, objects=[], size_bytes=40, start_s=0.9, on_done=print)
-    now[0] = 1.0  # the 80 B served since 0.2 are op 2's: op 3 waits behind it (FIFO)
-    assert (dev.remaining_bytes(2), dev.remaining_bytes(3)) == (1, 40)
+    dev = LmcStagingDevice(storage=None, now=lambda: now[0], est_bytes_s=64.0)
+    dev.kind_of = lambda op_id: OpKind.ORDINARY  # observed: no storage needed
+    done: list[int] = []
+    dev.start(1, 32, done.append)
+    now[0] = 0.25
+    dev.start(2, 64, done.append)
+    now[0] = 0.375  # op 1 since 0.0: 24 B of its 32; op 2 waits behind it
+    assert (dev.remaining_bytes(1), dev.remaining_bytes(2)) == (8, 64)
+    now[0] = 0.75  # op 1 done on the schedule at 0.5, op 2 served since: 16 B
+    assert (dev.remaining_bytes(1), dev.remaining_bytes(2)) == (1, 48)  # 1: never "done"
+    assert dev.finish_observed(1) and done == [1]  # op 1 really ends; op 2 keeps its place
+    assert dev.remaining_bytes(2) == 48
+    now[0] = 0.875
+    dev.start(3, 32, done.append)
+    now[0] = 1.0  # op 2 since 0.5: 32 B of its 64; op 3 waits behind it (FIFO)
+    assert (dev.remaining_bytes(2), dev.remaining_bytes(3)) == (32, 32)
+    dev.drop_observed(2)  # op 2 abandoned at 1.0: op 3 served from then
+    now[0] = 1.125
+    assert (dev.remaining_bytes(2), dev.remaining_bytes(3)) == (0, 24)
     assert dev.remaining_bytes(99) == 0
+
+
+def test_device_progress_pays_the_shaped_l2s_latency_per_op() -> None:
+    """Each op pays the shaped L2's per-op latency before its bytes move (the estimate left
+    it out): 32 B at 64 B/s after 0.125 s is done at 0.625, the next op's bytes move from
+    0.75."""
+    from bsrctl.lmcache_ext.tempokv_device import LmcStagingDevice
+    from bsrctl.tempokv.provider import OpKind
+
+    now = [0.0]
+    dev = LmcStagingDevice(storage=None, now=lambda: now[0], est_bytes_s=64.0, latency_s=0.125)
+    dev.kind_of = lambda op_id: OpKind.ORDINARY
+    dev.start(1, 32, print)
+    dev.start(2, 32, print)
+    now[0] = 0.0625  # op 1 in its latency
+    assert (dev.remaining_bytes(1), dev.remaining_bytes(2)) == (32, 32)
+    now[0] = 0.375
+    assert (dev.remaining_bytes(1), dev.remaining_bytes(2)) == (16, 32)
+    now[0] = 0.6875  # op 1 done at 0.625; op 2 in its latency until 0.75
+    assert (dev.remaining_bytes(1), dev.remaining_bytes(2)) == (1, 32)
+    now[0] = 1.0
+    assert dev.remaining_bytes(2) == 16
