@@ -109,8 +109,11 @@ class StockRead:
 class LiveTempo:
     """Controller + provider + device on one loop thread over a StorageManager."""
 
-    def __init__(self, storage: Any, config: LiveConfig, clock: Any = None) -> None:
-        """`clock`: the wall clock; a test may pass a ``VirtualClock`` (exact estimates)."""
+    def __init__(
+        self, storage: Any, config: LiveConfig, clock: Any = None, loop: bool = True
+    ) -> None:
+        """`clock`: the wall clock; a test may pass a ``VirtualClock`` (exact estimates) and
+        `loop` False: no loop thread, the test calls ``step`` and moves the clock."""
         self.config = config
         self.clock = clock if clock is not None else WallClock()
         self.device = LmcStagingDevice(
@@ -148,8 +151,10 @@ class LiveTempo:
         self._retrieved: dict[str, set[int]] = {}  # claim -> ranks whose retrieve came
         self._stock: dict[str, StockRead] = {}  # request -> its observed stock read, open
         self.stock_reads: list[StockRead] = []  # ended
-        self._thread = threading.Thread(target=self._loop, name="tempokv-live", daemon=True)
-        self._thread.start()
+        self._thread: threading.Thread | None = None
+        if loop:
+            self._thread = threading.Thread(target=self._loop, name="tempokv-live", daemon=True)
+            self._thread.start()
 
     def _ttu_now(self, claim_id: str) -> float | None:
         claim = self.controller.claims.get(claim_id)
@@ -343,17 +348,21 @@ class LiveTempo:
         self.stock_reads.append(sr)
 
     # ---- loop ---------------------------------------------------------------------------
+    def step(self) -> None:
+        """One loop pass: prefetch completions, due timers, pin sync, the sample."""
+        with self.lock:
+            self.device.poll()
+            self.clock.run(until_s=self.clock.now())
+            self._sync()
+
     def _loop(self) -> None:
         while not self._stop.is_set():
-            with self.lock:
-                try:
-                    self.device.poll()
-                    self.clock.run(until_s=self.clock.now())
-                    self._sync()
-                except Exception:  # a loop error must not kill the server's thread
-                    import logging
+            try:
+                self.step()
+            except Exception:  # a loop error must not kill the server's thread
+                import logging
 
-                    logging.getLogger(__name__).exception("tempokv loop")
+                logging.getLogger(__name__).exception("tempokv loop")
             time.sleep(LOOP_S)
 
     def _sync(self) -> None:  # holds self.lock
@@ -371,7 +380,8 @@ class LiveTempo:
 
     def close(self) -> None:
         self._stop.set()
-        self._thread.join(timeout=2)
+        if self._thread is not None:
+            self._thread.join(timeout=2)
         with self.lock:
             self.device.release_all()
 
