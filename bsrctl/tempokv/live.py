@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -161,6 +161,7 @@ class LiveAdapterCore:
         self.predictor = OutputPredictor(settings.output_limit_tokens, settings.output_prior_tokens)
         self.calibrator = StepCalibrator(settings.cost)
         self.claimed: dict[str, int] = {}  # claimed request -> its hit tokens (0: unknown)
+        self.settled: set[str] = set()  # claimed, no TTU read any more (``settle``)
         self.eta_s: dict[str, float] = {}  # controller's staging ETA per claim (last reply)
         self._sent_order: tuple[str, ...] | None = None
         self._sent_ttus: dict[str, tuple[float, float]] = {}  # id -> (ttu_s, at_s)
@@ -172,6 +173,13 @@ class LiveAdapterCore:
     def set_hit(self, req_id: str, hit_tokens: int) -> None:
         if req_id in self.claimed:
             self.claimed[req_id] = hit_tokens
+
+    def settle(self, req_ids: Iterable[str]) -> None:
+        """Claimed requests the controller reads no TTU for any more (committed, on the
+        ordinary path, or no claim made for want of a hit): none is projected for them, so
+        the projection reaches only as far down the queue as an open claim. The simulated
+        runtime knows them from its controller; the vLLM scheduler is not told (yet)."""
+        self.settled.update(r for r in req_ids if r in self.claimed)
 
     def on_step(self, view: LiveView) -> Update | None:
         """The step's update, or None when nothing the controller reads changed."""
@@ -197,6 +205,7 @@ class LiveAdapterCore:
         still_waiting = set(waiting_ids)
         for r in [r for r in self.claimed if r not in still_waiting]:
             del self.claimed[r]
+            self.settled.discard(r)
             self._sent_ttus.pop(r, None)
         order = tuple(w.req_id for w in view.waiting)
         ttus: dict[str, float] = {}
@@ -207,8 +216,9 @@ class LiveAdapterCore:
             or order != self._sent_order
             or view.at_s - self._projected_at >= self.s.ttu_tolerance_s
         )
-        if self.s.needs_ttu and self.claimed and due:
-            ttus = self._project(view)
+        targets = [r for r in self.claimed if r not in self.settled]
+        if self.s.needs_ttu and targets and due:
+            ttus = self._project(view, targets)
             self.projections += 1
             self._projected_at = view.at_s
         changed_ttus = {
@@ -235,20 +245,20 @@ class LiveAdapterCore:
         gone = tuple(r for r in req_ids if r in self.claimed)
         for r in gone:
             del self.claimed[r]
+            self.settled.discard(r)
             self._sent_ttus.pop(r, None)
         if not gone:
             return None
         self.updates_sent += 1
         return Update(0.0, (), gone, self._sent_order or (), {})
 
-    def _project(self, view: LiveView) -> dict[str, float]:
+    def _project(self, view: LiveView, targets: list[str]) -> dict[str, float]:
         cost = self.calibrator.cost()
         exact = view.engine
         if exact is None:
             snap, limits = self._snapshot(view, cost)
         else:
             snap, limits = exact.snapshot, exact.limits
-        targets = list(self.claimed)
         if self.s.ttu_quantile is None:
             return project_ttus(snap, cost, limits, self.predictor, targets)
         return project_ttu_quantiles(

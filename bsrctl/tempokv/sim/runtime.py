@@ -75,9 +75,11 @@ class SimRuntime:
     # ---- the engine's hooks -----------------------------------------------------------
     def on_iteration(self) -> None:
         self._step += 1
+        self._settle()
         self.apply(self.core.on_step(self.view()))
 
     def on_arrival(self) -> None:
+        self._settle()
         self.apply(self.core.on_arrival(self.view()))
 
     def on_complete(self, log: RequestLog) -> None:
@@ -101,6 +103,15 @@ class SimRuntime:
             ctl.cancel(rid)
         ctl.update_runtime(update.order, update.ttus_s, update.at_s)
 
+    def _settle(self) -> None:
+        """Claims the controller no longer plans (committed, ordinary, or never made: no
+        hit) need no TTU: the projection stops at the last one it still plans."""
+        planned = self.controller.planned_ids()
+        core = self.core
+        settled = [r for r in core.claimed if r not in planned and r not in core.settled]
+        if settled:
+            core.settle(settled)
+
     # ---- the engine as a view -----------------------------------------------------------
     def view(self) -> LiveView:
         """The engine now, as vLLM's scheduler view shows one: the sequences in the step in
@@ -119,18 +130,22 @@ class SimRuntime:
                 LiveRunning(lg.req.req_id, lg.req.prompt_tokens, lg.req.cached_tokens, 0)
                 for lg in held
             ]
-        waiting = [LiveWaiting(lg.req.req_id, lg.req.prompt_tokens, True) for lg in held]
-        waiting = waiting if queued else []
-        waiting += [LiveWaiting(lg.req.req_id, lg.req.prompt_tokens) for lg in eng.waiting]
-        exact = None
-        if self.core.s.needs_ttu:
-            exact = EngineState(limits, eng.snapshot())
-        kv_cap = limits.gpu_kv_tokens
+        loading = [LiveWaiting(lg.req.req_id, lg.req.prompt_tokens, True) for lg in held]
+        waiting = (loading if queued else []) + [
+            LiveWaiting(lg.req.req_id, lg.req.prompt_tokens) for lg in eng.waiting
+        ]
+        # the exact state costs a snapshot: taken only when the core will project, i.e. a
+        # waiting request's claim is still planned (K covers the queue: every waiting
+        # request is claimed, and only claims no longer planned are settled)
+        planned = self.controller.planned_ids()
+        projects = self.core.s.needs_ttu and any(lg.req.req_id in planned for lg in eng.waiting)
+        exact = EngineState(limits, eng.snapshot()) if projects else None
+        kv_cap, tokens = limits.gpu_kv_tokens, eng.step_tokens()
         return LiveView(
             at_s=eng.clock.now(),
             step=self._step,
-            scheduled=tuple(s.log.req.req_id for s in eng.running),
-            scheduled_tokens=eng.step_tokens(),
+            scheduled=tuple(s.log.req.req_id for s in eng.running) if tokens else (),
+            scheduled_tokens=tokens,
             running=tuple(running),
             waiting=tuple(waiting),
             max_seqs=limits.max_seqs,
