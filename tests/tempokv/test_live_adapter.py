@@ -181,3 +181,19 @@ def test_output_priors_seed_the_predictor_and_read_from_json() -> None:
     assert (
         LiveAdapterCore(AdapterSettings(output_limit_tokens=8)).predictor.remaining_tokens(0) == 8.0
     )
+
+
+def test_settled_claims_get_no_ttu_and_the_projection_stops_at_the_last_open_one() -> None:
+    c = core(k=3, tol=0.0)
+    u = c.on_step(view(0.0, ["a", "b", "c"]))
+    assert u is not None and set(u.ttus_s) == {"a", "b", "c"}
+    c.settle(["c", "zz"])  # c committed; zz was never claimed: ignored
+    assert c.settled == {"c"}
+    u = c.on_step(view(0.5, ["a", "b", "c"]))
+    assert u is not None and set(u.ttus_s) == {"a", "b"}  # the same view 0.5 s on: moved
+    c.settle(["a", "b"])  # nothing open: no projection at all
+    projections = c.projections
+    assert c.on_step(view(1.0, ["a", "b", "c"])) is None and c.projections == projections
+    # a settled claim that leaves the queue is forgotten with it
+    c.on_step(view(1.5, ["b", "c"]))
+    assert (set(c.claimed), c.settled) == ({"b", "c"}, {"b", "c"})
