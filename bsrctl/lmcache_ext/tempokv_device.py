@@ -26,6 +26,7 @@ from bsrctl.lmcache_ext.storage import LMCacheTicket
 from bsrctl.restore.types import RestoreRequest, RowId, RowKeys, Window
 from bsrctl.tempokv.kv import KvObject
 from bsrctl.tempokv.provider import OpKind
+from bsrctl.tempokv.schedule import DeviceShape, ShapingSchedule
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,11 +74,17 @@ class _Observed:
 class LmcStagingDevice:
     """``StagingDevice`` over a StorageManager: an op is a LOCK prefetch of its objects."""
 
-    def __init__(self, storage: Any, now: Callable[[], float], est_bytes_s: float) -> None:
-        """`storage`: an ``LMCacheRestoreStorage`` or the server's ``ServerRestoreStorage``."""
+    def __init__(
+        self, storage: Any, now: Callable[[], float], est_bytes_s: float, latency_s: float = 0.0
+    ) -> None:
+        """`storage`: an ``LMCacheRestoreStorage`` or the server's ``ServerRestoreStorage``;
+        `est_bytes_s`, `latency_s`: the shaped L2's device, for the progress estimate."""
         self.storage = storage
         self.now = now
         self.est_bytes_s = est_bytes_s
+        # The progress estimate: the shaped L2's own schedule (one FIFO device) over the ops
+        # open here, each leaving it when it really ends
+        self.schedule = ShapingSchedule(DeviceShape(est_bytes_s, latency_s), slots=1)
         self.objects: dict[str, LiveObject] = {}
         self.objects_of: Callable[[int], list[KvObject]] = lambda op_id: []
         self.kind_of: Callable[[int], OpKind] = lambda op_id: OpKind.STAGE
@@ -90,6 +97,7 @@ class LmcStagingDevice:
         self.chunk_tokens = 256
 
     def start(self, op_id: int, size_bytes: int, on_done: Callable[[int], None]) -> None:
+        self.schedule.start(op_id, self.now(), size_bytes)
         if self.kind_of(op_id) is OpKind.ORDINARY:
             self._observed[op_id] = _Observed(size_bytes, self.now(), on_done)
             return
@@ -119,11 +127,13 @@ class LmcStagingDevice:
         obs = self._observed.pop(op_id, None)
         if obs is None:
             return False
+        self.schedule.drop(op_id, self.now())
         obs.on_done(op_id)
         return True
 
     def drop_observed(self, op_id: int) -> None:
-        self._observed.pop(op_id, None)
+        if self._observed.pop(op_id, None) is not None:
+            self.schedule.drop(op_id, self.now())
 
     def adopt(self, op_id: int) -> None:
         """A commitment waits on an observed op the stock lookup will not finish: read it
@@ -135,25 +145,16 @@ class LmcStagingDevice:
         return set(self._observed)
 
     def remaining_bytes(self, op_id: int) -> int:
-        """The device reports no progress, so it is estimated at the calibrated rate. The
-        shaped L2 is one device serving loads in submission order: what it served since
-        the oldest open op started is credited to the open ops oldest first, and no op more
-        than its own time since start (the device may have idled before it). Crediting
-        each op its own elapsed time alone counted overlapping ops' progress twice."""
-        op: _Op | _Observed | None = self._ops.get(op_id) or self._observed.get(op_id)
-        if op is None:
+        """The device reports no progress, so it is estimated on the shaped L2's schedule
+        (``tempokv.schedule``): one device serving the open ops in the order they started,
+        each paying the per-op latency before its bytes move at the calibrated rate, an op
+        served from when the one before it ended (really, or on the schedule). An open op
+        the schedule has done has 1 byte left: it is never "done" before it is."""
+        if op_id not in self._ops and op_id not in self._observed:
             return 0
         now = self.now()
-        open_ops = sorted(
-            (*self._ops.items(), *self._observed.items()), key=lambda kv: (kv[1].start_s, kv[0])
-        )
-        served = (now - open_ops[0][1].start_s) * self.est_bytes_s
-        for oid, o in open_ops:
-            credit = min(o.size_bytes, served, (now - o.start_s) * self.est_bytes_s)
-            if oid == op_id:
-                return max(1, int(op.size_bytes - credit))
-            served -= min(o.size_bytes, served)
-        return max(1, op.size_bytes)  # unreachable: op is open
+        self.schedule.advance(now)
+        return max(1, self.schedule.remaining_bytes(op_id, now))
 
     def poll(self) -> None:
         """Complete every op whose prefetch finished (zero-timeout wait)."""
@@ -162,6 +163,7 @@ class LmcStagingDevice:
             if result is None:
                 continue
             del self._ops[op_id]
+            self.schedule.drop(op_id, self.now())
             ticket: LMCacheTicket = getattr(op.ticket, "ticket", op.ticket)
             locked = set(ticket.hit_keys)
             missed = 0
@@ -185,8 +187,11 @@ class LmcStagingDevice:
         return sum(self.objects[oid].size_bytes for oid, ks in self.locked.items() if ks)
 
     def release_all(self) -> None:
-        for op in self._ops.values():
+        for op_id, op in self._ops.items():
             self.storage.release(op.ticket)
+            self.schedule.drop(op_id, self.now())
+        for op_id in self._observed:
+            self.schedule.drop(op_id, self.now())
         self._ops.clear()
         self._observed.clear()
         self.sync_pins(())

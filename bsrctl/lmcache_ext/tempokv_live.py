@@ -53,6 +53,7 @@ class LiveConfig:
     budget_bytes: int = 32 << 20  # protected-capacity budget
     concurrency: int = 1
     prior_bytes_s: float = 64 << 20  # calibrated staging rate (the shaped L2's)
+    prior_latency_s: float = 0.0  # the shaped L2's per-op latency (the progress estimate)
     static_rate_bytes_s: float | None = None  # TempoKV-Static (default: the prior)
     tick_s: float = 0.05
     chunk_tokens: int = 256
@@ -108,11 +109,16 @@ class StockRead:
 class LiveTempo:
     """Controller + provider + device on one loop thread over a StorageManager."""
 
-    def __init__(self, storage: Any, config: LiveConfig, clock: Any = None) -> None:
-        """`clock`: the wall clock; a test may pass a ``VirtualClock`` (exact estimates)."""
+    def __init__(
+        self, storage: Any, config: LiveConfig, clock: Any = None, loop: bool = True
+    ) -> None:
+        """`clock`: the wall clock; a test may pass a ``VirtualClock`` (exact estimates) and
+        `loop` False: no loop thread, the test calls ``step`` and moves the clock."""
         self.config = config
         self.clock = clock if clock is not None else WallClock()
-        self.device = LmcStagingDevice(storage, self.clock.now, config.prior_bytes_s)
+        self.device = LmcStagingDevice(
+            storage, self.clock.now, config.prior_bytes_s, config.prior_latency_s
+        )
         self.device.chunk_tokens = config.chunk_tokens
         self.provider = LiveStagingProvider(
             self.clock,
@@ -123,8 +129,8 @@ class LiveTempo:
             RateMeter(config.prior_bytes_s),
         )
         provider = self.provider
-        self.device.objects_of = lambda op_id: provider._ops[op_id].objects
-        self.device.kind_of = lambda op_id: provider._ops[op_id].kind
+        self.device.objects_of = provider.op_objects
+        self.device.kind_of = provider.op_kind
         static = config.static_rate_bytes_s or config.prior_bytes_s
         self.policy: Policy = make_policy(config.policy, provider, static)
         self.controller = Controller(
@@ -145,8 +151,10 @@ class LiveTempo:
         self._retrieved: dict[str, set[int]] = {}  # claim -> ranks whose retrieve came
         self._stock: dict[str, StockRead] = {}  # request -> its observed stock read, open
         self.stock_reads: list[StockRead] = []  # ended
-        self._thread = threading.Thread(target=self._loop, name="tempokv-live", daemon=True)
-        self._thread.start()
+        self._thread: threading.Thread | None = None
+        if loop:
+            self._thread = threading.Thread(target=self._loop, name="tempokv-live", daemon=True)
+            self._thread.start()
 
     def _ttu_now(self, claim_id: str) -> float | None:
         claim = self.controller.claims.get(claim_id)
@@ -268,14 +276,14 @@ class LiveTempo:
                 ops = self.provider.issued_by(
                     lambda: self.provider.ordinary_read(read_id, Manifest(tuple(kvs)), lambda: None)
                 )
-            p_ops = self.provider._ops
+            p = self.provider
             sr = StockRead(
                 request_id,
                 read_id,
                 ordinary,
                 ops,
-                sum(len(p_ops[i].objects) for i in ops),
-                sum(p_ops[i].size_bytes for i in ops),
+                sum(len(p.op_objects(i)) for i in ops),
+                sum(p.op_bytes(i) for i in ops),
                 self.clock.now(),
                 world_size=max(1, world_size),
             )
@@ -340,17 +348,21 @@ class LiveTempo:
         self.stock_reads.append(sr)
 
     # ---- loop ---------------------------------------------------------------------------
+    def step(self) -> None:
+        """One loop pass: prefetch completions, due timers, pin sync, the sample."""
+        with self.lock:
+            self.device.poll()
+            self.clock.run(until_s=self.clock.now())
+            self._sync()
+
     def _loop(self) -> None:
         while not self._stop.is_set():
-            with self.lock:
-                try:
-                    self.device.poll()
-                    self.clock.run(until_s=self.clock.now())
-                    self._sync()
-                except Exception:  # a loop error must not kill the server's thread
-                    import logging
+            try:
+                self.step()
+            except Exception:  # a loop error must not kill the server's thread
+                import logging
 
-                    logging.getLogger(__name__).exception("tempokv loop")
+                logging.getLogger(__name__).exception("tempokv loop")
             time.sleep(LOOP_S)
 
     def _sync(self) -> None:  # holds self.lock
@@ -368,7 +380,8 @@ class LiveTempo:
 
     def close(self) -> None:
         self._stop.set()
-        self._thread.join(timeout=2)
+        if self._thread is not None:
+            self._thread.join(timeout=2)
         with self.lock:
             self.device.release_all()
 

@@ -1,6 +1,7 @@
 """The mechanism's provider as the live stack runs it: the TTR and TTU each commitment was
-made on (for the accuracy evidence), the queries the observed stock reads need, and the
-protected bytes sampled from the objects actually locked (their integral is C)."""
+made on (for the accuracy evidence), and the protected bytes sampled from the objects
+actually locked (their integral is C). What the observed stock reads need of the provider
+(their ops, their waiters, dropping an op never completed) is ``StagingProvider``'s own."""
 
 from __future__ import annotations
 
@@ -33,45 +34,6 @@ class LiveStagingProvider(StagingProvider):
         if decision.ok:
             self.ttr_at_commit[claim_id] = (self.clock.now(), est, ttu)
         return decision
-
-    # ---- observed stock reads (the live module's; the mechanism is unchanged) ------------
-    def issued_by(self, fn: Callable[[], None]) -> tuple[int, ...]:
-        """Run `fn` (an ``ordinary_read``); the ops it issued."""
-        first = self._next_op
-        fn()
-        return tuple(range(first, self._next_op))
-
-    def read_pending(self, read_id: str) -> set[int]:
-        """The ops this read still waits on (its own and those it joined)."""
-        read = self._reads.get(read_id)
-        return set(read.pending_ops) if read is not None else set()
-
-    def waiters(self, op_id: int) -> tuple[int, int]:
-        """(commitments, reads) still waiting on this op."""
-        return (
-            sum(op_id in c.pending_ops for c in self._commitments.values()),
-            sum(op_id in r.pending_ops for r in self._reads.values()),
-        )
-
-    def drop_op(self, op_id: int) -> None:
-        """Remove an ordinary op nobody waits on and whose read never completed: out of
-        the queue view, nothing made resident, no rate sample (it was not timed)."""
-        op = self._ops.pop(op_id)
-        if op.running:
-            if not op.bypass:
-                self.tier.inflight_bytes -= op.size_bytes
-            self._advance_share()
-            self._running -= 1
-        for obj in op.objects:
-            if self._object_op.get(obj.object_id) == op_id:
-                del self._object_op[obj.object_id]
-        self._changed()
-        self._start_ops()
-        self.on_change()
-
-    def queue_bytes(self) -> int:
-        """Bytes of every op outstanding (issued, not seen complete)."""
-        return sum(op.size_bytes for op in self._ops.values())
 
 
 @dataclass

@@ -6,15 +6,18 @@ checks against its engine (queued loads: vLLM's WAITING_FOR_REMOTE_KVS).
 
 Read-only by construction: it takes frozen views and returns messages; the scheduler
 subclass (``bsrctl.vllm_ext.scheduler``) builds the views after vLLM decided, and sends
-the messages. Updates are sent only when something the controller reads changed: the
-claimed set, the order, or a TTU that moved by more than `ttu_tolerance_s` from the last
-one sent, aged by the time since (a TTU that merely counts down is no change)."""
+the messages. The simulation drives this same core (``bsrctl.tempokv.sim.runtime``): its
+engine builds a view at every iteration, adds its exact state (``EngineState``), and hands
+the messages straight to its controller. Updates are sent only when something the
+controller reads changed: the claimed set, the order, or a TTU that moved by more than
+`ttu_tolerance_s` from the last one sent, aged by the time since (a TTU that merely counts
+down is no change); the simulation sets `every_view`, and each view sends."""
 
 from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -46,6 +49,18 @@ class LiveWaiting:
 
 
 @dataclass(frozen=True, slots=True)
+class EngineState:
+    """An engine's own exact state, where the engine knows it (the simulated engine does):
+    its limits and a snapshot with the step in progress, each load's time left and each
+    waiting request's hit and staging ETA. The projection then reads it instead of deriving
+    a snapshot from the view's fields (vLLM's scheduler knows none of these: it leaves it
+    out, and the core models the step just scheduled and queued loads)."""
+
+    limits: EngineLimits
+    snapshot: EngineSnapshot
+
+
+@dataclass(frozen=True, slots=True)
 class LiveView:
     """One scheduler step as decided, taken after the scheduler returned."""
 
@@ -58,6 +73,7 @@ class LiveView:
     max_seqs: int
     max_batched_tokens: int
     free_kv_tokens: int
+    engine: EngineState | None = None  # exact state, when the engine knows it
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,10 +86,16 @@ class AdapterSettings:
     # update cost the engine loop and the server; a change below the controller's tick
     # changes no commitment by more than a tick: serving runs set it to the tick)
     ttu_tolerance_s: float = 0.005
+    # send the order and every projected TTU after every view, changed or not: the
+    # simulated runtime does (its controller re-evaluates at each engine iteration, at no
+    # cost); a live update costs the engine loop a send, so serving runs keep it off
+    every_view: bool = False
     # an arrival's claim must reach the controller before vLLM looks the request up (in
     # its next schedule()): add_request waits this long at most for the server's reply
     arrival_ack_s: float = 0.2
     output_limit_tokens: int = 16  # the generation limit (max_tokens) of the workload
+    output_prior_tokens: tuple[int, ...] = ()  # calibration completions seeding the TTU
+    # predictor before any request finished (the simulation draws them from the spec)
     chunk_tokens: int = 256
     retrieval_bytes_s: float = 1e9  # fast tier → engine, for the projection's load_s
     kv_bytes_per_token: int = 0
@@ -83,6 +105,8 @@ class AdapterSettings:
     def from_json(cls, raw: Mapping[str, Any]) -> AdapterSettings:
         data = dict(raw)
         cost = data.pop("cost", None)
+        if "output_prior_tokens" in data:
+            data["output_prior_tokens"] = tuple(int(n) for n in data["output_prior_tokens"])
         out = cls(**data)
         return replace(out, cost=CostModel(**cost)) if cost is not None else out
 
@@ -134,9 +158,10 @@ class StepCalibrator:
 class LiveAdapterCore:
     def __init__(self, settings: AdapterSettings) -> None:
         self.s = settings
-        self.predictor = OutputPredictor(settings.output_limit_tokens)
+        self.predictor = OutputPredictor(settings.output_limit_tokens, settings.output_prior_tokens)
         self.calibrator = StepCalibrator(settings.cost)
         self.claimed: dict[str, int] = {}  # claimed request -> its hit tokens (0: unknown)
+        self.settled: set[str] = set()  # claimed, no TTU read any more (``settle``)
         self.eta_s: dict[str, float] = {}  # controller's staging ETA per claim (last reply)
         self._sent_order: tuple[str, ...] | None = None
         self._sent_ttus: dict[str, tuple[float, float]] = {}  # id -> (ttu_s, at_s)
@@ -148,6 +173,13 @@ class LiveAdapterCore:
     def set_hit(self, req_id: str, hit_tokens: int) -> None:
         if req_id in self.claimed:
             self.claimed[req_id] = hit_tokens
+
+    def settle(self, req_ids: Iterable[str]) -> None:
+        """Claimed requests the controller reads no TTU for any more (committed, on the
+        ordinary path, or no claim made for want of a hit): none is projected for them, so
+        the projection reaches only as far down the queue as an open claim. The simulated
+        runtime knows them from its controller; the vLLM scheduler is not told (yet)."""
+        self.settled.update(r for r in req_ids if r in self.claimed)
 
     def on_step(self, view: LiveView) -> Update | None:
         """The step's update, or None when nothing the controller reads changed."""
@@ -173,26 +205,31 @@ class LiveAdapterCore:
         still_waiting = set(waiting_ids)
         for r in [r for r in self.claimed if r not in still_waiting]:
             del self.claimed[r]
+            self.settled.discard(r)
             self._sent_ttus.pop(r, None)
         order = tuple(w.req_id for w in view.waiting)
         ttus: dict[str, float] = {}
+        every = self.s.every_view
         due = (
-            report
+            every
+            or report
             or order != self._sent_order
             or view.at_s - self._projected_at >= self.s.ttu_tolerance_s
         )
-        if self.s.needs_ttu and self.claimed and due:
-            ttus = self._project(view)
+        targets = [r for r in self.claimed if r not in self.settled]
+        if self.s.needs_ttu and targets and due:
+            ttus = self._project(view, targets)
             self.projections += 1
             self._projected_at = view.at_s
         changed_ttus = {
             r: t
             for r, t in ttus.items()
-            if r not in self._sent_ttus
+            if every
+            or r not in self._sent_ttus
             or abs(t - (self._sent_ttus[r][0] - (view.at_s - self._sent_ttus[r][1])))
             > self.s.ttu_tolerance_s
         }
-        if not report and order == self._sent_order and not changed_ttus:
+        if not every and not report and order == self._sent_order and not changed_ttus:
             return None
         self._sent_order = order
         for r, t in changed_ttus.items():
@@ -208,14 +245,30 @@ class LiveAdapterCore:
         gone = tuple(r for r in req_ids if r in self.claimed)
         for r in gone:
             del self.claimed[r]
+            self.settled.discard(r)
             self._sent_ttus.pop(r, None)
         if not gone:
             return None
         self.updates_sent += 1
         return Update(0.0, (), gone, self._sent_order or (), {})
 
-    def _project(self, view: LiveView) -> dict[str, float]:
+    def _project(self, view: LiveView, targets: list[str]) -> dict[str, float]:
         cost = self.calibrator.cost()
+        exact = view.engine
+        if exact is None:
+            snap, limits = self._snapshot(view, cost)
+        else:
+            snap, limits = exact.snapshot, exact.limits
+        if self.s.ttu_quantile is None:
+            return project_ttus(snap, cost, limits, self.predictor, targets)
+        return project_ttu_quantiles(
+            snap, cost, limits, self.predictor, self.s.ttu_quantile, targets
+        )
+
+    def _snapshot(self, view: LiveView, cost: CostModel) -> tuple[EngineSnapshot, EngineLimits]:
+        """The engine as the view shows it: queued loads (vLLM's WAITING_FOR_REMOTE_KVS),
+        the hits and ETAs the controller replied, the step just scheduled modelled with
+        the calibrated cost."""
         limits = EngineLimits(
             max_seqs=view.max_seqs,
             max_batched_tokens=view.max_batched_tokens,
@@ -249,13 +302,7 @@ class LiveAdapterCore:
         )
         # the step just scheduled runs first: its modelled time is the engine's busy time
         busy_s = cost.step_s(view.scheduled_tokens, 0, 0) if view.scheduled else 0.0
-        snap = EngineSnapshot(view.at_s, busy_s, running, waiting, holding)
-        targets = list(self.claimed)
-        if self.s.ttu_quantile is None:
-            return project_ttus(snap, cost, limits, self.predictor, targets)
-        return project_ttu_quantiles(
-            snap, cost, limits, self.predictor, self.s.ttu_quantile, targets
-        )
+        return EngineSnapshot(view.at_s, busy_s, running, waiting, holding), limits
 
     def _hit(self, w: LiveWaiting) -> int:
         hit = self.claimed.get(w.req_id, 0)

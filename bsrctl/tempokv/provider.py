@@ -315,18 +315,24 @@ class StagingProvider:
             self.read_bytes_total += op.size_bytes
             self.device.start(op.op_id, op.size_bytes, self._op_done)
 
-    def _op_done(self, op_id: int) -> None:
+    def _retire(self, op_id: int, landed: bool) -> _Op:
+        """Out of the queue: its in-flight bytes and device share end; with `landed` (the
+        device read it) its objects become resident, unless it streamed through."""
         op = self._ops.pop(op_id)
-        tier = self.tier
-        if not op.bypass:
-            tier.inflight_bytes -= op.size_bytes
+        if op.running and not op.bypass:
+            self.tier.inflight_bytes -= op.size_bytes
         for obj in op.objects:
             if self._object_op.get(obj.object_id) == op_id:  # a staging op may read it anew
                 del self._object_op[obj.object_id]
-            if not op.bypass:
-                tier.insert(obj)
-        self._advance_share()
-        self._running -= 1
+            if landed and not op.bypass:
+                self.tier.insert(obj)
+        if op.running:
+            self._advance_share()
+            self._running -= 1
+        return op
+
+    def _op_done(self, op_id: int) -> None:
+        op = self._retire(op_id, landed=True)
         now_s = self.clock.now()
         self.rate.observe_op(op.size_bytes, self._share_s - op.share_at_start_s, now_s - op.start_s)
         self._changed()
@@ -388,6 +394,49 @@ class StagingProvider:
             self._eta_cache = (key, dict(zip(self._ops, finish_s, strict=True)))
         by_op = self._eta_cache[1]
         return max((by_op[op_id] for op_id in pending if op_id in by_op), default=0.0)
+
+    # ---- ops a device performs outside the provider (the live stack's stock reads) -----
+    def op_kind(self, op_id: int) -> OpKind:
+        return self._ops[op_id].kind
+
+    def op_objects(self, op_id: int) -> list[KvObject]:
+        return list(self._ops[op_id].objects)
+
+    def op_bytes(self, op_id: int) -> int:
+        return self._ops[op_id].size_bytes
+
+    def issued_by(self, fn: Callable[[], None]) -> tuple[int, ...]:
+        """Run `fn` (an ``ordinary_read`` or a commit); the ops it issued, in order."""
+        first = self._next_op
+        fn()
+        return tuple(range(first, self._next_op))
+
+    def read_pending(self, read_id: str) -> set[int]:
+        """The ops this ordinary read still waits on (its own and those it joined)."""
+        read = self._reads.get(read_id)
+        return set(read.pending_ops) if read is not None else set()
+
+    def waiters(self, op_id: int) -> tuple[int, int]:
+        """(commitments, ordinary reads) still waiting on this op."""
+        return (
+            sum(op_id in c.pending_ops for c in self._commitments.values()),
+            sum(op_id in r.pending_ops for r in self._reads.values()),
+        )
+
+    def drop_op(self, op_id: int) -> None:
+        """Remove an op nobody waits on whose read never completed: out of the queue view,
+        nothing made resident, no rate sample (it was not timed to its end)."""
+        commitments, reads = self.waiters(op_id)
+        if commitments or reads:
+            raise RuntimeError(f"op {op_id}: {commitments} commitments, {reads} reads wait on it")
+        self._retire(op_id, landed=False)
+        self._changed()
+        self._start_ops()
+        self.on_change()
+
+    def queue_bytes(self) -> int:
+        """Bytes of every op outstanding (issued, not seen complete)."""
+        return sum(op.size_bytes for op in self._ops.values())
 
     # ---- what the evidence reads --------------------------------------------------------
     @property

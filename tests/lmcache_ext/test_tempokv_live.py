@@ -96,6 +96,28 @@ def until(cond, timeout_s: float = 10.0) -> None:
         time.sleep(0.01)
 
 
+def stepped(sm: StorageManager, policy: str, budget_chunks: int) -> LiveTempo:
+    """As `live`, on a virtual clock and with no loop thread: the test takes every loop
+    pass (``step``) and moves the time, so nothing happens between its statements (the
+    shaped L2's reads still take real time: a pass sees them done once they are)."""
+    storage = LMCacheRestoreStorage(sm, {0: kv.layout(CHUNK)})
+    cfg = LiveConfig(policy=policy, capacity_bytes=L1, budget_bytes=budget_chunks * CHUNK,
+                     prior_bytes_s=64 * CHUNK, tick_s=0.02)  # fmt: skip
+    return LiveTempo(storage, cfg, clock=VirtualClock(0.0), loop=False)
+
+
+def step_until(t: LiveTempo, cond, timeout_s: float = 10.0) -> int:
+    """Loop passes until `cond` holds (bounded in real time); how many it took."""
+    deadline, passes = time.monotonic() + timeout_s, 0
+    while True:
+        t.step()
+        passes += 1
+        if cond():
+            return passes
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.005)
+
+
 def state(t: LiveTempo, cid: str) -> ClaimState:
     with t.lock:
         return t.controller.claims[cid].state
@@ -117,7 +139,9 @@ def test_commit_stage_pin_release_budget_and_fallback(sm) -> None:
         t.report("B", objects(b))  # 2 more unprotected chunks: 8 > budget? no: 6 + 2 = 8
         until(lambda: state(t, "B") is ClaimState.STAGEREADY)
         t.report("C", objects(c))  # 8 + 2 > 8: refused for lack of budget, stays PLANNED
-        time.sleep(0.1)
+        with t.lock:
+            claim_c = t.controller.claims["C"]
+        until(lambda: claim_c.capacity_refusals >= 3)  # re-evaluated (ticks): still refused
         assert state(t, "C") is ClaimState.PLANNED
         assert t.begin_retrieval("C") is RetrievalGrant.ORDINARY  # the ordinary path
         assert t.begin_retrieval("A") is RetrievalGrant.READY
@@ -147,16 +171,18 @@ def test_commit_stage_pin_release_budget_and_fallback(sm) -> None:
 @pytest.mark.parametrize("policy", CAUSAL_POLICIES)
 def test_every_causal_policy_commits_on_the_real_store(sm, policy: str) -> None:
     keys = in_l2(sm, 3, f"p-{policy}")
-    t = live(sm, policy, budget_chunks=4)
+    t = stepped(sm, policy, budget_chunks=4)
     try:
         t.report("R", objects(keys))
         # the runtime says: head of the queue, use in 0 s (timed policies commit at L ≤ 0)
         t.update(["R"], {"R": 0.0})
-        grant = t.begin_retrieval("R")
-        if policy == "demand" or grant is RetrievalGrant.WAIT:
-            assert grant in (RetrievalGrant.WAIT, RetrievalGrant.READY)
-        assert grant is not RetrievalGrant.ORDINARY
-        assert t.wait_ready("R", 10.0)
+        committed = "demand" != policy  # Demand commits at the retrieval
+        assert state(t, "R") is (ClaimState.STAGING if committed else ClaimState.PLANNED)
+        # no loop pass yet, so no prefetch seen done: committed and staging, it waits
+        assert t.begin_retrieval("R") is RetrievalGrant.WAIT
+        assert state(t, "R") is ClaimState.STAGING and not t.wait_ready("R", 0.0)
+        step_until(t, lambda: t.wait_ready("R", 0.0))
+        assert state(t, "R") is ClaimState.STAGEREADY
         with t.lock:
             assert t.device.locked_bytes() == 3 * CHUNK
         t.end_retrieval("R")
@@ -177,30 +203,30 @@ def test_ttu_at_commit_and_time_to_retrieval_are_reported(sm) -> None:
     """Each commitment records the claim's TTU then (None when the runtime sent none, as
     for Immediate) and when retrieval was later demanded: the TTU error in the evidence."""
     r_keys, s_keys = in_l2(sm, 2, "ttu-r"), in_l2(sm, 2, "ttu-s")
-    t = live(sm, "tempokv", budget_chunks=4)
+    t = stepped(sm, "tempokv", budget_chunks=4)
     try:
         t.report("R", objects(r_keys))
         t.update(["R"], {"R": 0.0})  # use now: TTU 0 ≤ TTR, committed at once
-        until(lambda: state(t, "R") is not ClaimState.PLANNED)
-        time.sleep(0.05)
-        assert t.begin_retrieval("R") in (RetrievalGrant.WAIT, RetrievalGrant.READY)
+        assert state(t, "R") is ClaimState.STAGING
+        with t.lock:
+            t.clock.advance(0.25)  # retrieval demanded 0.25 s (virtual) after the commit
+        assert t.begin_retrieval("R") is RetrievalGrant.WAIT  # no pass saw its prefetch
         with t.lock:
             t_commit, _est, ttu = t.provider.ttr_at_commit["R"]
             used = t.retrieval_at["R"]
         report = t.report_json()
     finally:
         t.close()
-    imm = live(sm, "immediate", budget_chunks=4)
+    imm = stepped(sm, "immediate", budget_chunks=4)
     try:
         imm.report("S", objects(s_keys))
-        until(lambda: state(imm, "S") is not ClaimState.PLANNED)
+        assert state(imm, "S") is ClaimState.STAGING
         no_ttu = imm.report_json()["ttr"]
     finally:
         imm.close()
     (row,) = report["ttr"]
-    assert ttu is not None and -1.0 < ttu <= 0.0  # aged from 0 s at the update
-    assert row["ttu_est_s"] == round(ttu, 6)
-    assert row["retrieval_s"] == round(used - t_commit, 6) and row["retrieval_s"] >= 0.05
+    assert (t_commit, ttu, used) == (0.0, 0.0, 0.25)  # committed at the update, TTU 0 then
+    assert (row["ttu_est_s"], row["retrieval_s"]) == (0.0, 0.25)
     assert [(r["claim"], r["ttu_est_s"], r["retrieval_s"]) for r in no_ttu] == [("S", None, None)]
 
 
@@ -223,7 +249,7 @@ def queue(t: LiveTempo) -> tuple[OpView, ...]:
 
 def test_an_unclaimed_stock_read_is_in_the_queue_view_and_lengthens_ttr(sm) -> None:
     a, b = in_l2(sm, 4, "sv-a"), in_l2(sm, 3, "sv-b")
-    t = virtual(sm, "demand", budget_chunks=8)
+    t = stepped(sm, "demand", budget_chunks=8)
     try:
         sr = t.observe_stock("s1", objects(b))
         assert sr is not None and (sr.read_id, sr.claimed, sr.objects) == ("stock:s1", False, 3)
@@ -231,7 +257,8 @@ def test_an_unclaimed_stock_read_is_in_the_queue_view_and_lengthens_ttr(sm) -> N
         assert queue(t) == (OpView(3 * CHUNK, running=True, staging=False),)
         with t.lock:
             assert t.provider.queue_bytes() == t.provider.tier.inflight_bytes == 3 * CHUNK
-        time.sleep(0.05)  # loop passes: nothing staged by the device
+        for _ in range(10):
+            t.step()  # loop passes: the device does not read an observed op
         assert t.device.stages == [] and t.device.locked_bytes() == 0
         t.report("A", objects(a))
         assert state(t, "A") is ClaimState.PLANNED  # Demand: commits at retrieval only
@@ -245,7 +272,7 @@ def test_an_unclaimed_stock_read_is_in_the_queue_view_and_lengthens_ttr(sm) -> N
         assert est == with_read  # A shares the device with the stock read while it runs
         assert alone == 4 * CHUNK / (64 * CHUNK)
         assert est - alone == pytest.approx(3 * CHUNK / (64 * CHUNK), abs=1e-12)  # its share
-        assert t.wait_ready("A", 10.0)
+        step_until(t, lambda: t.wait_ready("A", 0.0))
         # the lookup's prefetch reported done: the op completes, its objects are resident
         t.stock_done("s1", 3)
         assert queue(t) == ()
@@ -390,10 +417,10 @@ def test_queue_view_is_the_outstanding_stock_reads(sm, steps) -> None:
                     op for r in t._stock.values() for op in t.provider.read_pending(r.read_id)
                 }  # fmt: skip
                 assert open_ops == t.device.observed_ops()  # no op outlives every read on it
-                sizes = [t.provider._ops[op].size_bytes for op in sorted(open_ops)]
+                sizes = [t.provider.op_bytes(op) for op in sorted(open_ops)]
                 assert [v.remaining_bytes for v in queue(t)] == sizes
                 assert t.provider.tier.inflight_bytes == sum(sizes)
-                in_flight = [o.object_id for op in open_ops for o in t.provider._ops[op].objects]
+                in_flight = [o.object_id for op in open_ops for o in t.provider.op_objects(op)]
                 assert len(in_flight) == len(set(in_flight))  # each object read once
                 resident = {o.object_id for o in pool if t.provider.tier.is_resident(o.object_id)}
                 assert not resident & set(in_flight)
@@ -429,23 +456,54 @@ def test_a_stock_read_pins_in_the_model_but_holds_no_lock_of_tempokv(sm) -> None
         t.close()
 
 
-def test_device_progress_is_one_fifo_device_not_one_per_op() -> None:
-    """Two loads in flight on the one shaped device: the bytes it served since the oldest
-    started go to the oldest first (each op at most its own elapsed time), not each op its
-    own elapsed time (that counted the overlap twice)."""
-    from bsrctl.lmcache_ext.tempokv_device import LmcStagingDevice, _Observed, _Op
+def test_device_progress_is_the_shaped_l2s_fifo_schedule() -> None:
+    """Loads in flight on the one shaped device (``tempokv.schedule``, one slot): an op is
+    served from when the one before it ended, really or on the schedule, never two at once
+    (crediting each op its own elapsed time counted the overlap twice); an open op the
+    schedule has done has 1 byte left. 64 B/s and eighths of a second: exact bytes."""
+    from bsrctl.lmcache_ext.tempokv_device import LmcStagingDevice
+    from bsrctl.tempokv.provider import OpKind
 
     now = [0.0]
-    dev = LmcStagingDevice(storage=None, now=lambda: now[0], est_bytes_s=100.0)
-    dev._ops[1] = _Op(ticket=None, objects=[], size_bytes=50, start_s=0.0, on_done=print)
-    dev._observed[2] = _Observed(size_bytes=80, start_s=0.2, on_done=print)
-    now[0] = 0.3  # served 30 B since 0.0: all of it op 1's
-    assert (dev.remaining_bytes(1), dev.remaining_bytes(2)) == (20, 80)
-    now[0] = 0.7  # served 70 B: op 1 whole (50), op 2 the other 20
-    assert (dev.remaining_bytes(1), dev.remaining_bytes(2)) == (1, 60)  # 1: never "done"
-    del dev._ops[1]  # op 1 completes; op 2 alone: its own elapsed bounds its credit
-    assert dev.remaining_bytes(2) == 30
-    dev._ops[3] = _Op(ticket=None, objects=[], size_bytes=40, start_s=0.9, on_done=print)
-    now[0] = 1.0  # the 80 B served since 0.2 are op 2's: op 3 waits behind it (FIFO)
-    assert (dev.remaining_bytes(2), dev.remaining_bytes(3)) == (1, 40)
+    dev = LmcStagingDevice(storage=None, now=lambda: now[0], est_bytes_s=64.0)
+    dev.kind_of = lambda op_id: OpKind.ORDINARY  # observed: no storage needed
+    done: list[int] = []
+    dev.start(1, 32, done.append)
+    now[0] = 0.25
+    dev.start(2, 64, done.append)
+    now[0] = 0.375  # op 1 since 0.0: 24 B of its 32; op 2 waits behind it
+    assert (dev.remaining_bytes(1), dev.remaining_bytes(2)) == (8, 64)
+    now[0] = 0.75  # op 1 done on the schedule at 0.5, op 2 served since: 16 B
+    assert (dev.remaining_bytes(1), dev.remaining_bytes(2)) == (1, 48)  # 1: never "done"
+    assert dev.finish_observed(1) and done == [1]  # op 1 really ends; op 2 keeps its place
+    assert dev.remaining_bytes(2) == 48
+    now[0] = 0.875
+    dev.start(3, 32, done.append)
+    now[0] = 1.0  # op 2 since 0.5: 32 B of its 64; op 3 waits behind it (FIFO)
+    assert (dev.remaining_bytes(2), dev.remaining_bytes(3)) == (32, 32)
+    dev.drop_observed(2)  # op 2 abandoned at 1.0: op 3 served from then
+    now[0] = 1.125
+    assert (dev.remaining_bytes(2), dev.remaining_bytes(3)) == (0, 24)
     assert dev.remaining_bytes(99) == 0
+
+
+def test_device_progress_pays_the_shaped_l2s_latency_per_op() -> None:
+    """Each op pays the shaped L2's per-op latency before its bytes move (the estimate left
+    it out): 32 B at 64 B/s after 0.125 s is done at 0.625, the next op's bytes move from
+    0.75."""
+    from bsrctl.lmcache_ext.tempokv_device import LmcStagingDevice
+    from bsrctl.tempokv.provider import OpKind
+
+    now = [0.0]
+    dev = LmcStagingDevice(storage=None, now=lambda: now[0], est_bytes_s=64.0, latency_s=0.125)
+    dev.kind_of = lambda op_id: OpKind.ORDINARY
+    dev.start(1, 32, print)
+    dev.start(2, 32, print)
+    now[0] = 0.0625  # op 1 in its latency
+    assert (dev.remaining_bytes(1), dev.remaining_bytes(2)) == (32, 32)
+    now[0] = 0.375
+    assert (dev.remaining_bytes(1), dev.remaining_bytes(2)) == (16, 32)
+    now[0] = 0.6875  # op 1 done at 0.625; op 2 in its latency until 0.75
+    assert (dev.remaining_bytes(1), dev.remaining_bytes(2)) == (1, 32)
+    now[0] = 1.0
+    assert dev.remaining_bytes(2) == 16

@@ -10,10 +10,11 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from bsrctl.tempokv.kv import GIB, prefix_manifest
-from bsrctl.tempokv.sim import run as sim_run
+from bsrctl.tempokv.live import LiveView
 from bsrctl.tempokv.sim.device import DeviceConfig
 from bsrctl.tempokv.sim.models import ModelProfile
 from bsrctl.tempokv.sim.run import ControlConfig, SimResult, simulate
+from bsrctl.tempokv.sim.runtime import SimRuntime
 from bsrctl.tempokv.sim.workload import Request
 from bsrctl.tempokv.ttu import CostModel, EngineLimits, project_ttus
 
@@ -268,15 +269,16 @@ def test_every_projected_ttu_is_the_retrieval_start_when_estimates_are_exact(
         reqs.append(Request(f"r{i}", t, t, doc, cached + uncached, cached, 10, manifest))
     limits = EngineLimits(2, budget_tokens, loads == "sync", queued_loads=loads == "queued")
     projected: list[tuple[float, dict[str, float]]] = []
-    adapter_iteration = sim_run.SimAdapter.on_iteration
+    adapter_view = SimRuntime.view
 
-    def recording(self: sim_run.SimAdapter) -> None:
+    def recording(self: SimRuntime) -> LiveView:
         snap = self.engine.snapshot()
-        projected.append((snap.at_s, project_ttus(snap, self.engine.cost, limits, self.predictor)))
-        adapter_iteration(self)
+        predictor = self.core.predictor
+        projected.append((snap.at_s, project_ttus(snap, self.engine.cost, limits, predictor)))
+        return adapter_view(self)
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(sim_run.SimAdapter, "on_iteration", recording)
+        mp.setattr(SimRuntime, "view", recording)
         res = run(reqs, limits, "immediate")
     granted = {lg.req.req_id: lg.retrieval_s for lg in res.logs}
     assert projected

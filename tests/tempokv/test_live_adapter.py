@@ -157,3 +157,43 @@ def test_ttus_are_projected_at_most_once_per_tolerance_unless_claims_or_order_ch
     assert c.projections == 3
     c.on_step(view(0.07, ["b", "c"]))  # "a" left, "c" newly claimed: projected at once
     assert c.projections == 4
+
+
+def test_every_view_sends_the_order_and_every_ttu_each_time() -> None:
+    # the simulation's setting: its controller re-evaluates at each iteration
+    c = LiveAdapterCore(
+        AdapterSettings(k=2, ttu_tolerance_s=0.0, every_view=True, output_limit_tokens=8, cost=COST)
+    )
+    first = c.on_step(view(0.0, ["a", "b", "c"]))
+    again = c.on_step(view(0.0, ["a", "b", "c"]))  # nothing changed: sent all the same
+    assert first is not None and again is not None
+    assert (first.report, again.report) == (("a", "b"), ())
+    assert again.order == first.order == ("a", "b", "c")
+    assert again.ttus_s == first.ttus_s and set(again.ttus_s) == {"a", "b"}
+    assert (c.updates_sent, c.projections) == (2, 2)
+
+
+def test_output_priors_seed_the_predictor_and_read_from_json() -> None:
+    s = AdapterSettings.from_json({"output_limit_tokens": 8, "output_prior_tokens": [2, 4]})
+    assert s.output_prior_tokens == (2, 4)
+    c = LiveAdapterCore(s)
+    assert c.predictor.remaining_tokens(0) == 3.0  # mean of the priors, not the limit
+    assert (
+        LiveAdapterCore(AdapterSettings(output_limit_tokens=8)).predictor.remaining_tokens(0) == 8.0
+    )
+
+
+def test_settled_claims_get_no_ttu_and_the_projection_stops_at_the_last_open_one() -> None:
+    c = core(k=3, tol=0.0)
+    u = c.on_step(view(0.0, ["a", "b", "c"]))
+    assert u is not None and set(u.ttus_s) == {"a", "b", "c"}
+    c.settle(["c", "zz"])  # c committed; zz was never claimed: ignored
+    assert c.settled == {"c"}
+    u = c.on_step(view(0.5, ["a", "b", "c"]))
+    assert u is not None and set(u.ttus_s) == {"a", "b"}  # the same view 0.5 s on: moved
+    c.settle(["a", "b"])  # nothing open: no projection at all
+    projections = c.projections
+    assert c.on_step(view(1.0, ["a", "b", "c"])) is None and c.projections == projections
+    # a settled claim that leaves the queue is forgotten with it
+    c.on_step(view(1.5, ["b", "c"]))
+    assert (set(c.claimed), c.settled) == ({"b", "c"}, {"b", "c"})

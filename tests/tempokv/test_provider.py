@@ -1,8 +1,9 @@
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bsrctl.tempokv.kv import GIB, Manifest
-from bsrctl.tempokv.provider import CommitRefusal, StagingProvider
+from bsrctl.tempokv.provider import CommitRefusal, OpKind, StagingProvider
 from bsrctl.tempokv.sim.device import DeviceConfig, SimStagingDevice
 from bsrctl.tempokv.ttr import RateMeter
 
@@ -189,3 +190,63 @@ def test_a_commit_does_not_join_a_demand_read_that_streams_through_uncached(cloc
     assert ready[-1] == ("c2", 0.75) and p.tier.is_resident("b/0")
     assert p.read_bytes_total == 6 * GIB  # b/0 read twice
     assert p.tier.reserved_bytes == 3 * GIB <= p.tier.budget_bytes
+
+
+# ---- ops performed outside the provider (the live stack's observed stock reads) ---------
+class _HeldDevice:
+    """A device whose reads never finish by themselves (the live stack's observed ops)."""
+
+    def __init__(self) -> None:
+        self.started: list[tuple[int, int]] = []
+
+    def start(self, op_id, size_bytes, on_done) -> None:
+        self.started.append((op_id, size_bytes))
+
+    def remaining_bytes(self, op_id: int) -> int:
+        return 1
+
+
+def _held_provider(clock) -> tuple[StagingProvider, _HeldDevice]:
+    dev = _HeldDevice()
+    return StagingProvider(clock, dev, 100 * GIB, 50 * GIB, 1, RateMeter(RATE)), dev
+
+
+def test_ops_issued_their_waiters_and_the_queue_are_public(clock):
+    p = make_provider(clock)
+    p.store(objs("a", 3).objects)
+    done = []
+    ops = p.issued_by(lambda: p.ordinary_read("r1", objs("a", 2), lambda: done.append("r1")))
+    assert ops == (0,)
+    assert (p.op_kind(0), p.op_bytes(0)) == (OpKind.ORDINARY, 2 * GIB)
+    assert [o.object_id for o in p.op_objects(0)] == ["a/0", "a/1"]
+    assert p.read_pending("r1") == {0} and p.read_pending("nobody") == set()
+    assert p.waiters(0) == (0, 1)
+    # a commitment joins the demand read for a/0, a/1 and reads a/2 in a new staging op
+    assert p.issued_by(lambda: p.commit("c1", objs("a", 3))) == (1,)
+    assert (p.op_kind(1), p.op_bytes(1)) == (OpKind.STAGE, GIB)
+    assert (p.waiters(0), p.waiters(1)) == ((1, 1), (1, 0))
+    assert p.queue_bytes() == 3 * GIB
+    clock.run()
+    assert done == ["r1"] and p.is_ready("c1")
+    assert (p.queue_bytes(), p.read_pending("r1"), p.waiters(0)) == (0, set(), (0, 0))
+
+
+def test_drop_op_removes_an_unfinished_op_nobody_waits_on(clock):
+    p, dev = _held_provider(clock)
+    p.store(objs("a", 2).objects)
+    p.ordinary_read("r1", objs("a", 2), lambda: None)
+    assert dev.started == [(0, 2 * GIB)]
+    assert (p.tier.inflight_bytes, p.queue_bytes()) == (2 * GIB, 2 * GIB)
+    with pytest.raises(RuntimeError, match=r"^op 0: 0 commitments, 1 reads wait on it$"):
+        p.drop_op(0)
+    p.end_ordinary("r1")
+    version, changes = p.version, []
+    p.on_change = lambda: changes.append(p.version)
+    p.drop_op(0)
+    assert (p.tier.inflight_bytes, p.queue_bytes(), p.tier.resident_bytes) == (0, 0, 0)
+    assert p.version > version and changes == [p.version]
+    assert p.rate.aggregate_bytes_s(1) == RATE  # never timed: no rate sample
+    # its objects are no longer covered: a new read issues a new op instead of joining it
+    assert [o.object_id for o in p.unstaged_objects(objs("a", 2))] == ["a/0", "a/1"]
+    assert p.issued_by(lambda: p.ordinary_read("r2", objs("a", 2), lambda: None)) == (1,)
+    assert dev.started == [(0, 2 * GIB), (1, 2 * GIB)]

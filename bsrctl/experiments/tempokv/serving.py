@@ -193,7 +193,8 @@ def _policy_once(
     got = client.call(
         "tempokv.configure",
         {"policy": policy, "capacity_bytes": run.l1_mib * MIB, "budget_bytes": budget,
-         "prior_bytes_s": run.l2_bandwidth_mib_s * MIB, "tick_s": spec.control.tick_s},
+         "prior_bytes_s": run.l2_bandwidth_mib_s * MIB, "prior_latency_s": run.l2_latency_s,
+         "tick_s": spec.control.tick_s},
     )  # fmt: skip
     if not got.get("ok"):
         raise RuntimeError(f"tempokv.configure {policy}: {got}")

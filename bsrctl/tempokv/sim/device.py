@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from bsrctl.clock import Clock, Timer
 from bsrctl.tempokv.kv import GIB
+from bsrctl.tempokv.schedule import DeviceShape, ShapingSchedule
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,60 +36,45 @@ class DeviceConfig:
     budget_bytes: int = 50 * GIB  # protected-capacity budget
 
     def aggregate_bytes_s(self, running: int) -> float:
+        """The device schedule's aggregate (``ShapingSchedule.aggregate_bytes_s``)."""
         return self.staging_bytes_s / (1.0 + self.contention * max(0, running - 1))
 
 
 class SimStagingDevice:
+    """``StagingDevice`` in virtual time: the device schedule (``tempokv.schedule``) with
+    every op in service at once, no per-op latency, and the contention above; a timer at
+    its next end."""
+
     def __init__(self, clock: Clock, config: DeviceConfig) -> None:
         self.clock = clock
         self.config = config
-        self._left: dict[int, float] = {}
+        shape = DeviceShape(config.staging_bytes_s)
+        self.schedule = ShapingSchedule(shape, slots=None, contention=config.contention)
         self._done: dict[int, Callable[[int], None]] = {}
-        self._last_s = clock.now()
         self._timer: Timer | None = None
 
     def start(self, op_id: int, size_bytes: int, on_done: Callable[[int], None]) -> None:
-        self._advance()
-        self._left[op_id] = float(size_bytes)
+        self.schedule.start(op_id, self.clock.now(), size_bytes)
         self._done[op_id] = on_done
         self._arm()
 
     def remaining_bytes(self, op_id: int) -> int:
-        if op_id not in self._left:  # finished; its completion callback is on its way
-            return 0
-        elapsed_s = self.clock.now() - self._last_s
-        return max(0, int(self._left[op_id] - elapsed_s * self._per_op_bytes_s()))
-
-    def _per_op_bytes_s(self) -> float:
-        n = len(self._left)
-        return self.config.aggregate_bytes_s(n) / n if n else 0.0
-
-    def _advance(self) -> None:
-        now_s = self.clock.now()
-        moved = (now_s - self._last_s) * self._per_op_bytes_s()
-        if moved:
-            for op_id in self._left:
-                self._left[op_id] -= moved
-        self._last_s = now_s
+        """0 once finished (its completion callback is on its way)."""
+        return self.schedule.remaining_bytes(op_id, self.clock.now())
 
     def _arm(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        if self._left:
-            first = min(self._left.values())
-            self._timer = self.clock.call_later(
-                max(0.0, first) / self._per_op_bytes_s(), self._fire
-            )
+        at_s = self.schedule.next_event_s()
+        if at_s is not None:
+            self._timer = self.clock.call_at(at_s, self._fire)
 
     def _fire(self) -> None:
         self._timer = None
-        self._advance()
-        finished = sorted(op_id for op_id, left in self._left.items() if left <= 1.0)
-        callbacks = []
-        for op_id in finished:
-            del self._left[op_id]
-            callbacks.append((op_id, self._done.pop(op_id)))
+        callbacks = [
+            (op_id, self._done.pop(op_id)) for op_id in self.schedule.advance(self.clock.now())
+        ]
         for op_id, on_done in callbacks:
             on_done(op_id)
         self._arm()

@@ -26,9 +26,9 @@ whole queue, and early staging buys little: the Figure 4 spec with queued loads 
 at transfer end) puts Immediate's p95 TTFT at 100% only 8.9% (Llama) and 11.7% (Qwen) below
 Demand's (paper: 23.1%, 21.3%), and TempoKV's C only 9% and 53% below Immediate's (paper:
 63–91%). The paper's stack did not schedule this way, so the shipped specs keep sync loads.
-The runtime adapter (``on_iteration``) hears of every scheduling pass, of every arrival (a
-claim carries a TTU from the start), and, while requests wait, of every step boundary inside
-a decode stretch, as a runtime's estimates update each step."""
+The runtime adapter (``sim/runtime.py``) hears of every scheduling pass and, while requests
+wait, of every step boundary inside a decode stretch (``on_iteration``: a runtime's estimates
+update each step), and of every arrival (``on_arrival``: a claim carries a TTU from the start)."""
 
 from __future__ import annotations
 
@@ -91,6 +91,7 @@ class SimEngine:
         controller: Controller | None,
         on_iteration: Callable[[], None] = lambda: None,
         on_complete: Callable[[RequestLog], None] = lambda log: None,
+        on_arrival: Callable[[], None] = lambda: None,
     ) -> None:
         self.clock = clock
         self.cost = cost
@@ -99,6 +100,7 @@ class SimEngine:
         self.controller = controller
         self.on_iteration = on_iteration  # the runtime adapter's hook after each iteration
         self.on_complete = on_complete
+        self.on_arrival = on_arrival
         self._unreleased: set[str] = set()  # committed claims kept until their first step
         self.waiting: deque[RequestLog] = deque()
         self.loading: list[RequestLog] = []  # hold a slot, KV on its way
@@ -135,7 +137,7 @@ class SimEngine:
         # The waiting queue changed mid-step: the adapter reports the new order and TTUs
         # now, as a runtime does when it adds a request (else a claim reported while a load
         # or a long decode stretch is under way has no TTU until that ends).
-        self.on_iteration()
+        self.on_arrival()
 
     # ---- the loop: one scheduling pass per step boundary ----------------------------------
     def _schedule(self) -> None:
@@ -175,7 +177,7 @@ class SimEngine:
         kv_cap = self.limits.gpu_kv_tokens
         while self._slots_free() > 0 and self.waiting and budget > 0:
             req = self.waiting[0].req
-            if kv_cap and self._kv_tokens() + req.prompt_tokens > kv_cap:
+            if kv_cap and self.kv_tokens() + req.prompt_tokens > kv_cap:
                 if not self.running and not self._held:  # it could never be admitted
                     raise ValueError(
                         f"request {req.req_id}: its {req.prompt_tokens}-token prompt exceeds "
@@ -184,7 +186,7 @@ class SimEngine:
                 break  # FCFS: vLLM stops at the first request it cannot allocate
             self._start_load(self.waiting.popleft())
 
-    def _kv_tokens(self) -> int:
+    def kv_tokens(self) -> int:
         """GPU KV in use: running sequences' context and unprefilled prompt, and the whole
         prompt of each request whose load has begun."""
         used = sum(s.ctx + s.prefill_left for s in self.running)
@@ -307,15 +309,28 @@ class SimEngine:
         return self._timer.at_s if self._timer is not None else -math.inf
 
     def _prefill_step_s(self, decoding: list[_Seq]) -> float:
-        budget = self.limits.max_batched_tokens - len(decoding)
-        tokens, pairs = len(decoding), 0
+        tokens, pairs = self._prefill_work(len(decoding))
+        return self.cost.step_s(tokens, pairs, sum(s.ctx for s in decoding))
+
+    def _prefill_work(self, decoding: int) -> tuple[int, int]:
+        """Tokens and attention pairs of a step with prefill (chunks within the budget)."""
+        budget = self.limits.max_batched_tokens - decoding
+        tokens, pairs = decoding, 0
         for s in self.running:
             if s.prefill_left and budget > 0:
                 n = min(s.prefill_left, budget)
                 budget -= n
                 tokens += n
                 pairs += prefill_pairs(n, s.ctx)
-        return self.cost.step_s(tokens, pairs, sum(s.ctx for s in decoding))
+        return tokens, pairs
+
+    def step_tokens(self) -> int:
+        """Tokens of the step in progress (0: none under way)."""
+        if self.mode is EngineMode.DECODE_RUN:
+            return len(self.running)
+        if self.mode is EngineMode.PREFILL_STEP:
+            return self._prefill_work(sum(1 for s in self.running if not s.prefill_left))[0]
+        return 0
 
     def _end_prefill_step(self) -> None:
         now_s = self.clock.now()

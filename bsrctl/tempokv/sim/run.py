@@ -1,5 +1,6 @@
 """One policy on one request trace in virtual time: clock, device, provider, controller,
-runtime adapter and engine wired together, and the measures the evidence needs."""
+runtime adapter (the live adapter's core, ``sim/runtime.py``) and engine wired together,
+and the measures the evidence needs."""
 
 from __future__ import annotations
 
@@ -17,10 +18,10 @@ from bsrctl.tempokv.provider import CommitRefusal, StagingProvider
 from bsrctl.tempokv.sim.device import DeviceConfig, SimStagingDevice
 from bsrctl.tempokv.sim.engine import RequestLog, SimEngine
 from bsrctl.tempokv.sim.models import ModelProfile
+from bsrctl.tempokv.sim.runtime import SimRuntime, adapter_settings
 from bsrctl.tempokv.sim.workload import Request
 from bsrctl.tempokv.ttr import RateMeter
-from bsrctl.tempokv.ttu import EngineLimits, OutputPredictor, project_ttus
-from bsrctl.tempokv.ttu_quantile import project_ttu_quantiles
+from bsrctl.tempokv.ttu import EngineLimits
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,41 +102,6 @@ def percentile(values: Sequence[float], q: float) -> float:
     return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
 
 
-class SimAdapter:
-    """The runtime adapter: reports hits as claims, and after each engine iteration the
-    waiting order and (for timed policies) projected TTUs."""
-
-    def __init__(
-        self,
-        engine: SimEngine,
-        controller: Controller,
-        predictor: OutputPredictor,
-        limits: EngineLimits,
-    ) -> None:
-        self.engine = engine
-        self.controller = controller
-        self.predictor = predictor
-        self.limits = limits
-
-    def on_iteration(self) -> None:
-        ctl = self.controller
-        # The full waiting queue (Queue-K ranks in it), requests without a hit included.
-        # With queued loads the requests whose KV is loading still head it (as in vLLM).
-        held = self.engine.holding() if self.limits.queued_loads else []
-        order = [lg.req.req_id for lg in (*held, *self.engine.waiting)]
-        ttus = None
-        policy = ctl.policy
-        if policy.needs_ttu and ctl.has_planned():
-            snap = self.engine.snapshot()
-            cost, planned = self.engine.cost, ctl.planned_ids()
-            q = getattr(policy, "ttu_quantile", None)
-            if q is None:
-                ttus = project_ttus(snap, cost, self.limits, self.predictor, planned)
-            else:
-                ttus = project_ttu_quantiles(snap, cost, self.limits, self.predictor, q, planned)
-        ctl.update_runtime(order, ttus, self.engine.clock.now())
-
-
 def _delayed(policy: Policy, controller: Controller) -> frozenset[str]:
     """Oracle: claims it could not commit at their planned start (the staging device busy,
     or the protected budget full)."""
@@ -186,17 +152,19 @@ def simulate(
     controller = Controller(clock, provider, policy, control.tick_s, crossing)
     if isinstance(policy, Oracle):
         policy.bind(controller.claims)
-    predictor = OutputPredictor(control.output_limit_tokens, control.output_prior_tokens)
-    engine = SimEngine(
-        clock,
-        model.cost,
-        limits,
-        device_cfg.retrieval_bytes_s,
-        controller,
-        on_complete=lambda log: predictor.observe(log.req.output_tokens),
+    engine = SimEngine(clock, model.cost, limits, device_cfg.retrieval_bytes_s, controller)
+    settings = adapter_settings(
+        policy,
+        model,
+        device_cfg,
+        control.output_limit_tokens,
+        control.output_prior_tokens,
+        len(requests),
     )
-    adapter = SimAdapter(engine, controller, predictor, limits)
-    engine.on_iteration = adapter.on_iteration
+    runtime = SimRuntime(engine, controller, settings, requests)
+    engine.on_iteration = runtime.on_iteration
+    engine.on_arrival = runtime.on_arrival
+    engine.on_complete = runtime.on_complete
     logs = [RequestLog(req) for req in requests]
 
     def hit(req: Request) -> None:
