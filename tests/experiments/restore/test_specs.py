@@ -105,7 +105,7 @@ def test_errors_name_the_field_and_the_fix(
 
 
 def test_bad_stack_and_missing_file(tmp_path: Path) -> None:
-    with pytest.raises(BadInput, match="--stack: 'sim' is not one of serving, storage"):
+    with pytest.raises(BadInput, match="--stack: 'sim' is not one of serving, storage, attach"):
         load_experiment(LADDERS / "cpu-e1.yaml", "sweep", "sim")
     with pytest.raises(BadInput, match="does not exist"):
         load_experiment(tmp_path / "nope.yaml", "sweep", "storage")
