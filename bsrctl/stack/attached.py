@@ -120,6 +120,7 @@ class AttachedDeployment:
             **out,
             "versions": st.versions(),
             "endpoints": st.endpoints(),
+            "settings": self.settings.to_json(),  # what the run set over bsr.configure
             "reported": st.settings_reported(),
             "l1_capacity_bytes": self.client.peak().l1_capacity_bytes,
             "tier": self.tier,

@@ -140,6 +140,7 @@ class LaunchedDeployment:
         return {
             "kind": "serving",
             "versions": self.stack.versions(),
+            "settings": self.settings.to_json(),  # the module's config at launch
             "registration_live": live,  # REGISTER_KV_CACHE as the server module saw it
             **self.stack.state(),
         }

@@ -141,6 +141,13 @@ def test_launched_deploys_each_time_fresh_sharing_the_first_fs_l2(no_start, tmp_
     config = dep.stack.extensions.server_module.config
     assert (config["window_chunks"], config["admission_budget_chunks"]) == (4, 8)
     assert no_start == [tmp_path / "stack", tmp_path / "deploy-2" / "stack"]
+    doc = dep.describe()
+    assert (doc["kind"], doc["settings"], doc["registration_live"]) == (
+        "serving",
+        RestoreSettings.of(TUNING, 4, 8).to_json(),
+        [],
+    )
+    assert doc["ports"] == {} and doc["parts"] == {}  # nothing started here
     dep.down()
     assert dep.client is None and no_start[-1] == Path("down")
 
