@@ -8,6 +8,7 @@ stored stays restorable by the next. The settings are the server module's config
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,9 @@ class LaunchedDeployment:
     """vLLM + LMCache MP server (+ Mooncake) with the BSR server module, by PID.
 
     ``server_module``: another module with the same config (the failure matrix's test-only
-    mutants); ``client_timeout_s``: how long one bsr.* call may take."""
+    mutants); ``extend``: what LMCache loads beyond BSR's extensions (TempoKV's shaped L2 and
+    runtime adapter: ``lambda e: replace(e, l2_device=..., tempokv=...)``);
+    ``client_timeout_s``: how long one bsr.* call may take."""
 
     kind = "serving"
 
@@ -36,10 +39,12 @@ class LaunchedDeployment:
         settings: RestoreSettings | None = None,
         server_module: ServerModule | None = None,
         client_timeout_s: float = 120.0,
+        extend: Callable[[LMCacheExtensions], LMCacheExtensions] | None = None,
     ) -> None:
         self.spec = spec
         self.run_dir = Path(run_dir)
         self.server_module = server_module
+        self.extend = extend
         self.client_timeout_s = client_timeout_s
         self.settings = settings if settings is not None else RestoreSettings()
         # The first deployment's stack exists before `up` (its folder names the run's files).
@@ -51,9 +56,12 @@ class LaunchedDeployment:
     def extensions(self, settings: RestoreSettings) -> LMCacheExtensions:
         """What LMCache loads: the BSR server module (or the substitute) with ``settings``."""
         m = self.server_module
-        if m is None:
-            return bsr_extensions(settings)
-        return bsr_extensions(settings, m.module_path, m.config, m.pythonpath)
+        ext = (
+            bsr_extensions(settings)
+            if m is None
+            else bsr_extensions(settings, m.module_path, m.config, m.pythonpath)
+        )
+        return ext if self.extend is None else self.extend(ext)
 
     def check(self) -> None:
         check_ports(self.spec)

@@ -12,6 +12,7 @@ This module sits above the implementations it names, which import only ``bsrctl.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from bsrctl.errors import BadInput
@@ -19,7 +20,7 @@ from bsrctl.settings import RestoreSettings
 from bsrctl.specs import StackSpec, TargetSpec
 from bsrctl.stack.attached import AttachedDeployment
 from bsrctl.stack.deployment import Deployment
-from bsrctl.stack.extensions import ServerModule
+from bsrctl.stack.extensions import LMCacheExtensions, ServerModule
 from bsrctl.stack.launched import LaunchedDeployment
 from bsrctl.stack.running_target import RunningTarget
 from bsrctl.stack.storage_target import StorageTarget
@@ -34,18 +35,22 @@ def make_deployment(
     settings: RestoreSettings | None = None,
     server_module: ServerModule | None = None,
     client_timeout_s: float | None = None,
+    extend: Callable[[LMCacheExtensions], LMCacheExtensions] | None = None,
 ) -> Deployment:
-    """The serving deployment of ``stack.kind``: launched ("serving") or attached."""
+    """The serving deployment of ``stack.kind``: launched ("serving") or attached.
+    ``server_module`` and ``extend`` change what a launched LMCache loads
+    (``LaunchedDeployment``)."""
     if stack.kind == "attach":
-        if server_module is not None:
+        if server_module is not None or extend is not None:
             raise BadInput(
-                "stack.kind: attach: the operator's LMCache runs its own server module; a "
-                "substitute module needs a launched stack (kind serving)"
+                "stack.kind: attach: the operator's LMCache runs its own server module and "
+                "L2 adapters; a substitute module or extension needs a launched stack (kind "
+                "serving)"
             )
         return AttachedDeployment(stack, run_dir, settings, client_timeout_s)
     if stack.kind == "serving":
         timeout = 120.0 if client_timeout_s is None else client_timeout_s
-        return LaunchedDeployment(stack, run_dir, settings, server_module, timeout)
+        return LaunchedDeployment(stack, run_dir, settings, server_module, timeout, extend)
     raise BadInput(f"stack.kind: {stack.kind!r} runs no serving deployment; use serving or attach")
 
 

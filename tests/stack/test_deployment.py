@@ -161,6 +161,21 @@ def test_launched_with_another_server_module_keeps_the_config(no_start, tmp_path
     assert dep.client_timeout_s == 30.0
 
 
+def test_launched_extends_what_lmcache_loads_at_every_up(no_start, tmp_path) -> None:
+    from dataclasses import replace
+
+    from bsrctl.stack.extensions import L2Device
+
+    device = L2Device(1e8, 0.001)
+    dep = launched.LaunchedDeployment(
+        StackSpec(), tmp_path, extend=lambda e: replace(e, l2_device=device)
+    )
+    assert dep.stack.extensions.l2_device == device
+    dep.up(RestoreSettings.of(TUNING, 2))  # new settings: a new stack, still extended
+    assert dep.stack.extensions.l2_device == device
+    assert dep.stack.extensions.server_module.config["window_chunks"] == 2
+
+
 def test_launched_refuses_a_degraded_module(monkeypatch, tmp_path) -> None:
     monkeypatch.setattr(launched.ServingStack, "up", lambda self: None)
     monkeypatch.setattr(
@@ -254,8 +269,10 @@ def test_attached_ensure_up_and_audit_read_the_operators_health(monkeypatch, tmp
 def test_make_deployment_refuses_what_runs_no_serving_deployment(tmp_path) -> None:
     with pytest.raises(BadInput, match="stack.kind: 'storage' runs no serving deployment"):
         make_deployment(StackSpec(kind="storage"), tmp_path)
-    with pytest.raises(BadInput, match="a substitute module needs a launched stack"):
+    with pytest.raises(BadInput, match="a substitute module or extension needs a launched"):
         make_deployment(attach_spec(), tmp_path, server_module=ServerModule("m"))
+    with pytest.raises(BadInput, match="a substitute module or extension needs a launched"):
+        make_deployment(attach_spec(), tmp_path, extend=lambda e: e)
 
 
 def test_make_target_by_stack_kind(tmp_path) -> None:
