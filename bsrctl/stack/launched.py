@@ -52,6 +52,7 @@ class LaunchedDeployment:
         self.client: BsrModuleClient | None = None
         self.live: RegistrationReply | None = None
         self.ups = 0
+        self.running = False  # between a started `up` and `down`: what `down` must stop
 
     def extensions(self, settings: RestoreSettings) -> LMCacheExtensions:
         """What LMCache loads: the BSR server module (or the substitute) with ``settings``."""
@@ -81,6 +82,7 @@ class LaunchedDeployment:
             self.stack.dir.mkdir(parents=True, exist_ok=True)
             (self.stack.dir / "l2-fs").symlink_to(first.resolve(), target_is_directory=True)
         self.settings = settings
+        self.running = True
         self.stack.up()  # stops what it started if it fails
         self.client = BsrModuleClient(self.stack, timeout_s=self.client_timeout_s)
         self.live = check_module(self.client)
@@ -154,7 +156,10 @@ class LaunchedDeployment:
         }
 
     def down(self) -> None:
+        """Stop every process of the current deployment by PID; a second call is a no-op."""
         if self.client is not None:
             self.client.close()
             self.client = None
-        self.stack.down()
+        if self.running:
+            self.stack.down()
+            self.running = False

@@ -149,7 +149,9 @@ def test_launched_deploys_each_time_fresh_sharing_the_first_fs_l2(no_start, tmp_
     )
     assert doc["ports"] == {} and doc["parts"] == {}  # nothing started here
     dep.down()
+    dep.down()  # teardown, then cleanup: the stack is stopped once
     assert dep.client is None and no_start[-1] == Path("down")
+    assert no_start.count(Path("down")) == 1
 
 
 def test_launched_with_another_server_module_keeps_the_config(no_start, tmp_path) -> None:
