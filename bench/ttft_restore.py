@@ -3,7 +3,7 @@
     PYTHONPATH=$PWD .venv/bin/python bench/ttft_restore.py [--tokens 16384] [--repeat 5]
         [--spec ladders/cpu-e1.yaml] [--out DIR]
 
-The serving target of ``make demo`` (``make_target("serving", spec, ...)``: vLLM CPU with the
+The serving target of ``make demo`` (``make_target(spec, ...)``: vLLM CPU with the
 tiny Llama, LMCache MP server with the BSR module, FS L2), one deployment. The prompt is
 stored once into the FS L2; then each round measures, in turn:
   W=0 (whole plan)  stock lookup + whole-plan prefetch, through the module's pass-through
@@ -35,7 +35,8 @@ from bsrctl.experiments.restore.spec import ExperimentSpec
 from bsrctl.prompts import prompt_ids
 from bsrctl.spec_io import read_yaml
 from bsrctl.stack.bsr_client import outcomes_since
-from bsrctl.stack.target import Prompt, make_target
+from bsrctl.stack.selector import make_target
+from bsrctl.stack.target import Prompt
 
 MODES = ((0, 0), (4, 4), (4, 8), (16, 16), (16, 32))  # (W, B): B = W and pipelined B = 2W
 
@@ -85,7 +86,7 @@ def main() -> int:
     else:
         run_dir = args.out
         run_dir.mkdir(parents=True, exist_ok=True)
-    target: Any = make_target("serving", spec, run_dir)
+    target: Any = make_target(spec, run_dir)
     prompt = Prompt(f"{spec.salt}-ttft", args.tokens)
     labels = {(w, b): f"W={w}" + (f" B={b}" if w else "") for w, b in MODES}
     ttft: dict[str, list[float]] = {k: [] for k in labels.values()}
@@ -94,9 +95,9 @@ def main() -> int:
     notes: dict[str, list[str]] = {k: [] for k in labels.values()}
     t0 = time.monotonic()
     try:
-        from bsrctl.stack import tinymodel
+        from bsrctl.stack.model import prepare_model
 
-        target.vocab = tinymodel.vocab_size(target._model_dir())  # noqa: SLF001
+        target.vocab = prepare_model(spec.stack.vllm).vocab
         target.deploy(spec.stack.lmcache.l1_size_bytes, spec.settings(4))
         target.store([prompt])
         print(

@@ -35,7 +35,13 @@ JsonOpt = Annotated[
     bool, typer.Option("--json", help="print only the evidence path and the verdict, as JSON")
 ]
 SpecArg = Annotated[Path, typer.Argument(help="YAML spec")]
-StackOpt = Annotated[str, typer.Option("--stack", help="serving | storage | sim")]
+StackOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--stack",
+        help="serving | storage | attach | sim: this run's stack (default: the spec's stack.kind)",
+    ),
+]
 
 
 def guarded(fn: Callable[[], T]) -> T:
@@ -130,21 +136,22 @@ def roundtrip(
 
 
 # Experiments that take SPEC --stack --out --quiet and nothing else: (run function, default
-# stack, help). The import happens when the command runs, so that vLLM/LMCache load only for it.
+# stack: None reads the spec's stack.kind, help). The import happens when the command runs,
+# so that vLLM/LMCache load only for it.
 EXPERIMENTS = {
     "ladder": (
         "bsrctl.experiments.restore.ladder:run_ladder",
-        "serving",
+        None,
         "Whole-plan capacity ladder (W = 0): the first L1 rung that passes per prefix size.",
     ),
     "law": (
         "bsrctl.experiments.restore.law:run_law",
-        "serving",
+        None,
         "Capacity law: restore-pool peak against W, least-squares fit; slope must be c.",
     ),
     "failmatrix": (
         "bsrctl.experiments.failmatrix:run_failmatrix",
-        "serving",
+        None,
         "Workload x fault matrix: every failed restore ends closed, correct and explained.",
     ),
     "tempokv": (
@@ -155,7 +162,7 @@ EXPERIMENTS = {
 }
 
 
-def _experiment_command(name: str, target: str, default_stack: str, doc: str) -> None:
+def _experiment_command(name: str, target: str, default_stack: str | None, doc: str) -> None:
     def command(
         spec: SpecArg,
         stack: StackOpt = default_stack,
@@ -181,7 +188,7 @@ for _name, (_target, _stack, _doc) in EXPERIMENTS.items():
 @app.command()
 def sweep(
     spec: SpecArg,
-    stack: StackOpt = "serving",
+    stack: StackOpt = None,
     out_dir: OutOpt = Path("reports"),
     quiet: QuietOpt = False,
     repeat_new_salt: Annotated[

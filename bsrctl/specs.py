@@ -10,6 +10,7 @@ from pydantic import Field, ValidationError, model_validator
 
 from bsrctl.errors import BadInput
 from bsrctl.registration import Registration, dsv4_flash_mtp_off, tiny_llama_cpu
+from bsrctl.registration.tiny import TinyModelRecipe
 from bsrctl.settings import RestoreSettings, RestoreTuning
 from bsrctl.spec_io import ByteSize, Strict, describe_error, read_yaml
 
@@ -181,17 +182,17 @@ def resolve_registration(
             "separate_object_groups": stack.lmcache.separate_object_groups,
         }
         if vllm.model == "tiny":
-            from bsrctl.stack.tinymodel import TinyModelRecipe
-
             cfg = TinyModelRecipe().hf_config()
             return derive.derive(cfg, name="tiny-llama-cpu", **how)
         return derive.derive_from_folder(Path(vllm.model), **how)
     if value == "dsv4-flash":
         return dsv4_flash_mtp_off(tp_size=tp, chunk_tokens=chunk)
     if value == "tiny-llama":
-        if 2 % tp:
+        kv_heads = TinyModelRecipe().num_key_value_heads
+        if kv_heads % tp:
             raise BadInput(
-                f"{tp_field}: tiny-llama has 2 KV heads, TP {tp} does not divide them; use 1 or 2"
+                f"{tp_field}: tiny-llama has {kv_heads} KV heads, TP {tp} does not divide "
+                f"them; use 1 or {kv_heads}"
             )
         return tiny_llama_cpu(chunk_tokens=chunk, tp_size=tp)
     if isinstance(value, dict):
@@ -247,3 +248,27 @@ def load_stack_section(path: Path) -> tuple[StackSpec, RestoreTuning]:
         return stack, RestoreTuning.model_validate(doc.get("restore", {}))
     except ValidationError as exc:
         raise BadInput(f"{path}: restore.{describe_error(RestoreTuning, exc)}") from None
+
+
+def select_stack(spec: Any, override: str | None, allowed: tuple[str, ...]) -> Any:
+    """The one stack selector: the run uses ``stack.kind``, or ``--stack`` for this run, which
+    then replaces ``stack.kind`` in the parsed spec (nothing downstream re-derives it).
+    BadInput when the kind is not one this command runs, or the override leaves the stack
+    section incoherent (an ``attach:`` section under another kind)."""
+    kind = override or spec.stack.kind
+    if kind not in allowed:
+        where = "--stack" if override else "stack.kind"
+        raise BadInput(f"{where}: {kind!r} is not one of {', '.join(allowed)}")
+    if kind == spec.stack.kind:
+        return spec
+    try:
+        stack = StackSpec.model_validate({**spec.stack.model_dump(), "kind": kind})
+    except ValidationError as exc:
+        why = exc.errors()[0]["msg"].removeprefix("Value error, ")
+        raise BadInput(f"--stack {kind}: {why}") from None
+    return spec.model_copy(update={"stack": stack})
+
+
+def stack_selection(spec: Any, override: str | None) -> dict[str, str]:
+    """What the evidence records of the selection: the kind and where it came from."""
+    return {"kind": spec.stack.kind, "kind_selected_by": "--stack" if override else "stack.kind"}

@@ -80,6 +80,30 @@ def test_the_contracts_name_every_top_level_module(contract, sources, exempt) ->
     assert named <= _top_level(), f"{contract}: no such module {sorted(named - _top_level())}"
 
 
+def test_the_package_layers_name_every_top_level_module() -> None:
+    # exhaustive = true makes lint-imports refuse an unplaced module; this names which
+    layers = _contracts()["package-layers"]
+    assert layers["containers"] == ["bsrctl"] and layers["exhaustive"] is True
+    named = [f"bsrctl.{m.strip()}" for layer in layers["layers"] for m in layer.split("|")]
+    assert len(named) == len(set(named)), f"a module placed twice: {sorted(named)}"
+    assert set(named) == _top_level(), (
+        f"missing {sorted(_top_level() - set(named))}, unknown {sorted(set(named) - _top_level())}"
+    )
+
+
+def test_the_stack_targets_contract_places_every_target_and_deployment() -> None:
+    modules = {
+        m.strip() for layer in _contracts()["stack-targets"]["layers"] for m in layer.split("|")
+    }
+    stack = PACKAGE / "stack"
+    wanted = {
+        f"bsrctl.stack.{p.stem}"
+        for p in stack.glob("*.py")
+        if p.stem.endswith("_target") or p.stem in ("selector", "target", "deployment")
+    } | {"bsrctl.stack.launched", "bsrctl.stack.attached"}
+    assert modules == wanted
+
+
 # (module, line appended to it, contracts it breaks (indirect imports count), the import named)
 BREAKS = [
     ("restore/plan.py", "import lmcache", {"restore-core-pure"}, "bsrctl.restore.plan -> lmcache"),
@@ -92,21 +116,40 @@ BREAKS = [
     (
         "tempokv/kv.py",
         "import bsrctl.stack",
-        {"tempokv-no-stack"},
+        {"tempokv-no-stack", "package-layers"},  # tempokv sits below the stack
         "bsrctl.tempokv.kv -> bsrctl.stack",
     ),
     (
         "evidence/verdict.py",
         "import bsrctl.settings",
-        {"evidence-leaf", "report-from-evidence"},  # report -> evidence -> settings -> core
+        # report -> evidence -> settings -> core; evidence and settings are siblings
+        {"evidence-leaf", "report-from-evidence", "package-layers"},
         "bsrctl.evidence.verdict -> bsrctl.settings",
     ),
     ("stack/process.py", "import typer", {"typer-only-in-cli"}, "bsrctl.stack.process -> typer"),
     (
         "report/figures.py",
         "import bsrctl.stack.process",
-        {"report-from-evidence"},
+        {"report-from-evidence", "package-layers"},  # report and stack are siblings
         "bsrctl.report.figures -> bsrctl.stack.process",
+    ),
+    (  # the upward arrow issue 21 removed: the spec models reaching up into the stack
+        "specs.py",
+        "import bsrctl.stack.tinymodel",
+        {"package-layers"},
+        "bsrctl.specs -> bsrctl.stack.tinymodel",
+    ),
+    (  # the circle issue 21 removed: the Target contract importing make_target's module
+        "stack/target.py",
+        "import bsrctl.stack.selector",
+        {"stack-targets"},
+        "bsrctl.stack.target -> bsrctl.stack.selector",
+    ),
+    (  # a deployment reaching up to the targets built on it
+        "stack/deployment.py",
+        "import bsrctl.stack.running_target",
+        {"stack-targets"},
+        "bsrctl.stack.deployment -> bsrctl.stack.running_target",
     ),
     (
         "report/restore.py",

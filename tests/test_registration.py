@@ -69,3 +69,29 @@ def test_a_tensor_naming_an_unknown_group_is_refused() -> None:
 def test_a_groups_sliding_window_is_not_bsrs_window() -> None:
     groups = tiny_llama_cpu().to_dict()["groups"]
     assert groups == [{"index": 0, "name": "attention", "sliding_window_chunks": -1}]
+
+
+def test_tiny_llama_cpu_is_the_recipes_geometry() -> None:
+    from bsrctl.registration.tiny import TinyModelRecipe
+
+    r = TinyModelRecipe()
+    for tp in (1, 2):
+        reg = tiny_llama_cpu(chunk_tokens=128, tp_size=tp)
+        assert len(reg.tensors) == r.num_hidden_layers == 2
+        heads = r.num_key_value_heads // tp
+        assert {t.shape for t in reg.tensors} == {(2, 128, heads, r.head_dim)}
+        assert reg.bytes_per_chunk == 2 * r.num_hidden_layers * 128 * heads * r.head_dim * 4
+    assert r.head_dim == 32 and r.kv_bytes_per_token() == 1024
+
+
+def test_the_spec_models_import_nothing_of_the_stack() -> None:
+    # the recipe lives below specs.py: parsing a spec loads no stack module (nor torch)
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, bsrctl.specs; "
+        "print(sorted(m for m in sys.modules if m.startswith(('bsrctl.stack', 'torch'))))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

@@ -21,10 +21,10 @@ from bsrctl.prompts import expected_external_tokens, prompt_ids, tokens_sha256
 from bsrctl.settings import RestoreSettings
 from bsrctl.spec_io import load_spec
 from bsrctl.specs import RoundTripSpec
-from bsrctl.stack import tinymodel
-from bsrctl.stack.bsr_client import BsrModuleClient
 from bsrctl.stack.canonical import canonical_outputs
-from bsrctl.stack.extensions import bsr_extensions
+from bsrctl.stack.deployment import FOLLOW_UP_MAX_TOKENS, FOLLOW_UP_PROMPT_TOKENS
+from bsrctl.stack.model import prepare_model
+from bsrctl.stack.selector import make_deployment
 from bsrctl.stack.serving import Completion, ServingStack, check_ports
 from bsrctl.stack.tiers import mooncake_stored_keys, wait_written_through
 
@@ -101,49 +101,45 @@ def run_roundtrip(spec_path: Path, out_dir: Path, quiet: bool = False) -> Verdic
             "launches its own stack; use kind serving"
         )
     say = progress(quiet)
-    check_ports(spec.stack)
-    model_dir = (
-        tinymodel.build() if spec.stack.vllm.model == "tiny" else Path(spec.stack.vllm.model)
-    )
-    ids = prompt_ids(spec.salt, spec.prompt_tokens, tinymodel.vocab_size(model_dir))
+    check_ports(spec.stack)  # a port in use: bad input before any run folder
+    ids = prompt_ids(spec.salt, spec.prompt_tokens, prepare_model(spec.stack.vllm).vocab)
     writer = EvidenceWriter(out_dir, "roundtrip", raw, spec.salt, {"kind": "serving"})
-    settings = RestoreSettings.of(spec.restore, 0)
-    stack = ServingStack(spec.stack, writer.run_dir, bsr_extensions(settings))
+    dep = make_deployment(spec.stack, writer.run_dir, RestoreSettings.of(spec.restore, 0))
 
     def body(w: EvidenceWriter) -> tuple[dict[str, Any], list[Check]]:
         say("canonical output on a vLLM with no KV connector")
         (canonical,) = canonical_outputs(spec.stack, w.run_dir, [ids], spec.max_tokens)
         say("starting the serving stack")
-        stack.up()
-        with contextlib.closing(BsrModuleClient(stack)) as client:
-            w.set_stack({"kind": "serving", "versions": stack.versions(), **stack.state()})
-            expected = expected_external_tokens(spec.prompt_tokens, spec.stack.lmcache.chunk_size)
-            say("cold request (stores KV into LMCache)")
-            l2 = tuple(t for t in ("fs", "mooncake") if t in spec.tiers)
-            mc_before = mooncake_stored_keys(stack) if "mooncake" in l2 else 0
-            written: dict[str, int] = {}
-            for tier in ["cold", *spec.tiers]:
-                if tier != "cold":
-                    say(f"reload from {tier}")
-                before = stack.tier_reads()
-                with only_tier(stack, tier):
-                    stack.forget_local()
-                    # measured: what only_tier left (the cold request has no tier to isolate)
-                    l1_before = None if tier == "cold" else client.peak().l1_used_bytes
-                    comp = stack.complete(ids, spec.max_tokens)
-                after = stack.tier_reads()
-                reads = {name: after[name] - before.get(name, 0) for name in after}
-                point = tier_point(
-                    tier, comp, canonical, expected, spec.prompt_tokens, reads, l1_before
-                )
-                w.add_point(point)
-                if tier == "cold" and l2:  # an L1 emptied before the write-through loses it
-                    chunk = spec.stack.lmcache.chunk_size
-                    written = wait_written_through(stack, ids, chunk, l2, 30.0, mc_before)
-            n_out = len(stack.complete(ids[:64], 4).output_token_ids)
-            detail = f"follow-up returned {n_out}/4 tokens"
-            health = check("post_request_health", n_out == 4, detail)
-            summary = {"tiers": spec.tiers, "l2_chunks_written_after_cold": written}
-            return summary, [health]
+        dep.up(dep.settings)
+        stack, client = dep.stack, dep.client
+        assert client is not None
+        w.set_stack(dep.describe())
+        expected = expected_external_tokens(spec.prompt_tokens, spec.stack.lmcache.chunk_size)
+        say("cold request (stores KV into LMCache)")
+        l2 = tuple(t for t in ("fs", "mooncake") if t in spec.tiers)
+        mc_before = mooncake_stored_keys(stack) if "mooncake" in l2 else 0
+        written: dict[str, int] = {}
+        for tier in ["cold", *spec.tiers]:
+            if tier != "cold":
+                say(f"reload from {tier}")
+            before = stack.tier_reads()
+            with only_tier(stack, tier):
+                stack.forget_local()
+                # measured: what only_tier left (the cold request has no tier to isolate)
+                l1_before = None if tier == "cold" else client.peak().l1_used_bytes
+                comp = stack.complete(ids, spec.max_tokens)
+            after = stack.tier_reads()
+            reads = {name: after[name] - before.get(name, 0) for name in after}
+            point = tier_point(
+                tier, comp, canonical, expected, spec.prompt_tokens, reads, l1_before
+            )
+            w.add_point(point)
+            if tier == "cold" and l2:  # an L1 emptied before the write-through loses it
+                chunk = spec.stack.lmcache.chunk_size
+                written = wait_written_through(stack, ids, chunk, l2, 30.0, mc_before)
+        follow = dep.follow_up(ids[:FOLLOW_UP_PROMPT_TOKENS], FOLLOW_UP_MAX_TOKENS)
+        health = check("post_request_health", follow.ok, follow.detail)
+        summary = {"tiers": spec.tiers, "l2_chunks_written_after_cold": written}
+        return summary, [health]
 
-    return execute(writer, body, stack.down, say)
+    return execute(writer, body, dep.down, say)

@@ -1,8 +1,11 @@
-"""Canonical outputs: the same request on a vLLM with no KV connector at all.
+"""Canonical outputs: the same request on a vLLM with no KV connector at all (the model is
+prepared in ``bsrctl.stack.model``, the one home of folder and vocabulary).
 
 Greedy decoding on the tiny model is deterministic across processes (STACK-NOTES), so a
-canonical output is computed once per (model, vLLM version, prompt, max_tokens) and cached
-under .cache/canonical/; the cache key is recorded in the evidence.
+canonical output is computed once per key and cached under .cache/canonical/. The key holds
+everything that changes the numbers: the model (its files' sha256), the vLLM version, the
+dtype, the KV cache dtype, the TP size and max_model_len (``numerics_key``), the prompt and
+max_tokens. A model without a manifest (a user's folder) is never cached.
 """
 
 from __future__ import annotations
@@ -11,8 +14,9 @@ import json
 from pathlib import Path
 
 from bsrctl.prompts import tokens_sha256
-from bsrctl.specs import MooncakeSpec, StackSpec
+from bsrctl.specs import MooncakeSpec, StackSpec, VllmSpec
 from bsrctl.stack import tinymodel
+from bsrctl.stack.model import PreparedModel, prepare_model
 from bsrctl.stack.process import Supervised, http_ok
 from bsrctl.stack.serving import ServingStack, vllm_command, vllm_env
 from bsrctl.stack.versions import vllm_version
@@ -37,9 +41,18 @@ class PlainVllm(ServingStack):
             raise
 
 
-def cache_path(model_sha: str, prompt_sha: str, max_tokens: int) -> Path:
-    """Where the canonical output of one (model, vLLM version, prompt, max_tokens) is kept."""
-    key = f"{model_sha[:16]}-{vllm_version()}-{prompt_sha[:16]}-{max_tokens}"
+def numerics_key(vllm: VllmSpec) -> str:
+    """The engine settings that change a greedy output: dtype, KV cache dtype, TP, length."""
+    return (
+        f"{vllm.dtype}-kv{vllm.kv_cache_dtype}-tp{vllm.tensor_parallel_size}"
+        f"-len{vllm.max_model_len}"
+    )
+
+
+def cache_path(vllm: VllmSpec, model_sha: str, prompt_sha: str, max_tokens: int) -> Path:
+    """Where the canonical output of one (model, vLLM version, numerics, prompt, max_tokens)
+    is kept."""
+    key = f"{model_sha[:16]}-{vllm_version()}-{numerics_key(vllm)}-{prompt_sha[:16]}-{max_tokens}"
     return tinymodel.default_cache_dir().parent / "canonical" / f"{key}.json"
 
 
@@ -47,8 +60,8 @@ def canonical_outputs(
     spec: StackSpec, run_dir: Path, prompts: list[list[int]], max_tokens: int
 ) -> list[tuple[int, ...]]:
     """Output ids of each prompt on a connector-less vLLM; starts one only on a cache miss."""
-    model_sha = tinymodel.model_sha256(tinymodel.build()) if spec.vllm.model == "tiny" else ""
-    paths = [cache_path(model_sha, tokens_sha256(p), max_tokens) for p in prompts]
+    model_sha = prepare_model(spec.vllm).sha256
+    paths = [cache_path(spec.vllm, model_sha, tokens_sha256(p), max_tokens) for p in prompts]
     missing = [i for i, p in enumerate(paths) if not model_sha or not p.is_file()]
     found: dict[int, tuple[int, ...]] = {}
     if missing:
@@ -68,3 +81,13 @@ def canonical_outputs(
         found[i] if i in found else tuple(json.loads(paths[i].read_text()))
         for i in range(len(prompts))
     ]
+
+
+__all__ = [
+    "PlainVllm",
+    "PreparedModel",
+    "cache_path",
+    "canonical_outputs",
+    "numerics_key",
+    "prepare_model",
+]

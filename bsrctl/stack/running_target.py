@@ -1,9 +1,9 @@
-"""The measure path of a running serving deployment (vLLM + LMCache MP server with the BSR
-server module, + Mooncake), whoever started it: seed, forget L1 and vLLM's prefix cache,
-switch W over ``bsr.configure``, restore, read the pool's peak and the outcomes, check health.
-
-``ServingTarget`` (bsrctl launched the stack) and ``AttachTarget`` (an operator did) differ only
-in how they get a running stack (``deploy``), describe it and let go of it."""
+"""The running target: restore experiments (ladder, sweep, law) on one serving
+``Deployment`` (``bsrctl.stack.deployment``), launched by bsrctl or attached to the
+operator's: seed, forget L1 and vLLM's prefix cache, switch W over ``bsr.configure``, restore,
+read the pool's peak and the outcomes, check health. The measure path is the same whoever
+started the deployment; what differs (how it comes up, what it reports, how it is let go)
+is the deployment's."""
 
 from __future__ import annotations
 
@@ -11,67 +11,104 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bsrctl.errors import StackFailed
 from bsrctl.lmcache_ext.protocol import PeakReply, RegistrationReply, RestoreOutcomeSummary
 from bsrctl.prompts import expected_external_tokens, prompt_ids, tokens_sha256
 from bsrctl.registration import Registration, first_difference
 from bsrctl.settings import RestoreSettings
 from bsrctl.specs import TargetSpec
 from bsrctl.stack.bsr_client import outcomes_since
+from bsrctl.stack.canonical import canonical_outputs
+from bsrctl.stack.deployment import FOLLOW_UP_MAX_TOKENS, FOLLOW_UP_PROMPT_TOKENS, Deployment
 from bsrctl.stack.machine import l1_fits
+from bsrctl.stack.model import prepare_model
 from bsrctl.stack.seeding import seed_tiers
 from bsrctl.stack.target import Prompt, RestoreMeasures, SeedRecord, exact_div
 
-HEALTH_PROMPT_TOKENS = 64  # the follow-up request: shorter than any chunk, stores nothing
-HEALTH_MAX_TOKENS = 4
 
+class RunningTarget:
+    """The measure path on one serving deployment (``self.deployment``; ``self.stack`` and
+    ``self.client`` are its ServingClient and bsr.* client while it is up)."""
 
-class RunningStackTarget:
-    """The measure path on a running deployment; subclasses give `deploy`, `describe`,
-    `teardown` (``self.stack``: a ServingClient, ``self.client``: its BsrModuleClient)."""
-
-    kind = "serving"
-
-    def __init__(self, spec: TargetSpec, run_dir: Path) -> None:
+    def __init__(self, spec: TargetSpec, run_dir: Path, deployment: Deployment) -> None:
         self.spec = spec
-        self.reg: Registration = spec.registration_for("serving")
+        self.deployment = deployment
+        self.kind: str = deployment.kind  # "serving" | "attach"
+        self.reg: Registration = spec.registration_for(self.kind)
         self.run_dir = Path(run_dir)
-        self.stack: Any = None
-        self.client: Any = None
-        self.settings = RestoreSettings()  # of the deployment; W switched per point
         self.window_chunks = 0
         self.canonical: dict[Prompt, str] = {}
         self.vocab = 0
-        self.deployments = 0
         self.seeded: dict[Prompt, SeedRecord] = {}
-        self.live: RegistrationReply | None = None  # what the engines registered, at deploy
         self.stored: dict[Prompt, tuple[str, ...] | None] = {}  # live geometry when stored
         self.on_phase: Callable[[str], None] = lambda _step: None  # seed, forget, restore, check
+        # tests substitute a fake deployment's parts here (None: the deployment's own)
+        self._stack: Any = None
+        self._client: Any = None
 
-    def _model_dir(self) -> Path:
-        from bsrctl.stack import tinymodel
+    @property
+    def stack(self) -> Any:
+        return self._stack if self._stack is not None else self.deployment.stack
 
-        v = self.spec.stack.vllm
-        return tinymodel.build() if v.model == "tiny" else Path(v.model)
+    @stack.setter
+    def stack(self, value: Any) -> None:
+        self._stack = value
+
+    @property
+    def client(self) -> Any:
+        return self._client if self._client is not None else self.deployment.client
+
+    @client.setter
+    def client(self, value: Any) -> None:
+        self._client = value
+
+    @property
+    def settings(self) -> RestoreSettings:
+        """The deployment's settings; W is switched per point."""
+        return self.deployment.settings
+
+    @property
+    def live(self) -> RegistrationReply | None:
+        return self.deployment.live
+
+    @property
+    def deployments(self) -> int:
+        return self.deployment.ups
 
     def prepare(self, prompts: list[Prompt]) -> None:
-        """Canonical outputs of every prompt (a connector-less vLLM, cached on disk)."""
-        from bsrctl.stack import tinymodel
-        from bsrctl.stack.canonical import canonical_outputs
-
-        self._before_prepare()
-        self.vocab = tinymodel.vocab_size(self._model_dir())
+        """Check the deployment can come up (ports free / endpoints answer), then the
+        canonical outputs of every prompt (a connector-less vLLM, cached on disk)."""
+        self.deployment.check()
+        self.vocab = prepare_model(self.spec.stack.vllm).vocab
         ids = [prompt_ids(salt, n, self.vocab) for salt, n in prompts]
         outs = canonical_outputs(self.spec.stack, self.run_dir, ids, self.spec.max_tokens)
         self.canonical = {p: tokens_sha256(o) for p, o in zip(prompts, outs, strict=True)}
 
-    def _before_prepare(self) -> None:
-        """Checks before anything starts (the launched stack: its ports are free)."""
-
     @property
     def tier(self) -> str:
-        """The L2 tier the restores read: FS when the deployment has one, else Mooncake."""
-        return "fs" if self.spec.stack.lmcache.fs_l2 else "mooncake"
+        """The L2 tier the restores read (the deployment's)."""
+        return self.deployment.tier
+
+    def deploy(self, l1_bytes: int, settings: RestoreSettings) -> None:
+        """A deployment with this L1 and these settings: launched, a fresh one; attached,
+        the operator's with W, B and timeouts set (its L1 is the operator's)."""
+        self.deployment.up(settings, l1_bytes)
+        self.window_chunks = settings.window_chunks
+
+    def describe(self) -> dict[str, Any]:
+        """The evidence's `stack` block: the deployment's, with the registration restored."""
+        out = self.deployment.describe() if self.client is not None else {"kind": self.kind}
+        return {**out, "registration": self.reg.to_dict()}
+
+    def forget_salt_files(self) -> None:
+        """Nothing to bound: a serving deployment's L2 is its own (the storage target removes
+        an old salt's files)."""
+
+    def teardown(self) -> None:
+        """Let the deployment go (launched: stop by PID; attached: give W, B back)."""
+        self.deployment.down()
+
+    def cleanup(self) -> None:
+        self.teardown()
 
     def fits(self, l1_bytes: int) -> tuple[bool, str]:
         return l1_fits(l1_bytes, self.spec.memory_reserve_bytes)
@@ -94,7 +131,7 @@ class RunningStackTarget:
     def _set_window(self, window_chunks: int) -> None:
         if window_chunks != self.window_chunks:
             budget = self.settings.admission_budget_chunks if window_chunks else 0
-            self.client.configure(window_chunks=window_chunks, admission_budget_chunks=budget)
+            self.deployment.configure(window_chunks, budget)
             self.window_chunks = window_chunks
 
     def store(self, prompts: list[Prompt]) -> None:
@@ -218,15 +255,5 @@ class RunningStackTarget:
         }
 
     def _health(self, ids: list[int]) -> tuple[bool, str]:
-        try:
-            follow = self.stack.complete(ids[:HEALTH_PROMPT_TOKENS], HEALTH_MAX_TOKENS)
-            parts = self.stack.health()
-        except StackFailed as exc:
-            return False, f"follow-up request failed: {exc}"
-        bad = sorted(n for n, h in parts.items() if isinstance(h, dict) and not h.get("healthy"))
-        n_out = len(follow.output_token_ids)
-        return (
-            n_out == HEALTH_MAX_TOKENS and not bad,
-            f"follow-up returned {n_out}/{HEALTH_MAX_TOKENS} tokens; unhealthy parts: "
-            f"{bad or 'none'}",
-        )
+        f = self.deployment.follow_up(ids[:FOLLOW_UP_PROMPT_TOKENS], FOLLOW_UP_MAX_TOKENS)
+        return f.ok, f.detail

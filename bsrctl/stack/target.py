@@ -7,6 +7,8 @@ measures of one restore point.
     measures = target.measure(prompt, window_chunks, cold)   # seed, forget, restore, health
     target.teardown(); target.cleanup()
 
+Made once per run from ``stack.kind`` by ``bsrctl.stack.selector.make_target``.
+
 Every target returns one ``RestoreMeasures`` per point; acceptance reads its attributes,
 evidence stores ``to_json()`` and re-judging a point reads it back with ``from_json``, which
 refuses a key it does not know (a renamed measure fails loudly instead of reading None).
@@ -17,7 +19,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
-from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
 from bsrctl.registration import Registration
@@ -141,10 +142,10 @@ def exact_div(a: int | None, b: int) -> int | None:
 
 
 class Target(Protocol):
-    """What ladder, sweep and law drive: the serving stack, the storage stack, an attached
-    deployment. One instance per run."""
+    """What ladder, sweep and law drive: a serving deployment (launched or attached) or the
+    storage stack. One instance per run, made by ``bsrctl.stack.selector.make_target``."""
 
-    kind: str  # "serving" | "storage" | ...
+    kind: str  # the run's stack.kind: "serving" | "attach" | "storage"
     reg: Registration  # the geometry restored: c and the digest are checked against it
     on_phase: Callable[[str], None]  # told each step of a point (seed, forget, restore, ...)
 
@@ -166,24 +167,13 @@ class Target(Protocol):
     def measure(self, prompt: Prompt, window_chunks: int, cold: bool = True) -> RestoreMeasures:
         """One restore point: seed (when cold), forget locally, restore with W, check health."""
 
+    def forget_salt_files(self) -> None:
+        """Bound disk before a new salt: drop the L2 files of the prompts measured so far
+        (the storage stack's own files; a serving deployment's L2 is its own: nothing)."""
+
     def teardown(self) -> None:
-        """Stop this deployment (every process by PID); the run's files stay."""
+        """Let this deployment go (launched: every process by PID; attached: the operator's
+        settings given back); the run's files stay."""
 
     def cleanup(self) -> None:
         """After the run: teardown, and remove what the run no longer needs."""
-
-
-def make_target(kind: str, spec: Any, run_dir: Path) -> Target:
-    """The target of an experiment spec on stack `kind` ("serving" | "storage"); a serving
-    spec with ``stack.kind: attach`` attaches to the operator's running deployment."""
-    if kind == "storage":
-        from bsrctl.stack.storage_target import StorageTarget
-
-        return StorageTarget(spec, run_dir)
-    if getattr(spec.stack, "kind", None) == "attach":
-        from bsrctl.stack.attach_target import AttachTarget
-
-        return AttachTarget(spec, run_dir)
-    from bsrctl.stack.serving_target import ServingTarget
-
-    return ServingTarget(spec, run_dir)

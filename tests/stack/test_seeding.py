@@ -88,10 +88,11 @@ def test_a_full_first_attempt_is_the_only_one(deployment) -> None:
 
 def test_the_serving_target_records_its_one_tier(deployment, tmp_path) -> None:
     from bsrctl.specs import TargetSpec
-    from bsrctl.stack.serving_target import ServingTarget
+    from bsrctl.stack.selector import make_target
     from bsrctl.stack.target import SeedRecord
 
-    target = ServingTarget(TargetSpec(), tmp_path)
+    target = make_target(TargetSpec(), tmp_path)
+    assert (target.kind, type(target.deployment).__name__) == ("serving", "LaunchedDeployment")
     dep = deployment([{"fs": 2}, {"fs": 3}])
     target.stack = target.client = dep
     rec = target._seed(IDS)

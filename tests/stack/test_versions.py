@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from bsrctl.specs import VllmSpec
 from bsrctl.stack import canonical, doctor, versions
 from bsrctl.stack.doctor import Finding, dist_findings
 
@@ -41,8 +42,32 @@ def test_the_cuda_wheel_provides_vllm_on_a_gpu_node(monkeypatch: pytest.MonkeyPa
 def test_canonical_cache_key_on_a_gpu_node(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     installed(monkeypatch, GPU)
     monkeypatch.setenv("BSRCTL_CACHE", str(tmp_path))
-    path = canonical.cache_path("a" * 64, "b" * 64, 8)
-    assert path == tmp_path / "canonical" / f"{'a' * 16}-0.11.0-{'b' * 16}-8.json"
+    path = canonical.cache_path(VllmSpec(), "a" * 64, "b" * 64, 8)
+    numerics = "float32-kvauto-tp1-len20480"
+    assert path == tmp_path / "canonical" / f"{'a' * 16}-0.11.0-{numerics}-{'b' * 16}-8.json"
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "part"),
+    [
+        ("dtype", "bfloat16", "bfloat16-kvauto-tp1-len20480"),
+        ("kv_cache_dtype", "fp8", "float32-kvfp8-tp1-len20480"),
+        ("tensor_parallel_size", 2, "float32-kvauto-tp2-len20480"),
+        ("max_model_len", 8192, "float32-kvauto-tp1-len8192"),
+    ],
+)
+def test_the_canonical_key_changes_with_every_numerics_field(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, field: str, value: object, part: str
+) -> None:
+    installed(monkeypatch, GPU)
+    monkeypatch.setenv("BSRCTL_CACHE", str(tmp_path))
+    base = canonical.cache_path(VllmSpec(), "a" * 64, "b" * 64, 8)
+    other = canonical.cache_path(VllmSpec(**{field: value}), "a" * 64, "b" * 64, 8)
+    assert other != base
+    assert other.name == f"{'a' * 16}-0.11.0-{part}-{'b' * 16}-8.json"
+    # the engine settings that leave the numbers alone do not split the cache
+    same = canonical.cache_path(VllmSpec(port=8123, max_num_seqs=9), "a" * 64, "b" * 64, 8)
+    assert same == base
 
 
 def test_no_vllm_at_all_says_which_to_install(monkeypatch: pytest.MonkeyPatch) -> None:

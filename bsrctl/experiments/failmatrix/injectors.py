@@ -150,7 +150,7 @@ class MasterDown(Injector):
         moon = self.stack.mooncake
         moon.start_master()
         moon.start_node()
-        self.stack._save_state()  # noqa: SLF001 - records the new PIDs for the audit
+        self.stack.save_state()  # records the new PIDs for the audit
         self.notes["restarted"] = moon.pids()
 
 

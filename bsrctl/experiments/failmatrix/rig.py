@@ -1,9 +1,10 @@
 """The deployment the serving cells share, and what a cell reads off it.
 
-One serving stack (every fault here is recoverable: what was stopped is restarted, rules are
-cleared) with the canonical outputs of every cell's prompt; seeding (the stack's one loop,
-``bsrctl.stack.seeding``), the snapshots taken around a cell's request, the follow-up
-request and the process audit. The cell run itself is ``failmatrix.serving``.
+One serving ``Deployment`` (``bsrctl.stack.deployment``: launched by PID, or the operator's
+when ``stack.kind: attach``; every fault here is recoverable: what was stopped is restarted,
+rules are cleared) with the canonical outputs of every cell's prompt; seeding (the stack's
+one loop, ``bsrctl.stack.seeding``), the snapshots taken around a cell's request, the
+follow-up request and the process audit. The cell run itself is ``failmatrix.serving``.
 """
 
 from __future__ import annotations
@@ -17,26 +18,27 @@ from bsrctl.errors import StackFailed
 from bsrctl.experiments.failmatrix.injectors import Injector, clear_rules
 from bsrctl.experiments.failmatrix.spec import CellSpec, FailMatrixSpec
 from bsrctl.prompts import prompt_ids
-from bsrctl.stack import tinymodel
-from bsrctl.stack.attach import AttachedStack
 from bsrctl.stack.bsr_client import BsrModuleClient, outcomes_since
 from bsrctl.stack.canonical import canonical_outputs
-from bsrctl.stack.extensions import ServerModule, bsr_extensions
-from bsrctl.stack.process import pids_alive
+from bsrctl.stack.deployment import Deployment
+from bsrctl.stack.extensions import ServerModule
+from bsrctl.stack.model import prepare_model
 from bsrctl.stack.seeding import seed_tiers
-from bsrctl.stack.serving import ServingStack
+from bsrctl.stack.selector import make_deployment
 from bsrctl.stack.tiers import chunk_hashes_hex, fault_stats, fs_objects
 
 Say = Callable[[str], None]
 RECOVERED = "Recovered from KV load failure"
 HEALTH_TOKENS = 320
-TIMEOUTS = ("window_timeout_s", "probe_timeout_s", "admission_timeout_s", "retrieve_deadline_s",
-            "drain_timeout_s", "stall_guard_s")  # fmt: skip
 FORGET_WAIT_S = 3.0  # per L1 forget of a cell (the server itself waits a few seconds)
+CLIENT_TIMEOUT_S = 30.0  # one bsr.* call of a cell (a fault may hold the server)
 
 
 class Rig:
-    """One serving deployment shared by the cells: lifecycle, seeding and probes."""
+    """One serving deployment shared by the cells: lifecycle, seeding and probes.
+
+    ``deployment``: the one to run the cells on (default: ``make_deployment`` of the spec's
+    ``stack.kind`` with the matrix's settings and ``server_module``)."""
 
     def __init__(
         self,
@@ -44,37 +46,48 @@ class Rig:
         run_dir: Path,
         say: Say,
         server_module: ServerModule | None = None,
+        deployment: Deployment | None = None,
     ) -> None:
         self.spec = spec
         self.say = say
         self.run_dir = run_dir
-        ext = (
-            bsr_extensions(spec.settings())
-            if server_module is None
-            else bsr_extensions(
-                spec.settings(),
-                server_module.module_path,
-                server_module.config,
-                server_module.pythonpath,
-            )
+        self.deployment: Deployment = deployment or make_deployment(
+            spec.stack, run_dir, spec.settings(), server_module, CLIENT_TIMEOUT_S
         )
-        self.attached = spec.stack.kind == "attach"
-        self.stack: Any = (
-            AttachedStack(spec.stack, run_dir)
-            if self.attached
-            else ServingStack(spec.stack, run_dir, ext)
-        )
-        self.operator_config: dict[str, Any] = {}  # attach: the module's config to give back
-        self.client: BsrModuleClient | None = None
         self.canonical: dict[str, tuple[int, ...]] = {}
         self.vocab = 0
+        # tests substitute a fake deployment's parts here (None: the deployment's own)
+        self._stack: Any = None
+        self._client: Any = None
+
+    @property
+    def attached(self) -> bool:
+        """The operator's deployment: bsrctl kills or restarts nothing of it by itself."""
+        return self.deployment.kind == "attach"
+
+    @property
+    def stack(self) -> Any:
+        return self._stack if self._stack is not None else self.deployment.stack
+
+    @stack.setter
+    def stack(self, value: Any) -> None:
+        self._stack = value
+
+    @property
+    def client(self) -> BsrModuleClient | None:
+        return self._client if self._client is not None else self.deployment.client
+
+    @client.setter
+    def client(self, value: Any) -> None:
+        self._client = value
 
     # -- lifecycle --
 
     def prepare(self, cells: list[CellSpec]) -> None:
+        """Canonical outputs of every cell's prompt, then the deployment up with the
+        matrix's W, B and timeouts (attached: set over bsr.configure, given back at close)."""
         wl = self.spec.workload
-        model = tinymodel.build() if self.spec.stack.vllm.model == "tiny" else None
-        self.vocab = tinymodel.vocab_size(model or Path(self.spec.stack.vllm.model))
+        self.vocab = prepare_model(self.spec.stack.vllm).vocab
         prompts = {c.id: self.prompt(c.id) for c in cells}
         prompts["__health__"] = self.prompt("__health__", HEALTH_TOKENS)
         self.say("canonical outputs on a vLLM with no KV connector")
@@ -82,71 +95,29 @@ class Rig:
             self.spec.stack, self.run_dir, list(prompts.values()), wl.max_tokens
         )
         self.canonical = dict(zip(prompts, outs, strict=True))
-        if self.attached:
-            self.say("attaching to the operator's deployment")
-            self.stack.up(self.spec.settings())
-            self.client = BsrModuleClient(self.stack, timeout_s=30.0)
-            self._configure_attached()
-            return
-        self.say("starting the serving stack")
-        self.stack.up()
-        self.client = BsrModuleClient(self.stack, timeout_s=30.0)
-
-    def _configure_attached(self) -> None:
-        """The matrix's W, B and timeouts on the operator's module (given back at close)."""
-        assert self.client is not None
-        config = self.client.status().config
-        keys = ("window_chunks", "admission_budget_chunks", *TIMEOUTS)
-        self.operator_config = {k: config[k] for k in keys if k in config}
-        want = self.spec.settings()
-        self.client.configure(
-            window_chunks=want.window_chunks,
-            admission_budget_chunks=want.budget_chunks,
-            **{k: getattr(want, k) for k in TIMEOUTS},
+        self.say(
+            "attaching to the operator's deployment"
+            if self.attached
+            else "starting the serving stack"
         )
+        self.deployment.up(self.spec.settings())
 
     def close(self) -> None:
-        if self.client is not None:
-            if self.attached and self.operator_config:
-                try:
-                    self.client.configure(**self.operator_config)
-                except (StackFailed, OSError):
-                    pass  # the deployment went away: nothing of ours to give back
-            self.client.close()
-        self.stack.down()
+        self.deployment.down()
 
     def prompt(self, name: str, tokens: int | None = None) -> list[int]:
         wl = self.spec.workload
         return prompt_ids(f"{wl.salt}/{name}", tokens or wl.prompt_tokens, self.vocab)
 
     def reconnect(self) -> BsrModuleClient:
-        if self.client is not None:
-            self.client.close()
-        self.client = BsrModuleClient(self.stack, timeout_s=30.0)
-        if self.attached:  # a restarted server runs the operator's config: the matrix's again
-            self._configure_attached()
-        return self.client
+        """A new bsr.* client after LMCache restarted (attached: the matrix's settings again)."""
+        self._client = None
+        return self.deployment.reconnect()
 
     def ensure_up(self) -> None:
         """Restart a part a previous cell left down (bounded by the stack's own waits); an
         attached deployment is the operator's: a part down there is a StackFailed."""
-        st = self.stack
-        if self.attached:
-            bad = sorted(n for n, h in st.health().items() if not h.get("healthy"))
-            if bad:
-                raise StackFailed(f"attach: {bad} not healthy before the cell (the operator's)")
-            return
-        for name in ("lmcache", "vllm"):
-            part = st.parts.get(name)
-            if part is None or not part.alive():
-                self.say(f"  restarting {name} (left down)")
-                if part is not None:
-                    part.stop()
-                st.parts.pop(name, None)
-                (st.start_lmcache if name == "lmcache" else st.start_vllm)()
-                if name == "lmcache":
-                    self.reconnect()
-        st._save_state()  # noqa: SLF001
+        self.deployment.ensure_up(self.say)
 
     # -- seeding --
 
@@ -232,15 +203,13 @@ class Rig:
 
     def _recovered(self) -> int | None:
         """vLLM's KV-load recoveries so far (its log); None when there is no log to read."""
-        log = self.stack.vllm_log()
-        if log is None and not self.attached:
-            log = self.stack.dir / "vllm.log"
+        log = self.deployment.vllm_log()
         if log is None:
             return None
         try:
             return Path(log).read_text(errors="replace").count(RECOVERED)
         except OSError:
-            return None if self.attached else 0
+            return None
 
     def markers_active(self) -> int | None:
         try:
@@ -263,40 +232,16 @@ class Rig:
     # -- after the request --
 
     def follow_up(self) -> tuple[bool, str]:
-        """Post-request health: a follow-up request answers, every part is healthy."""
-        st = self.stack
-        try:
-            comp = st.complete(
-                self.prompt("__health__", HEALTH_TOKENS), self.spec.workload.max_tokens
-            )
-        except StackFailed as exc:
-            return False, f"follow-up request failed: {exc}"
-        canon = self.canonical["__health__"]
-        same = comp.output_token_ids == canon
-        health = st.health()
-        bad = [n for n, h in health.items() if not h.get("healthy")]
-        ok = same and not bad
-        return ok, (
-            f"follow-up answered {len(comp.output_token_ids)} tokens "
-            f"({'canonical' if same else 'NOT canonical'}) in {comp.ttft_s:.2f} s; "
-            f"unhealthy parts {bad}"
+        """The post-request health check (``bsrctl.stack.deployment``): the health prompt
+        answers with its canonical output and every part is healthy."""
+        f = self.deployment.follow_up(
+            self.prompt("__health__", HEALTH_TOKENS),
+            self.spec.workload.max_tokens,
+            self.canonical["__health__"],
         )
+        return f.ok, f.detail
 
     def audit(self, stopped: list[int]) -> tuple[list[int], dict]:
         """Stopped and replaced PIDs are gone; every current part is alive (attached: every
         part answers; bsrctl holds none of their PIDs)."""
-        st = self.stack
-        if self.attached:
-            return [], {n: bool(h.get("healthy")) for n, h in st.health().items()}
-        current = set(st.all_pids())
-        if st.mooncake is not None:
-            current |= {p for p in st.mooncake.pids().values() if p}
-        replaced = [p.pid for p in st.launched if p.pid and p.pid not in current]
-        gone_expected = sorted({*stopped, *replaced} - current)
-        alive = {n: p.alive() for n, p in st.parts.items()}
-        if st.mooncake is not None:
-            alive |= {
-                "mooncake-master": st.mooncake.master.alive(),
-                "mooncake-node": st.mooncake.node.alive(),
-            }
-        return pids_alive(gone_expected), alive
+        return self.deployment.audit(stopped)

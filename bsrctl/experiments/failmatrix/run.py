@@ -19,12 +19,15 @@ from bsrctl.experiments.failmatrix.storage import (
     storage_registration,
 )
 from bsrctl.experiments.run import RunConsole, execute, progress
+from bsrctl.specs import select_stack, stack_selection
 from bsrctl.stack.extensions import ServerModule
 from bsrctl.stack.serving import check_ports
 from bsrctl.stack.versions import dist_version
 
+STACKS = ("serving", "storage", "attach")  # storage: the storage cells alone
 
-def run_failmatrix(spec_path: Path, out_dir: Path, stack: str = "serving", quiet: bool = False):
+
+def run_failmatrix(spec_path: Path, out_dir: Path, stack: str | None = None, quiet: bool = False):
     """Run every cell of the matrix; one evidence point per cell. Returns the verdict."""
     return run_matrix(spec_path, out_dir, stack, progress(quiet))
 
@@ -32,7 +35,7 @@ def run_failmatrix(spec_path: Path, out_dir: Path, stack: str = "serving", quiet
 def run_matrix(
     spec_path: Path,
     out_dir: Path,
-    stack: str,
+    stack: str | None,
     say: Say,
     only: list[str] | None = None,
     server_module: ServerModule | None = None,
@@ -40,20 +43,24 @@ def run_matrix(
 ) -> Verdict:
     """`only`: cell ids to run. `server_module` and `storage_stack` replace the serving
     stack's LMCache server module and the storage cells' stack (the tests substitute broken
-    ones to see the matrix FAIL); the summary records that they were substituted."""
-    if stack not in ("serving", "storage"):
-        raise BadInput(f"--stack: {stack!r} is not one of serving, storage")
+    ones to see the matrix FAIL); the summary records that they were substituted. `stack`
+    (``--stack``) overrides the spec's ``stack.kind`` for this run."""
+    if stack is not None and stack not in STACKS:  # before anything is read
+        raise BadInput(f"--stack: {stack!r} is not one of {', '.join(STACKS)}")
     spec, raw = load_matrix(spec_path)
+    spec = select_stack(spec, stack, STACKS)
+    selection = stack_selection(spec, stack)
+    kind = spec.stack.kind
     cells = [c for c in spec.cells if only is None or c.id in only]
     if only is not None and len(cells) != len(set(only)):
         valid = ", ".join(c.id for c in spec.cells)
         raise BadInput(f"unknown cell id(s) in {only}; valid: {valid}")
-    skipped = [c.id for c in cells if stack == "storage" and c.stack == "serving"]
+    skipped = [c.id for c in cells if kind == "storage" and c.stack == "serving"]
     cells = [c for c in cells if c.id not in skipped]
     serving = [c for c in cells if c.stack == "serving"]
-    if serving and spec.stack.kind != "attach":
+    if serving and kind == "serving":  # a port in use: bad input before any run folder
         check_ports(spec.stack)
-    writer = EvidenceWriter(out_dir, "failmatrix", raw, spec.workload.salt, {"kind": stack})
+    writer = EvidenceWriter(out_dir, "failmatrix", raw, spec.workload.salt, selection)
     substitutes = _substitutes(server_module, storage_stack)
     rig: ServingRig | None = None
 
@@ -62,9 +69,9 @@ def run_matrix(
         if serving:
             rig = ServingRig(spec, w.run_dir, say, server_module)
             rig.prepare(serving)
-            w.set_stack(_serving_stack(rig))
+            w.set_stack({**rig.deployment.describe(), **selection})
         elif cells:  # storage cells only: what they ran on, for the report's provenance
-            w.set_stack(_storage_stack(spec))
+            w.set_stack({**_storage_stack(spec), **selection})
         if isinstance(say, RunConsole):
             say.expect(len(cells))
         for cell in cells:
@@ -82,14 +89,6 @@ def run_matrix(
             rig.close()
 
     return execute(writer, body, teardown, say)
-
-
-def _serving_stack(rig: ServingRig) -> dict[str, Any]:
-    st = rig.stack
-    if rig.attached:  # the endpoints and what the operator's servers report
-        return {"kind": "attach", "versions": st.versions(), "endpoints": st.endpoints(),
-                "reported": st.settings_reported(), **st.state()}  # fmt: skip
-    return {"kind": "serving", "versions": st.versions(), **st.state()}
 
 
 def _storage_stack(spec: FailMatrixSpec) -> dict[str, Any]:

@@ -28,7 +28,9 @@ from bsrctl.evidence.verdict import Check, check
 from bsrctl.experiments.restore.acceptance import judge
 from bsrctl.experiments.restore.spec import ExperimentSpec, load_experiment
 from bsrctl.experiments.run import Progress, execute, progress
-from bsrctl.stack.target import Prompt, RestoreMeasures, Target, make_target
+from bsrctl.specs import stack_selection
+from bsrctl.stack.selector import make_target
+from bsrctl.stack.target import Prompt, RestoreMeasures, Target
 
 
 class LadderWriter(EvidenceWriter):
@@ -69,12 +71,13 @@ class _Ladder:
     def __init__(
         self,
         spec: ExperimentSpec,
-        stack: str,
+        selection: dict[str, str],
         target: Target,
         writer: EvidenceWriter,
         say: Progress,
     ) -> None:
-        self.spec, self.stack, self.target, self.w, self.say = spec, stack, target, writer, say
+        self.spec, self.target, self.w, self.say = spec, target, writer, say
+        self.selection, self.stack = selection, selection["kind"]
 
     def measure(self, tokens: int, rung: int, pid: str, attempt: int) -> tuple[Point, str]:
         params = {"tokens": tokens, "window_chunks": 0, "l1_capacity_bytes": rung}
@@ -82,7 +85,7 @@ class _Ladder:
         try:
             self.target.deploy(rung, self.spec.settings(0))
             if attempt == 1 and not self.w.doc["stack"].get("registration"):
-                self.w.set_stack(self.target.describe())
+                self.w.set_stack({**self.target.describe(), **self.selection})
             m = self.target.measure(Prompt(self.spec.salt, tokens), 0, cold=False)
         except (StackFailed, OSError, RuntimeError, TimeoutError) as exc:
             # Not a capacity answer (engine unhealthy, timeout, L1 not allocatable): UNKNOWN.
@@ -175,29 +178,32 @@ def size_check(row: dict[str, Any]) -> Check:
 
 
 def run_ladder(
-    spec_path: Path, out_dir: Path, stack: str = "serving", quiet: bool = False
+    spec_path: Path, out_dir: Path, stack: str | None = None, quiet: bool = False
 ) -> Verdict:
-    """Run the spec's `ladder:` section on `stack` ("serving" | "storage"); the run verdict."""
+    """Run the spec's `ladder:` section on its ``stack.kind`` (``stack``: ``--stack``, for
+    this run); the run verdict."""
     spec, raw = load_experiment(spec_path, "ladder", stack)
+    selection = stack_selection(spec, stack)
+    stack = spec.stack.kind
     lad = spec.ladder
     assert lad is not None
     say = progress(quiet)
-    writer = LadderWriter(out_dir, "ladder", raw, spec.salt, {"kind": stack})
-    target = make_target(stack, spec, writer.run_dir)
+    writer = LadderWriter(out_dir, "ladder", raw, spec.salt, selection)
+    target = make_target(spec, writer.run_dir)
     say.watch(target)
 
     def body(w: EvidenceWriter) -> tuple[dict[str, Any], list[Check]]:
         prompts = [Prompt(spec.salt, n) for n in lad.sizes_tokens]
         target.prepare(prompts)
-        if stack == "serving":  # store every prefix once; each rung then only restores
+        if target.kind == "serving":  # store every prefix once; each rung then only restores
             say("storing the prefixes (one deployment with the spec's L1)")
             target.deploy(spec.stack.lmcache.l1_size_bytes, spec.settings(0))
             try:
-                w.set_stack(target.describe())
+                w.set_stack({**target.describe(), **selection})
                 target.store(prompts)
             finally:
                 target.teardown()
-        ladder = _Ladder(spec, stack, target, w, say)
+        ladder = _Ladder(spec, selection, target, w, say)
         rows = [ladder.climb(n) for n in lad.sizes_tokens]
         reg = spec.registration_for(stack)
         summary = {

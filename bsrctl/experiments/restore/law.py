@@ -14,7 +14,9 @@ from bsrctl.evidence.verdict import Check, check
 from bsrctl.experiments.restore.acceptance import restore_point
 from bsrctl.experiments.restore.spec import load_experiment
 from bsrctl.experiments.run import execute, progress
-from bsrctl.stack.target import Prompt, make_target
+from bsrctl.specs import stack_selection
+from bsrctl.stack.selector import make_target
+from bsrctl.stack.target import Prompt
 
 
 def fit_line(xs: list[int], ys: list[int]) -> tuple[Fraction, Fraction, float | None]:
@@ -60,15 +62,20 @@ def law_check(
     return check("capacity_law", ok, detail), fit
 
 
-def run_law(spec_path: Path, out_dir: Path, stack: str = "serving", quiet: bool = False) -> Verdict:
-    """Run the spec's `law:` section on `stack` ("serving" | "storage"); the run verdict."""
+def run_law(
+    spec_path: Path, out_dir: Path, stack: str | None = None, quiet: bool = False
+) -> Verdict:
+    """Run the spec's `law:` section on its ``stack.kind`` (``stack``: ``--stack``, for this
+    run); the run verdict."""
     spec, raw = load_experiment(spec_path, "law", stack)
+    selection = stack_selection(spec, stack)
+    stack = spec.stack.kind
     law = spec.law
     assert law is not None
     say = progress(quiet)
     reg = spec.registration_for(stack)
-    writer = EvidenceWriter(out_dir, "law", raw, spec.salt, {"kind": stack})
-    target = make_target(stack, spec, writer.run_dir)
+    writer = EvidenceWriter(out_dir, "law", raw, spec.salt, selection)
+    target = make_target(spec, writer.run_dir)
     say.watch(target)
     say.expect(len(law.windows_chunks))
     l1 = spec.stack.lmcache.l1_size_bytes
@@ -79,7 +86,7 @@ def run_law(spec_path: Path, out_dir: Path, stack: str = "serving", quiet: bool 
         first = law.windows_chunks[0]
         say(f"deploying: L1 {l1} B, W = {first}")
         target.deploy(l1, spec.settings(first))
-        w.set_stack(target.describe())
+        w.set_stack({**target.describe(), **selection})
         peaks: list[int | None] = []
         for win in law.windows_chunks:
             say(f"N = {law.tokens} tokens, W = {win}")

@@ -31,10 +31,10 @@ from pydantic import BaseModel, Field, ValidationError, field_validator
 
 from bsrctl.errors import BadInput
 from bsrctl.spec_io import ByteSize, Strict, describe_error, read_yaml
-from bsrctl.specs import TargetSpec
+from bsrctl.specs import TargetSpec, select_stack
 
 COMMANDS = ("ladder", "sweep", "law")
-STACKS = ("serving", "storage")
+STACKS = ("serving", "storage", "attach")  # what stack.kind (or --stack) may name here
 
 
 def _increasing(name: str, values: list[int]) -> list[int]:
@@ -103,11 +103,15 @@ class ExperimentSpec(TargetSpec):
     law: LawSpec | None = None
 
 
-def load_experiment(path: Path, command: str, stack: str) -> tuple[ExperimentSpec, dict[str, Any]]:
-    """Load and check a spec for one command on one stack; BadInput (one line) otherwise."""
+def load_experiment(
+    path: Path, command: str, stack: str | None = None
+) -> tuple[ExperimentSpec, dict[str, Any]]:
+    """Load and check a spec for one command; ``stack`` (``--stack``) overrides ``stack.kind``
+    for this run (``select_stack``): the parsed spec's ``stack.kind`` is the one the run
+    uses. BadInput (one line) otherwise."""
     if command not in COMMANDS:
         raise BadInput(f"unknown command {command!r}; valid: {', '.join(COMMANDS)}")
-    if stack not in STACKS:
+    if stack is not None and stack not in STACKS:  # before anything is read
         raise BadInput(f"--stack: {stack!r} is not one of {', '.join(STACKS)}")
     raw = read_yaml(path)
     try:
@@ -115,7 +119,8 @@ def load_experiment(path: Path, command: str, stack: str) -> tuple[ExperimentSpe
     except ValidationError as exc:
         raise BadInput(f"{path}: {_describe(exc)}") from None
     try:
-        check_spec(spec, command, stack)
+        spec = select_stack(spec, stack, STACKS)
+        check_spec(spec, command)
     except BadInput as exc:
         raise BadInput(f"{path}: {exc}") from None
     return spec, raw
@@ -147,8 +152,10 @@ def sizes_of(spec: ExperimentSpec, command: str) -> list[int]:
     return [spec.law.tokens] if spec.law else []
 
 
-def check_spec(spec: ExperimentSpec, command: str, stack: str) -> None:
-    """Cross-field checks: each message names the field and the fix."""
+def check_spec(spec: ExperimentSpec, command: str) -> None:
+    """Cross-field checks on the run's stack (``stack.kind``): each message names the field
+    and the fix."""
+    stack = spec.stack.kind
     section = getattr(spec, command)
     if section is None:
         have = [c for c in COMMANDS if getattr(spec, c) is not None]
@@ -170,7 +177,7 @@ def check_spec(spec: ExperimentSpec, command: str, stack: str) -> None:
                 f"{field}: {n} tokens is less than one {chunk}-token chunk "
                 f"(stack.lmcache.chunk_size); use at least {chunk}"
             )
-    if stack == "serving":
+    if stack != "storage":
         longest = max(sizes) + spec.max_tokens
         if longest > spec.stack.vllm.max_model_len:
             raise BadInput(

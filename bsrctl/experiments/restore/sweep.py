@@ -17,25 +17,29 @@ from bsrctl.evidence.verdict import Check, check
 from bsrctl.experiments.restore.acceptance import restore_point
 from bsrctl.experiments.restore.spec import ExperimentSpec, load_experiment
 from bsrctl.experiments.run import execute, progress
-from bsrctl.stack.storage_target import StorageTarget
-from bsrctl.stack.target import Prompt, make_target
+from bsrctl.specs import stack_selection
+from bsrctl.stack.selector import make_target
+from bsrctl.stack.target import Prompt
 
 
 def run_sweep(
     spec_path: Path,
     out_dir: Path,
-    stack: str = "serving",
+    stack: str | None = None,
     quiet: bool = False,
     repeat_new_salt: bool = False,
 ) -> Verdict:
-    """Run the spec's `sweep:` section on `stack` ("serving" | "storage"); the run verdict."""
+    """Run the spec's `sweep:` section on its ``stack.kind`` (``stack``: ``--stack``, for this
+    run); the run verdict."""
     spec, raw = load_experiment(spec_path, "sweep", stack)
+    selection = stack_selection(spec, stack)
+    kind = spec.stack.kind
     sw = spec.sweep
     assert sw is not None
     say = progress(quiet)
     new_salt = f"{spec.salt}-repeat-{secrets.token_hex(4)}" if repeat_new_salt else ""
-    writer = EvidenceWriter(out_dir, "sweep", raw, spec.salt, {"kind": stack})
-    target = make_target(stack, spec, writer.run_dir)
+    writer = EvidenceWriter(out_dir, "sweep", raw, spec.salt, selection)
+    target = make_target(spec, writer.run_dir)
     windows = [sw.window_chunks] + ([0] if sw.whole_plan_contrast and sw.window_chunks else [])
     say.watch(target)
     say.expect(len(sw.sizes_tokens) * len(windows) + (1 if new_salt else 0))
@@ -44,29 +48,28 @@ def run_sweep(
         prompts = [Prompt(spec.salt, n) for n in sw.sizes_tokens]
         if new_salt:
             prompts.append(Prompt(new_salt, sw.sizes_tokens[-1]))
-        say(f"preparing the {stack} stack ({len(prompts)} prompts)")
+        say(f"preparing the {kind} stack ({len(prompts)} prompts)")
         target.prepare(prompts)
         l1 = spec.stack.lmcache.l1_size_bytes
         say(f"deploying: L1 {l1} B, W = {sw.window_chunks}")
         target.deploy(l1, spec.settings(sw.window_chunks, sw.admission_budget_chunks))
-        w.set_stack(target.describe())
+        w.set_stack({**target.describe(), **selection})
         for n in sw.sizes_tokens:
             for win in windows:
                 say(f"N = {n} tokens, W = {win}")
                 m = target.measure(Prompt(spec.salt, n), win)
                 say.step("check")
-                w.add_point(restore_point(f"n{n}-w{win}", _params(n, win, l1), m, stack))
+                w.add_point(restore_point(f"n{n}-w{win}", _params(n, win, l1), m, kind))
         if new_salt:
             n = sw.sizes_tokens[-1]
-            if isinstance(target, StorageTarget):
-                target.forget_salt_files()  # bound disk: the old salt's files are not reused
+            target.forget_salt_files()  # bound disk: the old salt's files are not reused
             say(f"repeat N = {n} with a new salt {new_salt}")
             m = target.measure(Prompt(new_salt, n), sw.window_chunks)
             pid = f"n{n}-w{sw.window_chunks}-new-salt"
             w.add_point(
-                restore_point(pid, {**_params(n, sw.window_chunks, l1), "salt": new_salt}, m, stack)
+                restore_point(pid, {**_params(n, sw.window_chunks, l1), "salt": new_salt}, m, kind)
             )
-        return summarize(w.points, spec, stack)
+        return summarize(w.points, spec, kind)
 
     return execute(writer, body, target.cleanup, say)
 

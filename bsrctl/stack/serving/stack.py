@@ -11,6 +11,7 @@ from bsrctl.errors import BadInput, StackFailed
 from bsrctl.specs import StackSpec
 from bsrctl.stack import shm_ledger, tinymodel
 from bsrctl.stack.extensions import LMCacheExtensions
+from bsrctl.stack.model import prepare_model
 from bsrctl.stack.netns import NetNamespace, maybe_inside, start_netns
 from bsrctl.stack.process import Supervised, ensure_port_free, free_port, http_ok, tcp_open
 from bsrctl.stack.serving.client import ServingClient
@@ -72,7 +73,7 @@ class ServingStack(ServingClient):
         self.launched.append(part)
         part.shm_before = shm_segments()
         part.start()
-        self._save_state()  # a bsrctl killed mid-start still leaves every PID on record
+        self.save_state()  # a bsrctl killed mid-start still leaves every PID on record
 
     # ---- lifecycle -------------------------------------------------------------------------
 
@@ -96,7 +97,7 @@ class ServingStack(ServingClient):
         except BaseException:
             self.down()
             raise
-        self._save_state()
+        self.save_state()
         self._record_shm()
 
     def _record_shm(self) -> None:
@@ -123,7 +124,7 @@ class ServingStack(ServingClient):
         elif self.ns is not None:
             self.ns.stop()
         self.ns = None
-        self._save_state()
+        self.save_state()
         left = {n for n in self.shm_named if (shm_ledger.SHM / n).exists()}
         if left:  # still mapped by something: keep them on record for a later reclaim
             shm_ledger.record(self.shm_key, left, [], self.dir)
@@ -141,14 +142,7 @@ class ServingStack(ServingClient):
         return pids
 
     def _model(self) -> Path:
-        if self.spec.vllm.model == "tiny":
-            return tinymodel.build()
-        path = Path(self.spec.vllm.model)
-        if not (path / "config.json").is_file():
-            raise StackFailed(
-                f"stack.vllm.model: {path} has no config.json; give a local model folder or 'tiny'"
-            )
-        return path
+        return prepare_model(self.spec.vllm).folder
 
     def _allocate_ports(self) -> None:
         lm, v = self.spec.lmcache, self.spec.vllm
@@ -273,7 +267,7 @@ class ServingStack(ServingClient):
         part.stop()
         self._cleanup_shm(part)
         {"vllm": self.start_vllm, "lmcache": self.start_lmcache}[name]()
-        self._save_state()
+        self.save_state()
         self._record_shm()
 
     def _cleanup_shm(self, part: Supervised) -> None:
@@ -335,7 +329,8 @@ class ServingStack(ServingClient):
             if part.pid and all(part is not q for q in self.launched):
                 self.launched.append(part)
 
-    def _save_state(self) -> None:
+    def save_state(self) -> None:
+        """Write state.json (every PID on record, for `stack down` and the orphan audit)."""
         if self.mooncake is not None:
             self._note_mooncake()
         write_state(self.dir, self.state())

@@ -105,7 +105,7 @@ def test_errors_name_the_field_and_the_fix(
 
 
 def test_bad_stack_and_missing_file(tmp_path: Path) -> None:
-    with pytest.raises(BadInput, match="--stack: 'sim' is not one of serving, storage"):
+    with pytest.raises(BadInput, match="--stack: 'sim' is not one of serving, storage, attach"):
         load_experiment(LADDERS / "cpu-e1.yaml", "sweep", "sim")
     with pytest.raises(BadInput, match="does not exist"):
         load_experiment(tmp_path / "nope.yaml", "sweep", "storage")
@@ -119,3 +119,35 @@ def test_byte_sizes() -> None:
     assert parse_bytes(7) == 7
     with pytest.raises(ValueError, match="whole number"):
         parse_bytes("1.3 B")
+
+
+def test_stack_kind_is_the_one_selector_and_stack_overrides_it(tmp_path: Path) -> None:
+    from bsrctl.specs import stack_selection
+
+    paper, _ = load_experiment(LADDERS / "storage-paper.yaml", "sweep")
+    assert paper.stack.kind == "storage"  # `kind: storage` is read: no --stack needed
+    assert stack_selection(paper, None) == {"kind": "storage", "kind_selected_by": "stack.kind"}
+    e1, _ = load_experiment(LADDERS / "cpu-e1.yaml", "sweep")
+    assert e1.stack.kind == "serving"
+    over, _ = load_experiment(LADDERS / "cpu-e1.yaml", "sweep", "storage")
+    assert over.stack.kind == "storage"
+    assert stack_selection(over, "storage") == {"kind": "storage", "kind_selected_by": "--stack"}
+    assert over.stack.model_dump(exclude={"kind"}) == e1.stack.model_dump(exclude={"kind"})
+
+
+def test_an_override_that_leaves_the_stack_incoherent_names_it(tmp_path: Path) -> None:
+    text = (
+        (LADDERS / "cpu-smoke.yaml")
+        .read_text()
+        .replace(
+            "stack:\n  kind: serving\n",
+            "stack:\n  kind: attach\n  attach:\n    vllm_url: http://127.0.0.1:9\n"
+            "    lmcache_url: tcp://127.0.0.1:10\n    lmcache_http_port: 11\n",
+        )
+    )
+    assert "kind: attach" in text
+    msg = bad(tmp_path, text, "sweep", "serving")
+    p = tmp_path / "spec.yaml"
+    assert msg == f"{p}: --stack serving: attach: given with kind 'serving'; set kind: attach"
+    spec, _ = load_experiment(p, "sweep")
+    assert spec.stack.kind == "attach"
