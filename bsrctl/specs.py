@@ -10,6 +10,7 @@ from pydantic import Field, ValidationError, model_validator
 
 from bsrctl.errors import BadInput
 from bsrctl.registration import Registration, dsv4_flash_mtp_off, tiny_llama_cpu
+from bsrctl.registration.tiny import TinyModelRecipe
 from bsrctl.settings import RestoreSettings, RestoreTuning
 from bsrctl.spec_io import ByteSize, Strict, describe_error, read_yaml
 
@@ -181,8 +182,6 @@ def resolve_registration(
             "separate_object_groups": stack.lmcache.separate_object_groups,
         }
         if vllm.model == "tiny":
-            from bsrctl.stack.tinymodel import TinyModelRecipe
-
             cfg = TinyModelRecipe().hf_config()
             return derive.derive(cfg, name="tiny-llama-cpu", **how)
         return derive.derive_from_folder(Path(vllm.model), **how)
