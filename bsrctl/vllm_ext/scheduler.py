@@ -193,7 +193,8 @@ class TempoKVAdapter(StepRecorder):
         update = self._tk.on_step(view)
         if update is None:
             return
-        self._tk_send(wire.UpdateRequest.of(update, self._tk_hits(update.report)))
+        hits = self._tk_hits(update.report) if update.report else None
+        self._tk_send(wire.UpdateRequest.of(update, hits))
 
     def _tk_on_arrival(self) -> None:
         self._tk_collect()
