@@ -272,10 +272,17 @@ Experiment = Annotated[PolicyGrid | LeadSweep | RankGrid, Field(discriminator="k
 # The deployment a serving run gets where its `stack:` says nothing: the shorthands below
 # (max_num_seqs, engine_cpus, l1_mib) fill their stack fields, and prompts up to 8192 tokens.
 SERVING_MAX_MODEL_LEN = 8192
+
+
+def _mib(m: Any) -> Any:
+    """MiB to bytes; anything else is left for the fields' own validation to name."""
+    return m * (1 << 20) if isinstance(m, int | float) and not isinstance(m, bool) else m
+
+
 SHORTHANDS = {  # shorthand -> (section, field, to the stack's unit)
     "max_num_seqs": ("vllm", "max_num_seqs", lambda n: n),
     "engine_cpus": ("vllm", "cpu_threads_bind", lambda c: c),
-    "l1_mib": ("lmcache", "l1_size_bytes", lambda m: m << 20),
+    "l1_mib": ("lmcache", "l1_size_bytes", _mib),
 }
 
 

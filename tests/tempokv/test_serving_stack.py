@@ -97,5 +97,8 @@ def test_a_shorthand_and_its_stack_field_agree_or_fail_naming_both() -> None:
     with pytest.raises(ValidationError) as err:
         ServingRun.model_validate({"stack": {"vllm": {"max_num_seq": 3}}})
     assert "max_num_seq" in str(err.value)  # StackSpec's own strictness: no unknown field
+    with pytest.raises(ValidationError) as err:  # a bad shorthand is named, not a crash
+        ServingRun.model_validate({"l1_mib": "big"})
+    assert "l1_mib\n  Input should be a valid integer" in str(err.value)
     assert ServingRun().stack == ServingRun.model_validate({}).stack
     assert ServingRun().stack.vllm.max_model_len == 8192
