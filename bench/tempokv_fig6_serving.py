@@ -40,8 +40,8 @@ from typing import Any
 import yaml
 
 from bsrctl.errors import StackFailed
+from bsrctl.experiments.tempokv import calls
 from bsrctl.experiments.tempokv.serving import (
-    MIB,
     _arrivals,
     _p95,
     prepare,
@@ -124,28 +124,22 @@ def run_arm(
             if forgot.l1_used_bytes_after:
                 print(f"note: L1 still holds {forgot.l1_used_bytes_after} B after forget")
             stack.forget_local()
-            if arm == "tempokv":
-                cfg = {"policy": "tempokv", "capacity_bytes": run.l1_mib * MIB,
-                       "budget_bytes": int(run.budget_mib * MIB),
-                       "prior_bytes_s": run.l2_bandwidth_mib_s * MIB,
-                       "tick_s": spec.control.tick_s}  # fmt: skip
-            else:
-                cfg = {"policy": None}
-            got = client.call("tempokv.configure", cfg)
-            if not got.get("ok"):
-                raise StackFailed(f"tempokv.configure {cfg}: {got}")
+            on = arm == "tempokv"
+            calls.configure(client, calls.tempo_config(spec, "tempokv") if on else None)
             timed = run.model_copy(update={"interval_s": 1.0 / rate})
             res = _arrivals(stack, prep.reqs, timed)
             controller = ""
-            if arm == "tempokv":
+            st = None
+            if on:
                 time.sleep(0.3)  # the last retrieve's release reaches the controller
-                st = client.call("tempokv.status", {})
+                st = calls.status(client)
+            if st is not None:
                 controller = (
-                    f"claims {len(st.get('claims', {}))} committed {len(st.get('ttr', []))} "
-                    f"deferred {st.get('deferred_claims', 0)} stages {len(st.get('stages', []))} "
-                    f"retrievals {st.get('retrievals', {})}"
+                    f"claims {len(st.claims)} committed {len(st.ttr)} "
+                    f"deferred {st.deferred_claims} stages {len(st.stages)} "
+                    f"retrievals {st.retrievals}"
                 )
-            client.call("tempokv.configure", {"policy": None})
+            calls.configure(client, None)
             done = [r for r in res if r is not None]
             ttfts = [r.first_token_s - r.sent_s for r in done]
             span = max(r.done_s for r in done) - min(r.sent_s for r in done) if done else 0.0

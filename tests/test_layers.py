@@ -70,6 +70,7 @@ def test_every_layer_contract_is_kept() -> None:
             "forbidden_modules",
             {"bsrctl.settings", "bsrctl.restore", "bsrctl.clock"},
         ),
+        ("tempokv-wire-pure", "forbidden_modules", {"bsrctl.tempokv", "bsrctl.clock"}),
     ],
 )
 def test_the_contracts_name_every_top_level_module(contract, sources, exempt) -> None:
@@ -106,7 +107,12 @@ def test_the_stack_targets_contract_places_every_target_and_deployment() -> None
 
 # (module, line appended to it, contracts it breaks (indirect imports count), the import named)
 BREAKS = [
-    ("restore/plan.py", "import lmcache", {"restore-core-pure"}, "bsrctl.restore.plan -> lmcache"),
+    (  # tempokv.spec embeds the deployment's StackSpec: specs -> settings -> the core
+        "restore/plan.py",
+        "import lmcache",
+        {"restore-core-pure", "tempokv-no-stack"},
+        "bsrctl.restore.plan -> lmcache",
+    ),
     (
         "restore/admission.py",
         "from bsrctl.errors import BadInput",
@@ -125,6 +131,24 @@ BREAKS = [
         # report -> evidence -> settings -> core; evidence and settings are siblings
         {"evidence-leaf", "report-from-evidence", "package-layers"},
         "bsrctl.evidence.verdict -> bsrctl.settings",
+    ),
+    (
+        "tempokv/wire.py",
+        "import lmcache",
+        {"tempokv-no-stack", "tempokv-wire-pure"},
+        "bsrctl.tempokv.wire -> lmcache",
+    ),
+    (  # the wire reads AdapterSettings (live.py) and CostModel (ttu.py): indirect counts
+        "tempokv/ttu.py",
+        "import vllm",
+        {"tempokv-wire-pure"},
+        "bsrctl.tempokv.ttu -> vllm",
+    ),
+    (  # the vLLM adapter imports the wire: a wire that needs lmcache_ext is not lean
+        "tempokv/wire.py",
+        "import bsrctl.lmcache_ext.protocol",
+        {"tempokv-no-stack", "tempokv-wire-pure", "vllm-ext-lean"},
+        "bsrctl.tempokv.wire -> bsrctl.lmcache_ext.protocol",
     ),
     ("stack/process.py", "import typer", {"typer-only-in-cli"}, "bsrctl.stack.process -> typer"),
     (

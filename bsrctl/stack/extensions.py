@@ -24,6 +24,7 @@ from bsrctl.settings import RestoreSettings
 if TYPE_CHECKING:
     from bsrctl.registration import Registration
     from bsrctl.restore import RestoreStorage
+    from bsrctl.tempokv.live import AdapterSettings
 
 BSR_SERVER_MODULE = "bsrctl.lmcache_ext.server"
 FAULT_ADAPTER_MODULE = "bsrctl.lmcache_ext.faults.adapter"
@@ -88,10 +89,11 @@ def odirect_allowed(path: Path) -> bool:
 @dataclass(frozen=True)
 class TempoKVLaunch:
     """TempoKV on the serving stack: vLLM schedules with the runtime adapter (its settings
-    in ``BSRCTL_TEMPOKV``), LMCache keeps staged objects in L1 once unpinned (``retain``)
-    and holds read locks (the pins) longer than any protection lasts."""
+    in ``BSRCTL_TEMPOKV``, the TempoKV wire's ``AdapterEnv``), LMCache keeps staged objects
+    in L1 once unpinned (``retain``) and holds read locks (the pins) longer than any
+    protection lasts."""
 
-    adapter: Mapping[str, Any]  # bsrctl.tempokv.live.AdapterSettings fields
+    adapter: AdapterSettings
     read_ttl_s: int = 600
     scheduler_cls: str = "bsrctl.vllm_ext.scheduler.TempoKVScheduler"
     trace_path: str | None = None
@@ -102,10 +104,10 @@ class TempoKVLaunch:
     def vllm_env(self) -> dict[str, str]:
         import json
 
-        cfg: dict[str, Any] = {"adapter": dict(self.adapter), "transport": self.transport}
-        if self.trace_path is not None:
-            cfg["trace_path"] = self.trace_path
-        return {"BSRCTL_TEMPOKV": json.dumps(cfg)}
+        from bsrctl.tempokv.wire import AdapterEnv
+
+        env = AdapterEnv(self.adapter, self.transport, self.trace_path)
+        return {"BSRCTL_TEMPOKV": json.dumps(env.to_json())}
 
 
 @dataclass(frozen=True)

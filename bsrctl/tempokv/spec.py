@@ -6,11 +6,12 @@ each field."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
 from bsrctl.spec_io import Strict, load_spec
+from bsrctl.specs import StackSpec
 from bsrctl.tempokv.policies import POLICY_NAMES, TTU_QUANTILE
 from bsrctl.tempokv.sim.models import CATALOGUE
 
@@ -268,10 +269,31 @@ class RankGrid(Strict):
 Experiment = Annotated[PolicyGrid | LeadSweep | RankGrid, Field(discriminator="kind")]
 
 
+# The deployment a serving run gets where its `stack:` says nothing: the shorthands below
+# (max_num_seqs, engine_cpus, l1_mib) fill their stack fields, and prompts up to 8192 tokens.
+SERVING_MAX_MODEL_LEN = 8192
+
+
+def _mib(m: Any) -> Any:
+    """MiB to bytes; anything else is left for the fields' own validation to name."""
+    return m * (1 << 20) if isinstance(m, int | float) and not isinstance(m, bool) else m
+
+
+SHORTHANDS = {  # shorthand -> (section, field, to the stack's unit)
+    "max_num_seqs": ("vllm", "max_num_seqs", lambda n: n),
+    "engine_cpus": ("vllm", "cpu_threads_bind", lambda c: c),
+    "l1_mib": ("lmcache", "l1_size_bytes", _mib),
+}
+
+
 class ServingRun(Strict):
     """`--stack serving`: the policy grid on real vLLM + LMCache (tiny model, CPU). A fast
     tier of MiBs over a shaped FS L2 stands in for the paper's GiBs; prompts are made
-    locally (no hub); arrivals at a fixed interval; one stack shared by every policy."""
+    locally (no hub); arrivals at a fixed interval; one stack shared by every policy.
+
+    `stack` is the deployment (model, chunk size, max_model_len, ...: the one home of
+    each); `max_num_seqs`, `engine_cpus` and `l1_mib` are shorthands for three of its
+    fields, and a spec may set either, not both to different values."""
 
     documents_tokens: list[Annotated[int, Field(ge=256)]] = Field(
         default_factory=lambda: [3072, 2048, 4096, 2560, 3072, 2048, 4096, 2560],
@@ -313,6 +335,61 @@ class ServingRun(Strict):
         description="the whole policy grid again on the same stack (order reversed "
         "every other repeat); measures and checks pool every repeat's requests",
     )
+    retrieval_bytes_s: float = Field(
+        1e9,
+        gt=0,
+        description="fast tier → engine rate the adapter's TTU projection assumes for a "
+        "claimed request's load (and the sim cross-check's retrieval rate)",
+    )
+    stack: StackSpec = Field(
+        default_factory=lambda: StackSpec.model_validate(_stack_of({})),
+        description="the deployment; unset fields: the shorthands', max_model_len 8192, "
+        "else StackSpec's defaults (the tiny model, 256-token chunks)",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_stack(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        return {**data, **_shorthands_of(data), "stack": _stack_of(data)}
+
+
+def _shorthands_of(data: dict[str, Any]) -> dict[str, Any]:
+    """Each shorthand as the stack sets it (the stack's value wins where only it is set)."""
+    stack = data.get("stack") or {}
+    out = {}
+    for short, (section, name, _to) in SHORTHANDS.items():
+        given = (stack.get(section) or {}) if isinstance(stack, dict) else {}
+        if short not in data and isinstance(given, dict) and name in given:
+            v = given[name]
+            out[short] = v // (1 << 20) if short == "l1_mib" and isinstance(v, int) else v
+    return out
+
+
+def _stack_of(data: dict[str, Any]) -> Any:
+    """The run's `stack:` with the shorthands and the serving defaults filled in; a
+    shorthand and its stack field both set to different values is an error naming both."""
+    stack = data.get("stack")
+    if stack is not None and not isinstance(stack, dict):
+        return stack  # StackSpec's own validation names what is wrong
+    stack = {k: dict(v) if isinstance(v, dict) else v for k, v in (stack or {}).items()}
+    fields = ServingRun.model_fields
+    for short, (section, name, to) in SHORTHANDS.items():
+        part = stack.setdefault(section, {})
+        if not isinstance(part, dict):
+            continue
+        value = data.get(short, fields[short].default)
+        if short in data and name in part and part[name] != to(value):
+            raise ValueError(
+                f"{short} {value!r} and stack.{section}.{name} {part[name]!r} both set the "
+                f"deployment's {name}; set one"
+            )
+        part.setdefault(name, to(value))
+    vllm = stack["vllm"]
+    if isinstance(vllm, dict):
+        vllm.setdefault("max_model_len", SERVING_MAX_MODEL_LEN)
+    return stack
 
 
 class TempoKVSpec(Strict):

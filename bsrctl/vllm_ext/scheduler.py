@@ -3,10 +3,11 @@
     vllm ... --scheduler-cls bsrctl.vllm_ext.scheduler.TempoKVScheduler        (CPU: sync)
     vllm ... --scheduler-cls bsrctl.vllm_ext.scheduler.TempoKVAsyncScheduler   (GPU default)
 
-Configured by the environment variable ``BSRCTL_TEMPOKV`` (JSON: ``adapter``, the
-``tempokv.live.AdapterSettings`` fields; ``trace_path``, a JSON-lines file of every step's
-decision and message; ``transport``: ``"connector"`` (default: the LMCacheMPConnector's
-``server_module_call``) or ``"record"``), since ``--scheduler-cls`` takes only a class.
+Configured by the environment variable ``BSRCTL_TEMPOKV``, since ``--scheduler-cls`` takes
+only a class: the wire's ``AdapterEnv`` (``adapter``, every ``AdapterSettings`` field;
+``trace_path``, a JSON-lines file of every step's decision and message; ``transport``:
+``"connector"``, the LMCacheMPConnector's ``server_module_call``, or ``"record"``), read
+with unknown and missing keys refused. Updates and replies are the wire's records too.
 
 After ``super().schedule()`` decided, it reads the scheduler (waiting queues in scan
 order, running requests' computed and output tokens, slot and token limits, free KV
@@ -26,6 +27,7 @@ import json
 import os
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -34,11 +36,12 @@ from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import RequestStatus
 
-from bsrctl.tempokv.live import AdapterSettings, LiveAdapterCore, LiveRunning, LiveView, LiveWaiting
+from bsrctl.tempokv import wire
+from bsrctl.tempokv.live import LiveAdapterCore, LiveRunning, LiveView, LiveWaiting
 from bsrctl.vllm_ext.transport import RecordTransport, ServerModuleTransport, Transport
 
 ENV = "BSRCTL_TEMPOKV"
-UPDATE_METHOD = "tempokv.update"
+UPDATE_METHOD = wire.UPDATE
 
 
 class _StepTrace:
@@ -54,9 +57,12 @@ class _StepTrace:
             self._file.write(json.dumps(record) + "\n")
 
 
-def _config() -> dict[str, Any]:
+def _config() -> wire.AdapterEnv:
+    """``BSRCTL_TEMPOKV`` (unset: no adapter, no trace)."""
     raw = os.environ.get(ENV, "")
-    return json.loads(raw) if raw else {}
+    if not raw:
+        return wire.AdapterEnv(None, "record", None)
+    return wire.AdapterEnv.from_json(json.loads(raw))
 
 
 class StepRecorder:
@@ -65,8 +71,7 @@ class StepRecorder:
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[call-arg]
-        cfg = _config()
-        path = cfg.get("trace_path")
+        path = _config().trace_path
         self._bk_trace = _StepTrace(Path(path) if path else None)
 
     def _bk_record(self, out: Any) -> None:
@@ -88,13 +93,17 @@ class StepRecorder:
 class TempoKVAdapter(StepRecorder):
     """The mixin: read-only hooks around the scheduler's own methods."""
 
+    _tk_clock: Callable[[], float] = staticmethod(time.monotonic)  # a test's own clock
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         cfg = _config()
-        self._tk = LiveAdapterCore(AdapterSettings.from_json(cfg.get("adapter", {})))
-        self._tk_transport_kind = cfg.get("transport", "connector")
+        if cfg.adapter is None:
+            raise ValueError(f"{ENV}.adapter is null: the TempoKV scheduler needs its settings")
+        self._tk = LiveAdapterCore(cfg.adapter)
+        self._tk_transport_kind = cfg.transport
         self._tk_transport: Transport | None = None
-        self._tk_t0 = time.monotonic()
+        self._tk_t0 = self._tk_clock()
         # [out, at, modelled, adapter_s]: adapter_s is what the adapter's own pass after
         # schedule() cost the engine loop (TTU projection, sends), measured
         self._tk_scheduled: deque[list[Any]] = deque()
@@ -112,17 +121,17 @@ class TempoKVAdapter(StepRecorder):
 
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
         out = super().schedule(*args, **kwargs)
-        began = time.monotonic()
+        began = self._tk_clock()
         try:
             self._tk_after_schedule(out)
         except Exception as e:  # the adapter must never disturb scheduling
             self._tk_fail("schedule", e)
         if self._tk_scheduled and self._tk_scheduled[-1][0] is out:
-            self._tk_scheduled[-1][3] = time.monotonic() - began  # the engine loop's cost
+            self._tk_scheduled[-1][3] = self._tk_clock() - began  # the engine loop's cost
         return out
 
     def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
-        done_at = time.monotonic()
+        done_at = self._tk_clock()
         result = super().update_from_output(scheduler_output, model_runner_output)  # type: ignore[misc]
         try:
             self._tk_measure(scheduler_output, done_at)
@@ -135,14 +144,14 @@ class TempoKVAdapter(StepRecorder):
         try:
             update = self._tk.on_finished([request.request_id], [request.num_output_tokens])
             if update is not None:
-                self._tk_send(update.to_json())
+                self._tk_send(wire.UpdateRequest.of(update))
         except Exception as e:
             self._tk_fail("free_request", e)
         return result
 
     # ---- the adapter ----------------------------------------------------------------
     def _tk_now(self) -> float:
-        return time.monotonic() - self._tk_t0
+        return self._tk_clock() - self._tk_t0
 
     def _tk_view(self, out: Any | None) -> LiveView:
         """The scheduler as just decided (``out``), or between steps (``None``: arrival)."""
@@ -180,29 +189,26 @@ class TempoKVAdapter(StepRecorder):
         self._tk_collect()
         view = self._tk_view(out)
         modelled = self._tk.calibrator.base.step_s(view.scheduled_tokens, 0, 0)
-        self._tk_scheduled.append([out, time.monotonic(), modelled, 0.0])
+        self._tk_scheduled.append([out, self._tk_clock(), modelled, 0.0])
         update = self._tk.on_step(view)
         if update is None:
             return
-        payload = update.to_json()
-        if update.report:
-            payload["hits"] = self._tk_hits(update.report)
-        self._tk_send(payload)
+        hits = self._tk_hits(update.report) if update.report else None
+        self._tk_send(wire.UpdateRequest.of(update, hits))
 
     def _tk_on_arrival(self) -> None:
         self._tk_collect()
         update = self._tk.on_arrival(self._tk_view(None))
         if update is None:
             return
-        payload = update.to_json()
         if not update.report:
-            self._tk_send(payload, arrival=True)
+            self._tk_send(wire.UpdateRequest.of(update), arrival=True)
             return
-        payload["hits"] = self._tk_hits(update.report)
+        req = wire.UpdateRequest.of(update, self._tk_hits(update.report))
         # the claim must be on the server before the lookup the next schedule() sends
-        self._tk_send(payload, arrival=True, wait_s=self._tk.s.arrival_ack_s)
+        self._tk_send(req, arrival=True, wait_s=self._tk.s.arrival_ack_s)
 
-    def _tk_hits(self, req_ids: tuple[str, ...]) -> dict[str, dict[str, Any]]:
+    def _tk_hits(self, req_ids: tuple[str, ...]) -> dict[str, wire.Hit]:
         """What the server module needs to find each new claim's objects (its own lookup
         keys from the prompt tokens, metadata only)."""
         sched: Any = self
@@ -216,12 +222,7 @@ class TempoKVAdapter(StepRecorder):
             if req is None:
                 continue
             n = (req.num_prompt_tokens // chunk) * chunk
-            out[rid] = {
-                "token_ids": list(req.prompt_token_ids[:n]),
-                "cache_salt": req.cache_salt or "",
-                "model_name": model,
-                "world_size": world,
-            }
+            out[rid] = wire.Hit(tuple(req.prompt_token_ids[:n]), req.cache_salt or "", model, world)
         return out
 
     def _tk_measure(self, scheduler_output: Any, done_at: float) -> None:
@@ -251,25 +252,25 @@ class TempoKVAdapter(StepRecorder):
         transport = self._tk_transport
         if transport is None:
             return
-        for _method, reply in transport.replies():
-            for rid, hit in (reply.get("hit_tokens") or {}).items():
-                self._tk.set_hit(rid, int(hit))
-            self._tk.eta_s.update({k: float(v) for k, v in (reply.get("eta_s") or {}).items()})
-            if "needs_ttu" in reply:  # the controller's policy says what it reads
+        for _method, raw in transport.replies():
+            reply = wire.UpdateReply.from_json(raw)  # a renamed key: an adapter_error naming it
+            for rid, hit in reply.hit_tokens.items():
+                self._tk.set_hit(rid, hit)
+            self._tk.eta_s.update(reply.eta_s)
+            if reply.needs_ttu is not None:  # the controller's policy says what it reads
                 self._tk.s = replace(
-                    self._tk.s,
-                    needs_ttu=bool(reply["needs_ttu"]),
-                    ttu_quantile=reply.get("ttu_quantile"),
+                    self._tk.s, needs_ttu=reply.needs_ttu, ttu_quantile=reply.ttu_quantile
                 )
 
-    def _tk_send(self, payload: dict[str, Any], arrival: bool = False, wait_s: float = 0.0) -> None:
+    def _tk_send(self, req: wire.UpdateRequest, arrival: bool = False, wait_s: float = 0.0) -> None:
         transport = self._tk_transport
         if transport is None:
             transport = self._tk_transport = self._tk_make_transport()
-        t0 = time.monotonic()
+        payload = req.to_json()
+        t0 = self._tk_clock()
         acked = transport.send(UPDATE_METHOD, payload, wait_s)
         # how long the engine loop was held for the reply: what an arrival claim costs it
-        waited = round(time.monotonic() - t0, 6)
+        waited = round(self._tk_clock() - t0, 6)
         extra: dict[str, Any] = (
             {"arrival": True, "acked": acked, "ack_wait_s": waited} if arrival else {}
         )

@@ -97,7 +97,7 @@ def test_the_local_arm_keeps_the_adapter_in_process_without_a_trace(tmp_path: Pa
     local = fig6.arm_stack(spec, fig6.LOCAL_ARM, tmp_path / "l")
     full = fig6.arm_stack(spec, fig6.ADAPTER_ARM, tmp_path / "a")
     cfg = json.loads(local.extensions.tempokv.vllm_env()["BSRCTL_TEMPOKV"])
-    assert cfg["transport"] == "record" and "trace_path" not in cfg
+    assert cfg["transport"] == "record" and cfg["trace_path"] is None
     cfg = json.loads(full.extensions.tempokv.vllm_env()["BSRCTL_TEMPOKV"])
     assert cfg["transport"] == "connector" and cfg["trace_path"].endswith("adapter-trace.jsonl")
     assert cfg["adapter"] == json.loads(

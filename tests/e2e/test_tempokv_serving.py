@@ -73,7 +73,8 @@ def test_lmcache_killed_with_committed_claims_leaves_no_pin(tmp_path: Path) -> N
     import threading
     import time
 
-    from bsrctl.experiments.tempokv.serving import MIB, _arrivals, prepare, seed_documents
+    from bsrctl.experiments.tempokv import calls
+    from bsrctl.experiments.tempokv.serving import _arrivals, prepare, seed_documents
     from bsrctl.stack.bsr_client import BsrModuleClient
     from bsrctl.tempokv.spec import TempoKVSpec
 
@@ -88,11 +89,9 @@ def test_lmcache_killed_with_committed_claims_leaves_no_pin(tmp_path: Path) -> N
         seed_documents(stack, client, prep.docs)
         client.forget(wait_s=30.0)
         stack.forget_local()
-        got = client.call("tempokv.configure", {
-            "policy": "immediate", "capacity_bytes": run.l1_mib * MIB,
-            "budget_bytes": int(run.budget_mib * MIB),
-            "prior_bytes_s": run.l2_bandwidth_mib_s * MIB})  # fmt: skip
-        assert got["ok"], got
+        cfg = calls.tempo_config(spec, "immediate")
+        got = calls.configure(client, cfg)  # the server took the deployment's chunk size
+        assert (got.ok, got.config, cfg.chunk_tokens) == (True, cfg, 256)
         out: dict[str, list] = {}
         sender = threading.Thread(
             target=lambda: out.setdefault("res", _arrivals(stack, reqs, run)), daemon=True
@@ -101,7 +100,8 @@ def test_lmcache_killed_with_committed_claims_leaves_no_pin(tmp_path: Path) -> N
         deadline = time.monotonic() + 30
         pinned = 0
         while time.monotonic() < deadline and not pinned:
-            pinned = client.call("tempokv.status", {})["locked_bytes_now"]
+            st = calls.status(client)
+            pinned = st.locked_bytes_now if st is not None else 0
             time.sleep(0.02)
         assert pinned > 0, "no claim was committed and pinned before the kill"
         part = stack.parts["lmcache"]
@@ -113,7 +113,8 @@ def test_lmcache_killed_with_committed_claims_leaves_no_pin(tmp_path: Path) -> N
         res = out["res"]
         assert [r.output_token_ids for r in res] == canonical
         client = BsrModuleClient(stack)
-        assert client.call("tempokv.status", {}) == {"policy": None}  # no controller, no claim
+        assert calls.status(client) is None  # no controller, no claim (OFF_STATUS)
+        assert client.call("tempokv.status", {}) == {"policy": None}
         after = client.forget(wait_s=10.0)  # a plain forget skips locked objects
         assert after.l1_used_bytes_after == 0, after
     finally:

@@ -64,6 +64,14 @@ def test_sim_spec_is_the_serving_run() -> None:
     assert s.engine.release == "transfer_end"  # the server releases after the retrieve
     assert s.device.fast_tier_gib == 64 / 1024 and s.device.budget_fraction == 2.0 / 64
     assert s.device.staging_gib_s == (4 << 20) / (1 << 30)
+    # the adapter's retrieval rate and the deployment's chunk, from the run's spec
+    assert (s.device.retrieval_gib_s, s.engine.chunk_tokens) == (1e9 / (1 << 30), 256)
+    other = SPEC.model_copy(update={"serving": SPEC.serving.model_validate(
+        {**SPEC.serving.model_dump(exclude={"stack"}), "retrieval_bytes_s": 2e9,
+         "stack": {"lmcache": {"chunk_size": 128}}})})  # fmt: skip
+    s = sim_spec(other, calibrate(EVIDENCE, TRACE))
+    assert (s.device.retrieval_gib_s, s.engine.chunk_tokens) == (2e9 / (1 << 30), 128)
+    assert (s.device.fast_tier_gib, s.engine.max_seqs) == (64 / 1024, 1)
 
 
 def test_simulated_rows_and_orderings() -> None:

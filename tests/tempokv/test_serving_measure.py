@@ -8,6 +8,7 @@ from types import SimpleNamespace
 from bsrctl.evidence import Verdict
 from bsrctl.experiments.tempokv.pooled import MIB, pool
 from bsrctl.experiments.tempokv.serving import _measure, _run_checks
+from bsrctl.tempokv import wire
 
 
 class Writer:
@@ -22,7 +23,8 @@ def _result(sent: float, first: float, done: float, out: tuple[int, ...]) -> Sim
     return SimpleNamespace(sent_s=sent, first_token_s=first, done_s=done, output_token_ids=out)
 
 
-STATUS = {
+STATUS = wire.StatusReply.from_json({
+    "policy": "tempokv", "timed": True, "budget_bytes": 10_000, "attempts": 2,
     "c_byte_s": 3.0 * MIB, "model_c_byte_s": 1.5 * MIB, "peak_locked_bytes": 4096,
     "peak_reserved_bytes": 8192, "samples": 10, "claims": {"a": [], "b": []},
     "deferred_claims": 1, "retrievals": {"a": "READY"},
@@ -32,7 +34,10 @@ STATUS = {
         {"claim": "b", "ttr_est_s": 0.3, "stage_ready_s": None, "ttu_est_s": None,
          "retrieval_s": None},
     ],
-}  # fmt: skip
+    "stages": [{"op": 1, "bytes": 4096, "start_s": 0.1, "done_s": 0.2, "missed": 0}],
+    "observed_stock_reads": {"count": 0, "bytes": 0, "outcomes": {}, "reads": []},
+    "locked_bytes_now": 0, "reports_dropped": {"tempokv_reports_after_lookup": 1},
+})  # fmt: skip
 
 
 def test_measures_are_exact_and_pool() -> None:
@@ -47,6 +52,13 @@ def test_measures_are_exact_and_pool() -> None:
     (point,) = w.points
     assert point.id == "serving/r1/tempokv" and point.params["repeat"] == 1
     assert {c.name: c.verdict for c in point.checks}["canonical_output"] is Verdict.FAIL
+    # the evidence keeps the status's lists as the server sent them
+    raw = STATUS.to_json()
+    assert point.extra["extra"] == {k: raw[k] for k in ("claims", "ttr", "stages",
+                                                        "observed_stock_reads")}  # fmt: skip
+    assert m["reports_dropped_since_start"] == {"tempokv_reports_after_lookup": 1}
+    assert (m["retrievals"], m["deferred_claims"], m["peak_locked_bytes"]) == (
+        {"a": "READY"}, 1, 4096)  # fmt: skip
     p = pool([m, m])
     assert (p["requests"], p["canonical"], p["c_mib_s_per_req"]) == (4, 2, 1.5)
     assert p["ttu_error_s"] == [0.3, 0.3] and p["output_tok_s"] == round(10 / 6.0, 3)

@@ -14,21 +14,24 @@ from pathlib import Path
 import pytest
 
 from bsrctl.stack import tinymodel
+from bsrctl.tempokv import wire
+from bsrctl.tempokv.live import AdapterSettings
+from bsrctl.tempokv.ttu import CostModel
 
 pytestmark = pytest.mark.process
 
 HERE = Path(__file__).parent
 
 
-def run(tmp: Path, model: Path, cls: str, adapter: dict | None) -> tuple[list[dict], dict, list]:
+def run(
+    tmp: Path, model: Path, cls: str, adapter: AdapterSettings | None
+) -> tuple[list[dict], dict, list]:
     trace = tmp / f"{cls.rsplit('.', 1)[1]}.jsonl"
     out = tmp / f"{cls.rsplit('.', 1)[1]}.json"
-    cfg = {"trace_path": str(trace), "transport": "record"}
-    if adapter is not None:
-        cfg["adapter"] = adapter
+    cfg = wire.AdapterEnv(adapter, "record", str(trace))  # the wire the launch writes
     env = {
         **os.environ,
-        "BSRCTL_TEMPOKV": json.dumps(cfg),
+        "BSRCTL_TEMPOKV": json.dumps(cfg.to_json()),
         "VLLM_CPU_KVCACHE_SPACE": "1",
         "VLLM_NO_USAGE_STATS": "1",
         "DO_NOT_TRACK": "1",
@@ -72,16 +75,15 @@ def _plain(step: dict) -> dict:
 )
 def test_adapter_on_and_off_decide_the_same(tmp_path: Path, off_cls: str, on_cls: str) -> None:
     model = tinymodel.build()
-    adapter = {
-        "k": 2,
-        "needs_ttu": True,
-        "ttu_tolerance_s": 0.0,  # send on every change: the most work the adapter can do
-        "output_limit_tokens": 12,
-        "chunk_tokens": 256,
-        "kv_bytes_per_token": tinymodel.TinyModelRecipe().kv_bytes_per_token(),
-        "cost": {"step_base_s": 0.005, "token_s": 2e-5, "attn_pair_s": 0.0,
-                 "decode_ctx_token_s": 0.0},
-    }  # fmt: skip
+    adapter = AdapterSettings(
+        k=2,
+        needs_ttu=True,
+        ttu_tolerance_s=0.0,  # send on every change: the most work the adapter can do
+        output_limit_tokens=12,
+        chunk_tokens=256,
+        kv_bytes_per_token=tinymodel.TinyModelRecipe().kv_bytes_per_token(),
+        cost=CostModel(0.005, 2e-5, 0.0, 0.0),
+    )
     off_steps, off_out, _ = run(tmp_path, model, f"bsrctl.vllm_ext.scheduler.{off_cls}", None)
     on_steps, on_out, records = run(tmp_path, model, f"bsrctl.vllm_ext.scheduler.{on_cls}", adapter)
     assert len(off_steps) > 10  # chunked prefill over several steps, a queue behind 2 slots

@@ -1,92 +1,193 @@
 """The adapter's transport: an arrival's claim waits (bounded) for the server's reply, so
 it is on the server before the lookup vLLM's next schedule() sends; other sends never
-wait. The futures are LMCache's own; the client answers from a thread."""
+wait. The futures are LMCache's own; the test answers them itself (no wall-clock waits:
+the adapter's clock is the test's, and the client advances it by the reply's delay).
+The adapter reads its settings (BSRCTL_TEMPOKV) and the controller's replies through the
+TempoKV wire: a renamed key is refused, naming it."""
 
 from __future__ import annotations
 
 import json
 import threading
-import time
+from collections import deque
 from pathlib import Path
+from types import SimpleNamespace
 
+import pytest
 from lmcache.v1.multiprocess.futures import MessagingFuture
 from lmcache.v1.multiprocess.protocols.server_module import (
     ServerModuleCallRequest,
     ServerModuleCallResponse,
 )
 
+from bsrctl.stack.extensions import TempoKVLaunch
+from bsrctl.tempokv import wire
+from bsrctl.tempokv.live import AdapterSettings, LiveAdapterCore
+from bsrctl.vllm_ext import scheduler
 from bsrctl.vllm_ext.scheduler import TempoKVAdapter, _StepTrace
 from bsrctl.vllm_ext.transport import RecordTransport, ServerModuleTransport
 
+UPDATE = wire.UpdateRequest(0.0, ("a",), (), ("a",), {}, {})
 
-class DelayedClient:
-    """Answers each call ``delay_s`` later with the request's payload echoed."""
 
-    def __init__(self, delay_s: float) -> None:
-        self.delay_s = delay_s
+class Clock:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+class Client:
+    """Answers each call with ``reply`` (the request's payload echoed when None): at once
+    (``delay_s`` then passes on ``clock``), from a thread of its own (``threaded``), or only
+    when the test calls ``answer()`` (``held``)."""
+
+    def __init__(self, reply: dict | None = None, held: bool = False, threaded: bool = False,
+                 clock: Clock | None = None, delay_s: float = 0.0) -> None:  # fmt: skip
+        self.reply, self.held, self.threaded = reply, held, threaded
+        self.clock, self.delay_s = clock, delay_s
         self.calls: list[ServerModuleCallRequest] = []
+        self.pending: list[tuple[MessagingFuture, bytes]] = []
 
     def server_module_call(self, req: ServerModuleCallRequest) -> MessagingFuture:
         self.calls.append(req)
         fut: MessagingFuture = MessagingFuture()
-
-        def answer() -> None:
-            time.sleep(self.delay_s)
-            fut.set_result(ServerModuleCallResponse(success=True, payload=req.payload, error=""))
-
-        threading.Thread(target=answer, daemon=True).start()
+        body = req.payload if self.reply is None else json.dumps(self.reply).encode()
+        self.pending.append((fut, body))
+        if self.threaded:
+            threading.Thread(target=self.answer, daemon=True).start()
+        elif not self.held:
+            self.answer()
         return fut
+
+    def answer(self) -> None:
+        if self.clock is not None:
+            self.clock.t += self.delay_s
+        while self.pending:
+            fut, body = self.pending.pop(0)
+            fut.set_result(ServerModuleCallResponse(success=True, payload=body, error=""))
 
 
 def test_a_waited_send_returns_once_its_reply_is_back() -> None:
-    client = DelayedClient(0.05)
+    client = Client(threaded=True)  # answered from the client's thread, whenever it runs
     t = ServerModuleTransport([client], ServerModuleCallRequest)
-    t0 = time.monotonic()
-    assert t.send("tempokv.update", {"report": ["a"]}, wait_s=2.0) is True
-    assert 0.05 <= time.monotonic() - t0 < 2.0
-    # the reply is still delivered to the adapter's next collection, exactly once
+    assert t.send("tempokv.update", {"report": ["a"]}, wait_s=600.0) is True
+    # back when send returned: delivered to the adapter's next collection, exactly once
     assert t.replies() == [("tempokv.update", {"report": ["a"]})]
     assert t.replies() == []
     assert [json.loads(c.payload) for c in client.calls] == [{"report": ["a"]}]
 
 
 def test_a_waited_send_gives_up_at_its_bound_and_says_so() -> None:
-    t = ServerModuleTransport([DelayedClient(0.5)], ServerModuleCallRequest)
-    t0 = time.monotonic()
+    client = Client(held=True)
+    t = ServerModuleTransport([client], ServerModuleCallRequest)
     assert t.send("tempokv.update", {"report": ["a"]}, wait_s=0.05) is False
-    assert time.monotonic() - t0 < 0.4
     assert t.replies() == []  # not back yet; collected later
-    time.sleep(0.6)
+    client.answer()
     assert t.replies() == [("tempokv.update", {"report": ["a"]})]
+    assert t.replies() == []
 
 
 def test_plain_sends_do_not_wait() -> None:
-    t = ServerModuleTransport([DelayedClient(0.5)], ServerModuleCallRequest)
-    t0 = time.monotonic()
+    client = Client(held=True)  # never answers unless told: a wait would not return
+    t = ServerModuleTransport([client], ServerModuleCallRequest)
     assert t.send("tempokv.update", {"order": []}) is True
-    assert time.monotonic() - t0 < 0.4
+    assert not client.pending[0][0].query()  # returned with its reply still out
     r = RecordTransport()
     assert r.send("tempokv.update", {"order": ["a"]}, wait_s=1.0) is True
     assert r.sent == [("tempokv.update", {"order": ["a"]})]
 
 
-def _adapter(client: DelayedClient, trace: Path) -> TempoKVAdapter:
-    """The adapter's send path alone (no vLLM scheduler under it)."""
-    a = TempoKVAdapter.__new__(TempoKVAdapter)
+def _adapter(
+    client: Client, trace: Path, clock: Clock | None = None, cls: type = TempoKVAdapter
+) -> TempoKVAdapter:
+    """The adapter's send and collect paths alone (no vLLM scheduler under it)."""
+    a = cls.__new__(cls)
+    if clock is not None:
+        a._tk_clock = clock  # type: ignore[method-assign]
     a._tk_transport = ServerModuleTransport([client], ServerModuleCallRequest)
     a._bk_trace = _StepTrace(trace)
+    a._tk = LiveAdapterCore(AdapterSettings(k=2))
+    a._tk_errors = 0
     return a
 
 
 def test_the_trace_records_how_long_an_arrival_held_the_engine_loop(tmp_path: Path) -> None:
     trace = tmp_path / "adapter-trace.jsonl"
-    _adapter(DelayedClient(0.05), trace)._tk_send({"report": ["a"]}, arrival=True, wait_s=2.0)
-    _adapter(DelayedClient(0.5), trace)._tk_send({"report": ["b"]}, arrival=True, wait_s=0.05)
-    _adapter(DelayedClient(0.5), trace)._tk_send({"order": ["a"]})  # not an arrival: no wait
+    clock = Clock()
+    acked = Client(clock=clock, delay_s=0.05)  # its reply comes 0.05 s later
+    _adapter(acked, trace, clock)._tk_send(UPDATE, arrival=True, wait_s=2.0)
+    late = Client(held=True)
+    _adapter(late, trace, clock)._tk_send(UPDATE, arrival=True, wait_s=0.05)
+    _adapter(Client(held=True), trace, clock)._tk_send(UPDATE)  # not an arrival: no wait
     recs = [json.loads(line) for line in trace.read_text().splitlines()]
     assert [(r["kind"], r.get("arrival"), r.get("acked")) for r in recs] == [
         ("update", True, True), ("update", True, False), ("update", None, None)
     ]  # fmt: skip
-    assert 0.05 <= recs[0]["ack_wait_s"] < 2.0  # acked: the reply's delay
-    assert 0.05 <= recs[1]["ack_wait_s"] < 0.4  # gave up at its bound
+    assert recs[0]["ack_wait_s"] == 0.05  # acked: the reply's delay, on the adapter's clock
+    assert recs[1]["ack_wait_s"] == 0.0  # gave up at its bound (the test's clock stood still)
     assert "ack_wait_s" not in recs[2]
+    assert {k: recs[2][k] for k in UPDATE.to_json()} == UPDATE.to_json()  # the record as sent
+    assert [json.loads(c.payload) for c in late.calls] == [UPDATE.to_json()]
+
+
+def test_the_adapter_reads_the_controllers_reply_through_the_wire(tmp_path: Path) -> None:
+    reply = wire.UpdateReply({"a": 512}, {"a": 0.25}, False, False, None)
+    a = _adapter(Client(reply.to_json()), tmp_path / "t.jsonl")
+    a._tk.claimed["a"] = 0
+    a._tk_send(UPDATE)
+    a._tk_collect()
+    assert (a._tk.claimed, a._tk.eta_s) == ({"a": 512}, {"a": 0.25})
+    assert (a._tk.s.needs_ttu, a._tk.s.ttu_quantile) == (False, None)  # the policy's
+    off = _adapter(Client(wire.UpdateReply.turned_off().to_json()), tmp_path / "o.jsonl")
+    off._tk_send(UPDATE)
+    off._tk_collect()
+    assert off._tk.s == AdapterSettings(k=2)  # TempoKV off: nothing the policy says
+
+
+class _Scheduled:
+    """What vLLM's scheduler returns, as far as the recorder reads it."""
+
+    def schedule(self) -> SimpleNamespace:
+        return SimpleNamespace(num_scheduled_tokens={}, scheduled_new_reqs=[],
+                               finished_req_ids=set())  # fmt: skip
+
+
+class _Hooked(TempoKVAdapter, _Scheduled):
+    pass
+
+
+def test_a_reply_with_a_renamed_key_is_an_adapter_error_naming_it(tmp_path: Path) -> None:
+    raw = wire.UpdateReply({"a": 512}, {}, False, True, None).to_json()
+    raw["hit_token"] = raw.pop("hit_tokens")
+    trace = tmp_path / "t.jsonl"
+    a = _adapter(Client(raw), trace, cls=_Hooked)
+    a._tk_scheduled = deque()
+    a._tk.claimed["a"] = 0
+    a._tk_send(UPDATE)
+    out = a.schedule()  # the hook collects the reply: refused, counted, scheduling goes on
+    assert out.num_scheduled_tokens == {}
+    assert a._tk.claimed == {"a": 0}  # nothing read as 0 or absent
+    (err,) = [json.loads(x) for x in trace.read_text().splitlines() if '"adapter_error"' in x]
+    assert err["where"] == "schedule"
+    assert "missing keys ['hit_tokens'], unexpected keys ['hit_token']" in err["error"]
+    assert a._tk_errors == 1
+
+
+def test_the_adapter_settings_travel_as_the_launch_wrote_them(monkeypatch) -> None:
+    settings = AdapterSettings(k=12, chunk_tokens=128, retrieval_bytes_s=2e9,
+                               kv_bytes_per_token=1024)  # fmt: skip
+    launch = TempoKVLaunch(settings, trace_path="/tmp/t.jsonl", transport="record")
+    monkeypatch.setenv(scheduler.ENV, launch.vllm_env()[scheduler.ENV])
+    assert scheduler._config() == wire.AdapterEnv(settings, "record", "/tmp/t.jsonl")
+    raw = json.loads(launch.vllm_env()[scheduler.ENV])
+    raw["adapter"]["chunk_token"] = raw["adapter"].pop("chunk_tokens")
+    monkeypatch.setenv(scheduler.ENV, json.dumps(raw))
+    with pytest.raises(wire.WireError) as err:
+        scheduler._config()
+    assert str(err.value) == (
+        "BSRCTL_TEMPOKV.adapter: missing keys ['chunk_tokens'], unexpected keys ['chunk_token']"
+    )
+    monkeypatch.delenv(scheduler.ENV)
+    assert scheduler._config() == wire.AdapterEnv(None, "record", None)  # the recorder alone

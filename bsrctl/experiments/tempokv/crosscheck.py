@@ -106,6 +106,7 @@ def calibrate(evidence: Mapping[str, Any], trace: Iterable[Mapping[str, Any]]) -
 
 def sim_spec(spec: TempoKVSpec, cal: Calibration) -> TempoKVSpec:
     run = spec.serving
+    l1_mib = run.stack.lmcache.l1_size_bytes / (1 << 20)
     docs = [run.documents_tokens[i % len(run.documents_tokens)] for i in range(run.num_requests)]
     return spec.model_copy(
         update={
@@ -114,20 +115,20 @@ def sim_spec(spec: TempoKVSpec, cal: Calibration) -> TempoKVSpec:
                     "staging_gib_s": cal.staging_bytes_s / GIB,
                     "contention": 0.0,  # the shaped L2 is one FIFO device
                     "concurrency": 1,
-                    "retrieval_gib_s": 1e9 / GIB,  # the adapter's own assumption
-                    "fast_tier_gib": run.l1_mib / 1024,
-                    "budget_fraction": run.budget_mib / run.l1_mib,
+                    "retrieval_gib_s": run.retrieval_bytes_s / GIB,  # the adapter's assumption
+                    "fast_tier_gib": l1_mib / 1024,
+                    "budget_fraction": run.budget_mib / l1_mib,
                 }
             ),
             "engine": spec.engine.model_copy(
                 update={
-                    "max_seqs": run.max_num_seqs,
+                    "max_seqs": run.stack.vllm.max_num_seqs,
                     "max_batched_tokens": cal.max_step_tokens,
                     "loads": "queued",
                     # the server module releases a claim after its retrieve: the transfer
                     "release": "transfer_end",
                     "gpu_kv_gib": 1.0,  # VLLM_CPU_KVCACHE_SPACE
-                    "chunk_tokens": 256,
+                    "chunk_tokens": run.stack.lmcache.chunk_size,
                 }
             ),
             "workload": spec.workload.model_copy(

@@ -20,24 +20,29 @@ import os
 import threading
 import time
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from bsrctl.evidence import EvidenceWriter, Verdict
 from bsrctl.evidence.verdict import Point, check
 from bsrctl.experiments.run import Progress
+from bsrctl.experiments.tempokv import calls
 from bsrctl.experiments.tempokv.adapter_cost import adapter_cost, read_trace
 from bsrctl.experiments.tempokv.expectations import JudgedCheck
 from bsrctl.experiments.tempokv.pooled import pool, quantile, run_order
 from bsrctl.prompts import prompt_ids
 from bsrctl.settings import RestoreSettings, RestoreTuning
-from bsrctl.specs import LmcacheSpec, StackSpec, VllmSpec
+from bsrctl.specs import StackSpec, resolve_registration
 from bsrctl.stack import tinymodel
 from bsrctl.stack.bsr_client import BsrModuleClient
 from bsrctl.stack.canonical import canonical_outputs
 from bsrctl.stack.extensions import L2Device, TempoKVLaunch, bsr_extensions, odirect_allowed
 from bsrctl.stack.seeding import seed_tiers
 from bsrctl.stack.serving import ServingStack
+from bsrctl.tempokv import wire
+from bsrctl.tempokv.live import AdapterSettings
 from bsrctl.tempokv.spec import PolicyGrid, ServingRun, TempoKVSpec
+from bsrctl.tempokv.ttu import CostModel
 
 MIB = 1 << 20
 LIVE_POLICIES_EXCLUDED = {"oracle": "needs the run's future: simulation only"}
@@ -63,6 +68,41 @@ def engine_cpus_default(cpus: int) -> str | None:
     return "0" if cpus == 2 else f"0-{cpus - 2}"
 
 
+def kv_bytes_per_token(stack: StackSpec) -> int:
+    """KV bytes per token over every rank, from the deployment's registration (derived
+    from its model's config.json, TP, dtype and chunk size, as the restore runs do)."""
+    tp, chunk = stack.vllm.tensor_parallel_size, stack.lmcache.chunk_size
+    reg = resolve_registration("auto", stack, tp, chunk, "serving.stack.vllm.tensor_parallel_size")
+    return reg.bytes_per_chunk_all_ranks // reg.chunk_tokens
+
+
+def deployment(run: ServingRun) -> StackSpec:
+    """The run's stack; its engine off the last core unless the spec binds it."""
+    stack = run.stack
+    if stack.vllm.cpu_threads_bind:
+        return stack
+    bind = engine_cpus_default(os.cpu_count() or 1)
+    return stack.model_copy(
+        update={"vllm": stack.vllm.model_copy(update={"cpu_threads_bind": bind})}
+    )
+
+
+def adapter_settings(spec: TempoKVSpec, stack: StackSpec) -> AdapterSettings:
+    """The runtime adapter's settings: the run's, its deployment's chunk and KV geometry."""
+    run = spec.serving
+    return AdapterSettings(
+        k=run.claims_k,
+        needs_ttu=True,
+        # TTU precision below the controller's tick moves no commitment by more than a tick
+        ttu_tolerance_s=spec.control.tick_s,
+        output_limit_tokens=run.max_tokens,
+        chunk_tokens=stack.lmcache.chunk_size,
+        retrieval_bytes_s=run.retrieval_bytes_s,
+        kv_bytes_per_token=kv_bytes_per_token(stack),
+        cost=CostModel(run.step_base_s, run.token_s, 0.0, 0.0),
+    )
+
+
 def stack_for(
     spec: TempoKVSpec, run_dir: Any, with_adapter: bool = True
 ) -> tuple[ServingStack, dict[str, Any]]:
@@ -70,30 +110,10 @@ def stack_for(
     scheduler and stock LMCache options, same server module and shaped L2): Figure 6's
     unmodified-LMCache baseline."""
     run = spec.serving
-    recipe = tinymodel.TinyModelRecipe()
-    kv_bytes = recipe.kv_bytes_per_token()
-    stack_spec = StackSpec(
-        vllm=VllmSpec(
-            max_num_seqs=run.max_num_seqs,
-            max_model_len=8192,
-            cpu_threads_bind=run.engine_cpus or engine_cpus_default(os.cpu_count() or 1),
-        ),
-        lmcache=LmcacheSpec(l1_size_bytes=run.l1_mib * MIB, chunk_size=256),
-    )
+    stack_spec = deployment(run)
+    adapter = adapter_settings(spec, stack_spec)
     l2_dir = run_dir / "stack" / "l2-fs"
     odirect = odirect_allowed(l2_dir)
-    adapter = {
-        "k": run.claims_k,
-        "needs_ttu": True,
-        # TTU precision below the controller's tick moves no commitment by more than a tick
-        "ttu_tolerance_s": spec.control.tick_s,
-        "output_limit_tokens": run.max_tokens,
-        "chunk_tokens": 256,
-        "kv_bytes_per_token": kv_bytes,
-        "retrieval_bytes_s": 1e9,
-        "cost": {"step_base_s": run.step_base_s, "token_s": run.token_s,
-                 "attn_pair_s": 0.0, "decode_ctx_token_s": 0.0},
-    }  # fmt: skip
     ext = replace(
         bsr_extensions(RestoreSettings.of(RestoreTuning(), 0)),
         l2_device=L2Device(run.l2_bandwidth_mib_s * MIB, run.l2_latency_s, odirect),
@@ -101,7 +121,11 @@ def stack_for(
         if with_adapter
         else None,
     )
-    info = {"odirect": odirect, "kv_bytes_per_token": kv_bytes, "adapter": adapter}
+    info = {
+        "odirect": odirect,
+        "kv_bytes_per_token": adapter.kv_bytes_per_token,
+        "adapter": wire.settings_to_json(adapter),
+    }
     return ServingStack(stack_spec, run_dir, ext), info
 
 
@@ -119,8 +143,10 @@ class Prepared:
 
 def prepare(spec: TempoKVSpec, run_dir: Any, say: Progress = lambda _m: None) -> Prepared:
     run = spec.serving
-    docs, reqs = _prompts(run, tinymodel.vocab_size(tinymodel.build()), spec.seed)
     stack, info = stack_for(spec, run_dir)
+    model = stack.spec.vllm.model  # the deployment's (the tiny model is built locally)
+    docs, reqs = _prompts(run, tinymodel.vocab_size(tinymodel.build() if model == "tiny"
+                                                    else Path(model)), spec.seed)  # fmt: skip
     say("canonical outputs (connector-less vLLM)")
     canonical = canonical_outputs(stack.spec, run_dir, reqs, run.max_tokens)
     return Prepared(stack, info, docs, reqs, canonical)
@@ -131,7 +157,8 @@ def seed_documents(
 ) -> list[bool]:
     """Store every document into the FS L2; whether each is whole there."""
     return [
-        seed_tiers(stack, client, doc, chunk_tokens=256, tiers=("fs",), max_tokens=1,
+        seed_tiers(stack, client, doc, chunk_tokens=stack.spec.lmcache.chunk_size, tiers=("fs",),
+                   max_tokens=1,
                    forget_first=False, forget_wait_s=30.0).complete
         for doc in docs
     ]  # fmt: skip
@@ -190,18 +217,13 @@ def _policy_once(
     budget = int(run.budget_mib * MIB)
     client.forget(wait_s=30.0)
     stack.forget_local()
-    got = client.call(
-        "tempokv.configure",
-        {"policy": policy, "capacity_bytes": run.l1_mib * MIB, "budget_bytes": budget,
-         "prior_bytes_s": run.l2_bandwidth_mib_s * MIB, "prior_latency_s": run.l2_latency_s,
-         "tick_s": spec.control.tick_s},
-    )  # fmt: skip
-    if not got.get("ok"):
-        raise RuntimeError(f"tempokv.configure {policy}: {got}")
+    calls.configure(client, calls.tempo_config(spec, policy))
     results = _arrivals(stack, reqs, run)
     time.sleep(0.3)  # the last retrieve's release reaches the controller
-    status = client.call("tempokv.status", {})
-    client.call("tempokv.configure", {"policy": None})
+    status = calls.status(client)
+    calls.configure(client, None)
+    if status is None:
+        raise RuntimeError(f"tempokv.status after {policy}: TempoKV is off")
     return _measure(policy, rep, results, canonical, status, budget, writer, seeds)
 
 
@@ -234,7 +256,7 @@ def _measure(
     rep: int,
     results: list[Any],
     canonical: list[tuple[int, ...]],
-    status: dict[str, Any],
+    status: wire.StatusReply,
     budget: int,
     writer: EvidenceWriter,
     seeds: list[bool],
@@ -247,15 +269,16 @@ def _measure(
         r is not None and r.output_token_ids == c for r, c in zip(results, canonical, strict=True)
     ]
     n = len(results)
-    ttr = status.get("ttr", [])
-    errors = [r["stage_ready_s"] - r["ttr_est_s"] for r in ttr if r["stage_ready_s"] is not None]
+    ttr = status.ttr
+    errors = [r.stage_ready_s - r.ttr_est_s for r in ttr if r.stage_ready_s is not None]
     # TTU error: when retrieval was demanded after the commit, minus the TTU then (claims
     # committed with a TTU estimate: the timed policies)
     ttu_errors = [
-        r["retrieval_s"] - r["ttu_est_s"]
+        r.retrieval_s - r.ttu_est_s
         for r in ttr
-        if r.get("ttu_est_s") is not None and r.get("retrieval_s") is not None
+        if r.ttu_est_s is not None and r.retrieval_s is not None
     ]
+    raw = status.to_json()  # what the evidence keeps as the server sent it
     measures = {
         "ttfts_s": [round(t, 6) for t in ttfts],
         "makespan_s": round(makespan, 6),
@@ -263,20 +286,20 @@ def _measure(
         "p95_ttft_s": round(_p95(ttfts), 6),
         "mean_ttft_s": round(sum(ttfts) / len(ttfts), 6) if ttfts else math.nan,
         "output_tok_s": round(tokens / makespan, 3) if makespan > 0 else math.nan,
-        "c_byte_s": status.get("c_byte_s", 0.0),
-        "c_mib_s_per_req": round(status.get("c_byte_s", 0.0) / MIB / max(1, n), 6),
-        "model_c_byte_s": status.get("model_c_byte_s", 0.0),
-        "model_c_mib_s_per_req": round(status.get("model_c_byte_s", 0.0) / MIB / max(1, n), 6),
-        "peak_locked_bytes": status.get("peak_locked_bytes", 0),
-        "peak_reserved_bytes": status.get("peak_reserved_bytes", 0),
+        "c_byte_s": status.c_byte_s,
+        "c_mib_s_per_req": round(status.c_byte_s / MIB / max(1, n), 6),
+        "model_c_byte_s": status.model_c_byte_s,
+        "model_c_mib_s_per_req": round(status.model_c_byte_s / MIB / max(1, n), 6),
+        "peak_locked_bytes": status.peak_locked_bytes,
+        "peak_reserved_bytes": status.peak_reserved_bytes,
         "budget_bytes": budget,
         "canonical": sum(same),
         "requests": n,
         "committed": len(ttr),
-        "deferred_claims": status.get("deferred_claims", 0),
-        "claims": len(status.get("claims", {})),
-        "reports_dropped_since_start": status.get("reports_dropped", {}),
-        "retrievals": status.get("retrievals", {}),
+        "deferred_claims": status.deferred_claims,
+        "claims": len(status.claims),
+        "reports_dropped_since_start": raw["reports_dropped"],
+        "retrievals": raw["retrievals"],
         "ttr_error_s": sorted(round(e, 6) for e in errors),
         "ttr_error_abs_p50_s": round(quantile([abs(e) for e in errors], 0.5), 6),
         "ttr_error_abs_p95_s": round(quantile([abs(e) for e in errors], 0.95), 6),
@@ -288,7 +311,7 @@ def _measure(
             "protected_within_budget",
             measures["peak_locked_bytes"] <= budget,
             f"peak locked {measures['peak_locked_bytes']} B ≤ budget {budget} B "
-            f"(over {status.get('samples', 0)} samples)",
+            f"(over {status.samples} samples)",
         ),
         check("seeded", all(seeds) or None, f"documents fully in L2: {seeds}"),
     )
@@ -300,10 +323,10 @@ def _measure(
             checks=checks,
             extra={
                 "extra": {
-                    "claims": status.get("claims", {}),
-                    "ttr": ttr,
-                    "stages": status.get("stages", []),
-                    "observed_stock_reads": status.get("observed_stock_reads", {}),
+                    "claims": raw["claims"],
+                    "ttr": raw["ttr"],
+                    "stages": raw["stages"],
+                    "observed_stock_reads": raw["observed_stock_reads"],
                 }
             },
         )  # fmt: skip

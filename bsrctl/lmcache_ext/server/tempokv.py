@@ -1,15 +1,16 @@
 """TempoKV inside the server module: the ``tempokv.*`` methods and the retrieval hooks.
+Every payload is a record of the TempoKV wire (``bsrctl.tempokv.wire``), read with
+``from_json`` (a missing or unknown key is refused, naming it):
 
-- ``tempokv.configure`` ``{LiveConfig fields}`` -> ``{"ok", "config" | "error"}``: (re)start
-  the controller and provider (``bsrctl.lmcache_ext.tempokv_live.LiveTempo``) over this
-  server's StorageManager; ``{"policy": null}`` turns TempoKV off.
+- ``tempokv.configure`` ``ConfigureRequest`` -> ``ConfigureReply``: (re)start the
+  controller and provider (``bsrctl.lmcache_ext.tempokv_live.LiveTempo``) over this
+  server's StorageManager; ``config: null`` turns TempoKV off. A config whose
+  ``chunk_tokens`` is not this server's chunk size is refused, naming both.
 - ``tempokv.update`` (the vLLM runtime adapter, ``bsrctl.vllm_ext.scheduler``):
-  ``{"report": [ids], "hits": {id: {"token_ids", "cache_salt", "model_name",
-  "world_size"}}, "cancel": [ids], "order": [ids], "ttus_s": {id: s}}`` ->
-  ``{"hit_tokens": {id: n}, "eta_s": {id: s}}``. A reported claim's objects come from this
+  ``UpdateRequest`` -> ``UpdateReply``. A reported claim's objects come from this
   server's own key derivation and a probe (metadata only: nothing staged or locked).
-- ``tempokv.status`` ``{}`` -> the live report (claims' traces, sampled protected bytes and
-  C, stages, TTR at commit vs stage-ready).
+- ``tempokv.status`` ``{}`` -> ``StatusReply`` (claims' traces, sampled protected bytes
+  and C, stages, TTR at commit vs stage-ready), or ``OFF_STATUS``.
 
 Retrieval hooks (the stock path, W = 0): at a request's lookup its claim is asked for
 retrieval; READY or ORDINARY go on at once (the stock lookup finds staged objects in L1,
@@ -26,7 +27,6 @@ from __future__ import annotations
 import json
 import threading
 from concurrent.futures import Future
-from dataclasses import asdict
 from typing import Any
 
 from lmcache.v1.multiprocess.custom_types import IPCCacheServerKey
@@ -36,6 +36,7 @@ from bsrctl.lmcache_ext.mp_storage import ServerRestoreStorage
 from bsrctl.lmcache_ext.server.state import Mode, ModuleState, log
 from bsrctl.lmcache_ext.tempokv_device import LiveObject
 from bsrctl.lmcache_ext.tempokv_live import LiveConfig, LiveTempo
+from bsrctl.tempokv import wire
 from bsrctl.tempokv.controller import RetrievalGrant
 
 WAIT_READY_MAX_S = 40.0  # a held lookup never outlives vLLM's mq timeout (60 s)
@@ -60,44 +61,50 @@ class TempoKVHandlers(ModuleState):
         if not hasattr(self, "_tempo_held"):
             self._tempo_held = {}
 
-    @server_module_handler("tempokv.configure")
+    @server_module_handler(wire.CONFIGURE)
     def tempokv_configure(self, payload: bytes) -> bytes:
         self._tempo_init()
         try:
-            req = _payload(payload)
+            cfg = wire.ConfigureRequest.from_json(_payload(payload)).config
             old, self._tempo = self._tempo, None
             if old is not None:
                 old.close()
-            if req.get("policy", "") is None:
-                return _json({"ok": True, "config": None})
-            cfg = LiveConfig.from_json(req)
+            if cfg is None:
+                return _json(wire.ConfigureReply(True, None, None).to_json())
+            chunk = self._ctx.chunk_size
+            if cfg.chunk_tokens != chunk:
+                raise ValueError(
+                    f"config.chunk_tokens {cfg.chunk_tokens} is not this server's chunk size "
+                    f"{chunk} (--chunk-size): the claims' objects would be the wrong chunks"
+                )
+            live = LiveConfig.from_json(cfg.to_json())
             storage = ServerRestoreStorage(self._sm, self._layouts_of)
-            self._tempo = LiveTempo(storage, cfg)
-            return _json({"ok": True, "config": asdict(cfg)})
+            self._tempo = LiveTempo(storage, live)
+            return _json(wire.ConfigureReply(True, cfg, None).to_json())
         except Exception as e:
-            return _json({"ok": False, "error": str(e)})
+            return _json(wire.ConfigureReply(False, None, str(e)).to_json())
 
-    @server_module_handler("tempokv.status")
+    @server_module_handler(wire.STATUS)
     def tempokv_status(self, payload: bytes) -> bytes:
         tempo = self._tempo
         if tempo is None:
-            return _json({"policy": None})
+            return _json(wire.OFF_STATUS)
         with self._lock:
             counts = {k: v for k, v in self._counters.items() if k.startswith("tempokv_")}
-        report = tempo.report_json()
-        seen = report["observed_stock_reads"]
-        log.info("tempokv status (%s): observed stock reads %s", report["policy"],
-                 json.dumps(seen, sort_keys=True))  # fmt: skip
-        return _json({**report, "reports_dropped": counts})
+        # read back through the record: a key the live report renamed fails here, named
+        status = wire.StatusReply.from_json({**tempo.report_json(), "reports_dropped": counts})
+        log.info("tempokv status (%s): observed stock reads %s", status.policy,
+                 json.dumps(status.observed_stock_reads.to_json(), sort_keys=True))  # fmt: skip
+        return _json(status.to_json())
 
-    @server_module_handler("tempokv.update")
+    @server_module_handler(wire.UPDATE)
     def tempokv_update(self, payload: bytes) -> bytes:
+        req = wire.UpdateRequest.from_json(_payload(payload))
         tempo = self._tempo
         if tempo is None:
-            return _json({"hit_tokens": {}, "eta_s": {}, "off": True})
-        req = _payload(payload)
+            return _json(wire.UpdateReply.turned_off().to_json())
         hit_tokens: dict[str, int] = {}
-        for rid, hit in (req.get("hits") or {}).items():
+        for rid, hit in req.hits.items():
             with self._lock:
                 looked_up = rid in self._modes
             if looked_up:
@@ -112,37 +119,35 @@ class TempoKVHandlers(ModuleState):
                 continue
             hit_tokens[rid] = len(objects) * self._ctx.chunk_size
             if objects:
-                tempo.report(rid, objects, int(hit["world_size"]))
+                tempo.report(rid, objects, hit.world_size)
             else:
                 self._count("tempokv_reports_no_hit")
-        for rid in req.get("cancel") or ():
+        for rid in req.cancel:
             tempo.cancel(rid)
-        tempo.update(list(req.get("order") or ()), req.get("ttus_s") or None)
-        claimed = [r for r in req.get("order") or () if r in tempo.controller.claims]
+        tempo.update(list(req.order), req.ttus_s or None)
+        claimed = [r for r in req.order if r in tempo.controller.claims]
         policy = tempo.policy
-        return _json(
-            {
-                "hit_tokens": hit_tokens,
-                "eta_s": tempo.eta_s(claimed),
-                "needs_ttu": policy.needs_ttu,
-                "ttu_quantile": getattr(policy, "ttu_quantile", None),
-            }
+        reply = wire.UpdateReply(
+            hit_tokens,
+            tempo.eta_s(claimed),
+            False,
+            policy.needs_ttu,
+            getattr(policy, "ttu_quantile", None),
         )
+        return _json(reply.to_json())
 
-    def _tempo_objects(self, rid: str, hit: dict[str, Any]) -> list[LiveObject]:
+    def _tempo_objects(self, rid: str, hit: wire.Hit) -> list[LiveObject]:
         """The claim's objects: the complete hit prefix, one chunk column each."""
-        model, world = str(hit["model_name"]), int(hit["world_size"])
-        tokens = [int(t) for t in hit["token_ids"]]
         key = IPCCacheServerKey(
-            model_name=model,
-            world_size=world,
+            model_name=hit.model_name,
+            world_size=hit.world_size,
             worker_id=None,
-            token_ids=tuple(tokens),
+            token_ids=hit.token_ids,
             start=0,
-            end=len(tokens),
+            end=len(hit.token_ids),
             request_id=rid,
-            cache_salt=str(hit.get("cache_salt", "")),
-            num_kv_readers=world,
+            cache_salt=hit.cache_salt,
+            num_kv_readers=hit.world_size,
         )
         return self._tempo_key_objects(key)
 
