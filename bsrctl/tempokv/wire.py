@@ -258,6 +258,7 @@ class TempoConfig(Record):
     budget_bytes: int  # protected-capacity budget
     concurrency: int  # staging ops in flight
     prior_bytes_s: float  # staging rate prior (the shaped L2's)
+    prior_latency_s: float  # the shaped L2's per-op latency (the device progress estimate)
     static_rate_bytes_s: float | None  # TempoKV-Static's rate (None: the prior)
     tick_s: float
     chunk_tokens: int  # must equal the server's chunk size

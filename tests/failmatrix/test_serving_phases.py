@@ -46,7 +46,9 @@ class FakeRig(ServingRig):
     """ServingRig over recorders: nothing is launched."""
 
     def __init__(self, spec: Any) -> None:  # no deployment
-        self.spec, self.attached, self.canonical = spec, False, {}
+        self.spec, self.canonical = spec, {}
+        self.deployment = SimpleNamespace(kind="serving")  # launched: attached is False
+        self._stack = self._client = None
         self.stack = SimpleNamespace(complete=self._complete)
         self.snaps = 0
 

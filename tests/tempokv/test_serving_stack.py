@@ -58,7 +58,8 @@ def test_every_shipped_spec_deploys_what_it_did(path: Path, tmp_path: Path) -> N
     cfg = calls.tempo_config(spec, "tempokv")
     assert cfg == wire.TempoConfig("tempokv", spec.serving.l1_mib * MIB,
                                    int(spec.serving.budget_mib * MIB), 1,
-                                   spec.serving.l2_bandwidth_mib_s * MIB, None,
+                                   spec.serving.l2_bandwidth_mib_s * MIB,
+                                   spec.serving.l2_latency_s, None,
                                    spec.control.tick_s, 256)  # fmt: skip
 
 

@@ -27,6 +27,7 @@ def tempo_config(spec: TempoKVSpec, policy: str) -> wire.TempoConfig:
         budget_bytes=int(run.budget_mib * MIB),
         concurrency=1,  # the shaped L2 is one FIFO device: one staging op at a time
         prior_bytes_s=run.l2_bandwidth_mib_s * MIB,
+        prior_latency_s=run.l2_latency_s,
         static_rate_bytes_s=None,  # TempoKV-Static stages at the prior
         tick_s=spec.control.tick_s,
         chunk_tokens=run.stack.lmcache.chunk_size,

@@ -63,7 +63,7 @@ def states(server) -> dict[str, str]:
 
 
 def config(policy: str, chunk_tokens: int = CHUNK) -> wire.TempoConfig:
-    return wire.TempoConfig(policy, 64 * C_BYTES, 8 * C_BYTES, 1, 1000.0 * C_BYTES, None,
+    return wire.TempoConfig(policy, 64 * C_BYTES, 8 * C_BYTES, 1, 1000.0 * C_BYTES, 0.0, None,
                             0.02, chunk_tokens)  # fmt: skip
 
 
