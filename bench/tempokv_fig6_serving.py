@@ -5,8 +5,9 @@ made locally (no hub).
 
     flock /work/heavy.lock python bench/tempokv_fig6_serving.py [--repeats R] [SPEC.yaml] [RATES...]
 
-Two arms, each its own stack, built by ``serving.stack_for`` with the same server module and
-the same shaped (O_DIRECT where taken) FS L2:
+Two arms, each its own deployment, made by ``serving.deployment_for`` (the run's path:
+``make_deployment`` with TempoKV's ``extend``) with the same server module and the same shaped
+(O_DIRECT where taken) FS L2:
 
 - ``lmcache``: ``with_adapter=False``: vLLM's stock scheduler (no ``--scheduler-cls``), LMCache
   with its stock options and the server module's TempoKV off: every request reads L2 through
@@ -44,12 +45,12 @@ from bsrctl.experiments.tempokv import calls
 from bsrctl.experiments.tempokv.serving import (
     _arrivals,
     _p95,
+    deployment_for,
     prepare,
     seed_documents,
-    stack_for,
 )
-from bsrctl.stack.bsr_client import BsrModuleClient
-from bsrctl.stack.serving import ServingStack
+from bsrctl.stack.deployment import Deployment
+from bsrctl.stack.extensions import TempoKVLaunch, odirect_allowed
 from bsrctl.tempokv.spec import TempoKVSpec
 
 # the shipped serving workload (ladders/tempokv-serving.yaml: one slot, 12 documents, shaped
@@ -98,24 +99,28 @@ class Cell:
     controller: str  # what tempokv.status said after the cell ("" for the baseline)
 
 
-def arm_stack(spec: TempoKVSpec, arm: str, run_dir: Path) -> ServingStack:
-    stack, _info = stack_for(spec, run_dir, with_adapter=arm != "lmcache")
-    if arm == LOCAL_ARM and stack.extensions is not None and stack.extensions.tempokv:
-        tk = replace(stack.extensions.tempokv, transport="record", trace_path=None)
-        stack = ServingStack(stack.spec, run_dir, replace(stack.extensions, tempokv=tk))
-    return stack
+def in_process(tk: TempoKVLaunch) -> TempoKVLaunch:
+    """The adapter-local arm's launch: updates stay in vLLM's process, no trace."""
+    return replace(tk, transport="record", trace_path=None)
+
+
+def arm_deployment(spec: TempoKVSpec, arm: str, run_dir: Path) -> Deployment:
+    """The arm's deployment (not started), through the serving run's own path."""
+    launch = in_process if arm == LOCAL_ARM else None
+    dep, _info = deployment_for(spec, run_dir, with_adapter=arm != "lmcache", launch=launch)
+    return dep
 
 
 def run_arm(
     spec: TempoKVSpec, arm: str, run_dir: Path, rates: Sequence[float], prep: Any, rep: int
 ) -> dict[float, Cell]:
     run = spec.serving
-    stack = arm_stack(spec, arm, run_dir)
+    dep = arm_deployment(spec, arm, run_dir)
     out: dict[float, Cell] = {}
-    client = None
     try:
-        stack.up()
-        client = BsrModuleClient(stack)
+        dep.up(dep.settings)
+        stack, client = dep.stack, dep.client
+        assert client is not None
         seeds = seed_documents(stack, client, prep.docs)
         if not all(seeds):
             print(f"FAILURE: repeat {rep} {arm}: documents not whole in L2: {seeds}", flush=True)
@@ -165,9 +170,7 @@ def run_arm(
                     flush=True,
                 )
     finally:
-        if client is not None:
-            client.close()
-        stack.down()
+        dep.down()  # closes its client, stops every process by PID
     return out
 
 
@@ -236,7 +239,8 @@ def main() -> int:
     run = spec.serving
     print(f"run dir {run_dir}; {ns.repeats} repeats; rates {rates}; {run.num_requests} requests "
           f"per cell; orders {arm_orders(ns.repeats, arms)}", flush=True)  # fmt: skip
-    prep = prepare(spec, run_dir / "canonical")  # its stack is never started
+    prep = prepare(spec, run_dir / "canonical")
+    odirect = odirect_allowed(run_dir / "canonical" / "stack" / "l2-fs")  # the arms' filesystem
     cells: list[dict[str, dict[float, Cell]]] = []
     try:
         for k, order in enumerate(arm_orders(ns.repeats, arms)):
@@ -253,7 +257,7 @@ def main() -> int:
         print()
         print("\n".join(table(rates, cells, extra)))
     print(f"\nmedians over {ns.repeats} repeats, {run.num_requests} requests per cell; shaped L2 "
-          f"{run.l2_bandwidth_mib_s} MiB/s (O_DIRECT {prep.info['odirect']}), budget "
+          f"{run.l2_bandwidth_mib_s} MiB/s (O_DIRECT {odirect}), budget "
           f"{run.budget_mib} MiB, run dir {run_dir}")  # fmt: skip
     bad = [
         (k, arm, rate)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import math
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import yaml
@@ -57,12 +58,12 @@ def test_table_rows_take_medians_and_ratio_ranges() -> None:
 
 
 def test_baseline_stack_differs_only_by_the_tempokv_launch(tmp_path: Path) -> None:
-    from bsrctl.experiments.tempokv.serving import stack_for
+    from bsrctl.experiments.tempokv.serving import deployment_for
     from bsrctl.tempokv.spec import TempoKVSpec
 
     spec = TempoKVSpec.model_validate(yaml.safe_load(fig6.DEFAULT_SPEC.read_text()))
-    tk, _ = stack_for(spec, tmp_path / "tk")
-    lm, _ = stack_for(spec, tmp_path / "lm", with_adapter=False)
+    tk = deployment_for(spec, tmp_path / "tk")[0].stack
+    lm = deployment_for(spec, tmp_path / "lm", with_adapter=False)[0].stack
     assert tk.extensions is not None and lm.extensions is not None
     assert tk.extensions.tempokv is not None
     assert tk.extensions.tempokv.scheduler_cls == "bsrctl.vllm_ext.scheduler.TempoKVScheduler"
@@ -94,12 +95,34 @@ def test_the_local_arm_keeps_the_adapter_in_process_without_a_trace(tmp_path: Pa
     from bsrctl.tempokv.spec import TempoKVSpec
 
     spec = TempoKVSpec.model_validate(yaml.safe_load(fig6.DEFAULT_SPEC.read_text()))
-    local = fig6.arm_stack(spec, fig6.LOCAL_ARM, tmp_path / "l")
-    full = fig6.arm_stack(spec, fig6.ADAPTER_ARM, tmp_path / "a")
+    local = fig6.arm_deployment(spec, fig6.LOCAL_ARM, tmp_path / "l").stack
+    full = fig6.arm_deployment(spec, fig6.ADAPTER_ARM, tmp_path / "a").stack
     cfg = json.loads(local.extensions.tempokv.vllm_env()["BSRCTL_TEMPOKV"])
     assert cfg["transport"] == "record" and cfg["trace_path"] is None
     cfg = json.loads(full.extensions.tempokv.vllm_env()["BSRCTL_TEMPOKV"])
     assert cfg["transport"] == "connector" and cfg["trace_path"].endswith("adapter-trace.jsonl")
     assert cfg["adapter"] == json.loads(
         local.extensions.tempokv.vllm_env()["BSRCTL_TEMPOKV"])["adapter"]  # fmt: skip
-    assert fig6.arm_stack(spec, "lmcache", tmp_path / "s").extensions.tempokv is None
+    assert fig6.arm_deployment(spec, "lmcache", tmp_path / "s").stack.extensions.tempokv is None
+
+
+def test_every_arm_deploys_through_the_serving_runs_path(tmp_path: Path) -> None:
+    from bsrctl.experiments.tempokv.serving import SETTINGS, deployment_for
+    from bsrctl.tempokv.spec import TempoKVSpec
+
+    spec = TempoKVSpec.model_validate(yaml.safe_load(fig6.DEFAULT_SPEC.read_text()))
+    run = deployment_for(spec, tmp_path / "run")[0]
+    for arm in (*fig6.ARMS, fig6.ADAPTER_ARM, fig6.LOCAL_ARM):
+        dep = fig6.arm_deployment(spec, arm, tmp_path / arm)
+        assert (type(dep).__name__, dep.kind, dep.settings) == (
+            "LaunchedDeployment", "serving", SETTINGS), arm  # fmt: skip
+        assert dep.stack.spec == run.stack.spec and dep.stack.dir == tmp_path / arm / "stack"
+        ext, want = dep.stack.extensions, run.stack.extensions
+        assert (ext.server_module, ext.l2_device) == (want.server_module, want.l2_device), arm
+    # the adapter arms launch the run's TempoKV exactly (the trace under their own folder)
+    adapter = fig6.arm_deployment(spec, fig6.ADAPTER_ARM, tmp_path / "a").stack.extensions
+    assert adapter.tempokv == replace(
+        run.stack.extensions.tempokv, trace_path=str(tmp_path / "a" / "adapter-trace.jsonl")
+    )
+    local = fig6.arm_deployment(spec, fig6.LOCAL_ARM, tmp_path / "l").stack.extensions.tempokv
+    assert local == fig6.in_process(adapter.tempokv)

@@ -74,18 +74,24 @@ def test_lmcache_killed_with_committed_claims_leaves_no_pin(tmp_path: Path) -> N
     import time
 
     from bsrctl.experiments.tempokv import calls
-    from bsrctl.experiments.tempokv.serving import _arrivals, prepare, seed_documents
-    from bsrctl.stack.bsr_client import BsrModuleClient
+    from bsrctl.experiments.tempokv.serving import (
+        _arrivals,
+        deployment_for,
+        prepare,
+        seed_documents,
+    )
     from bsrctl.tempokv.spec import TempoKVSpec
 
     raw = {**SPEC, "serving": {**SPEC["serving"], "budget_mib": 12.0, "interval_s": 0.15}}
     spec = TempoKVSpec.model_validate(raw)
     run = spec.serving
     prep = prepare(spec, tmp_path)
-    stack, reqs, canonical = prep.stack, prep.reqs, prep.canonical
-    stack.up()
-    client = BsrModuleClient(stack)
+    reqs, canonical = prep.reqs, prep.canonical
+    dep, _info = deployment_for(spec, tmp_path)  # the serving run's deployment
     try:
+        dep.up(dep.settings)
+        stack, client = dep.stack, dep.client
+        assert client is not None
         seed_documents(stack, client, prep.docs)
         client.forget(wait_s=30.0)
         stack.forget_local()
@@ -112,11 +118,10 @@ def test_lmcache_killed_with_committed_claims_leaves_no_pin(tmp_path: Path) -> N
         assert not sender.is_alive(), "requests did not complete after the restart"
         res = out["res"]
         assert [r.output_token_ids for r in res] == canonical
-        client = BsrModuleClient(stack)
+        client = dep.reconnect()  # a new bsr.* client: the old one's server is gone
         assert calls.status(client) is None  # no controller, no claim (OFF_STATUS)
         assert client.call("tempokv.status", {}) == {"policy": None}
         after = client.forget(wait_s=10.0)  # a plain forget skips locked objects
         assert after.l1_used_bytes_after == 0, after
     finally:
-        client.close()
-        stack.down()
+        dep.down()  # closes its client, stops every process by PID

@@ -7,15 +7,20 @@ the KV bytes per token reach the adapter and tempokv.configure from the spec alo
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
 
-from bsrctl.experiments.tempokv import calls
-from bsrctl.experiments.tempokv.serving import MIB, engine_cpus_default, stack_for
+from bsrctl.experiments.tempokv import calls, serving
+from bsrctl.experiments.tempokv.serving import MIB, deployment_for, engine_cpus_default
 from bsrctl.registration.tiny import TinyModelRecipe
+from bsrctl.settings import RestoreSettings, RestoreTuning
 from bsrctl.specs import LmcacheSpec, StackSpec, VllmSpec
+from bsrctl.stack.extensions import L2Device, TempoKVLaunch, bsr_extensions, odirect_allowed
+from bsrctl.stack.process import Supervised
+from bsrctl.stack.serving import ServingStack
 from bsrctl.tempokv import wire
 from bsrctl.tempokv.live import AdapterSettings
 from bsrctl.tempokv.spec import ServingRun, TempoKVSpec, load
@@ -48,7 +53,8 @@ def _before(spec: TempoKVSpec) -> tuple[StackSpec, AdapterSettings]:
 @pytest.mark.parametrize("path", LADDERS, ids=lambda p: p.name)
 def test_every_shipped_spec_deploys_what_it_did(path: Path, tmp_path: Path) -> None:
     spec, _raw = load(path)
-    stack, info = stack_for(spec, tmp_path)
+    dep, info = deployment_for(spec, tmp_path)
+    stack = dep.stack
     want_stack, want_adapter = _before(spec)
     assert stack.spec == want_stack
     assert stack.extensions is not None and stack.extensions.tempokv is not None
@@ -71,7 +77,8 @@ def test_the_stack_sets_the_chunk_rate_and_geometry_everywhere(tmp_path: Path) -
                               "lmcache": {"chunk_size": 128}}},
         "experiment": {"kind": "policies", "cache_ratios": [1.0]},
     })  # fmt: skip
-    stack, info = stack_for(spec, tmp_path)
+    dep, info = deployment_for(spec, tmp_path)
+    stack = dep.stack
     v, lm = stack.spec.vllm, stack.spec.lmcache
     assert (v.max_model_len, v.max_num_seqs, v.cpu_threads_bind) == (4096, 2, "0")
     assert (lm.chunk_size, lm.l1_size_bytes) == (128, 256 * MIB)
@@ -103,3 +110,71 @@ def test_a_shorthand_and_its_stack_field_agree_or_fail_naming_both() -> None:
     assert "l1_mib\n  Input should be a valid integer" in str(err.value)
     assert ServingRun().stack == ServingRun.model_validate({}).stack
     assert ServingRun().stack.vllm.max_model_len == 8192
+
+
+def _stack_before(spec: TempoKVSpec, run_dir: Path, with_adapter: bool) -> ServingStack:
+    """What stack_for built before TempoKV serving took a Deployment (main at 49823e7)."""
+    run = spec.serving
+    stack_spec = serving.stack_spec(run)
+    adapter = serving.adapter_settings(spec, stack_spec)
+    odirect = odirect_allowed(run_dir / "stack" / "l2-fs")
+    ext = replace(
+        bsr_extensions(RestoreSettings.of(RestoreTuning(), 0)),
+        l2_device=L2Device(run.l2_bandwidth_mib_s * MIB, run.l2_latency_s, odirect),
+        tempokv=TempoKVLaunch(adapter, trace_path=str(run_dir / "adapter-trace.jsonl"))
+        if with_adapter
+        else None,
+    )
+    return ServingStack(stack_spec, run_dir, ext)
+
+
+def launches(stack: ServingStack, monkeypatch: pytest.MonkeyPatch) -> dict[str, tuple]:
+    """The LMCache and vLLM command lines and environments ``stack`` would launch, in
+    launch order (nothing is started: fixed ports and model folder)."""
+    seen: dict[str, tuple] = {}
+    monkeypatch.setattr(
+        ServingStack, "_launch", lambda _s, part: seen.setdefault(part.name, (part.argv, part.env))
+    )
+    monkeypatch.setattr(Supervised, "wait_healthy", lambda *_a, **_k: None)  # fmt: skip
+    stack.model_dir = Path("/models/tiny")
+    stack.ports = {"lmcache.port": 6555, "lmcache.http_port": 6556, "vllm.port": 6557}
+    stack.start_lmcache()
+    stack.start_vllm()
+    return seen
+
+
+@pytest.mark.parametrize("with_adapter", [True, False], ids=["tempokv", "lmcache-baseline"])
+@pytest.mark.parametrize("path", LADDERS, ids=lambda p: p.name)
+def test_the_deployment_launches_the_argv_and_env_the_stack_did(
+    path: Path, with_adapter: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spec, _raw = load(path)
+    before = launches(_stack_before(spec, tmp_path, with_adapter), monkeypatch)
+    dep, _info = deployment_for(spec, tmp_path, with_adapter=with_adapter)
+    assert (dep.kind, type(dep).__name__, dep.settings) == (
+        "serving", "LaunchedDeployment", RestoreSettings.of(RestoreTuning(), 0))  # fmt: skip
+    after = launches(dep.stack, monkeypatch)
+    assert list(after) == list(before) == ["lmcache", "vllm"]
+    assert after == before  # the same command lines and environments, part by part
+    (lm_argv, _lm_env), (v_argv, v_env) = after["lmcache"], after["vllm"]
+    assert ("--l2-prefetch-policy" in lm_argv) is with_adapter
+    assert ("--scheduler-cls" in v_argv) is with_adapter
+    assert ("BSRCTL_TEMPOKV" in v_env) is with_adapter
+    assert dep.stack.dir == tmp_path / "stack" and dep.stack.spec == serving.stack_spec(
+        spec.serving
+    )
+
+
+def test_a_deployment_the_run_cannot_extend_is_refused(tmp_path: Path) -> None:
+    from bsrctl.errors import BadInput
+
+    spec = TempoKVSpec.model_validate({
+        "models": [{"name": "llama-3.1-8b"}],
+        "serving": {"stack": {"kind": "attach", "attach": {
+            "vllm_url": "http://127.0.0.1:1", "lmcache_url": "tcp://127.0.0.1:2",
+            "lmcache_http_port": 3}}},
+        "experiment": {"kind": "policies", "cache_ratios": [1.0]},
+    })  # fmt: skip
+    with pytest.raises(BadInput) as err:
+        deployment_for(spec, tmp_path)
+    assert "a substitute module or extension needs a launched stack" in str(err.value)

@@ -49,14 +49,13 @@ def run_tempokv(spec_path: Path, out_dir: Path, stack: str, quiet: bool) -> Verd
 
 
 def _run_serving(spec: Any, raw: dict, out_dir: Path, say: Any) -> Verdict:
-    from bsrctl.experiments.tempokv.serving import run_serving, teardown
+    from bsrctl.experiments.tempokv.serving import deployment_for, run_serving
 
     writer = _writer(spec, raw, out_dir, "serving")
-    holder: dict[str, Any] = {}
+    # one deployment for the body and the teardown: stopped by PID whatever happened
+    dep, info = deployment_for(spec, writer.run_dir)
     exp = spec.experiment
-    return execute(
-        writer, lambda w: run_serving(spec, exp, w, say, holder), lambda: teardown(holder), say
-    )
+    return execute(writer, lambda w: run_serving(spec, exp, dep, info, w, say), dep.down, say)
 
 
 def _writer(spec: Any, raw: dict, out_dir: Path, stack: str) -> EvidenceWriter:

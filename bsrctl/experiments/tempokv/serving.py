@@ -1,11 +1,14 @@
 """`bsrctl tempokv SPEC --stack serving`: the policy grid on real vLLM + LMCache.
 
-One stack for every policy: vLLM schedules with the TempoKV runtime adapter
-(``bsrctl.vllm_ext.scheduler``), the LMCache server runs the controller and provider in
-bsrctl's server module (``tempokv.configure`` switches the policy between runs), its FS L2
-is shaped to the spec's SSD rate (O_DIRECT where the filesystem takes it). The documents
-are seeded into L2 once; before each policy L1 and vLLM's prefix cache forget, then the
-spec's requests (document prefix + a question, made locally) arrive at a fixed interval.
+One deployment for every policy (a ``LaunchedDeployment`` of ``make_deployment``, TempoKV's
+shaped L2 and runtime adapter through its ``extend`` hook): vLLM schedules with the TempoKV
+runtime adapter (``bsrctl.vllm_ext.scheduler``), the LMCache server runs the controller and
+provider in bsrctl's server module (``tempokv.configure`` switches the policy between runs),
+its FS L2 is shaped to the spec's SSD rate (O_DIRECT where the filesystem takes it). The
+run's lifecycle holds the deployment: the body brings it up, ``down`` is the teardown. The
+documents are seeded into L2 once; before each policy L1 and vLLM's prefix cache forget,
+then the spec's requests (document prefix + a question, made locally) arrive at a fixed
+interval.
 
 Per policy: every output against the canonical one (a connector-less vLLM), protected bytes
 sampled from the locked objects against the budget, C integrated from those samples (byte·s
@@ -19,6 +22,7 @@ import math
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -33,11 +37,13 @@ from bsrctl.experiments.tempokv.pooled import pool, quantile, run_order
 from bsrctl.prompts import prompt_ids
 from bsrctl.settings import RestoreSettings, RestoreTuning
 from bsrctl.specs import StackSpec, resolve_registration
-from bsrctl.stack import tinymodel
 from bsrctl.stack.bsr_client import BsrModuleClient
 from bsrctl.stack.canonical import canonical_outputs
-from bsrctl.stack.extensions import L2Device, TempoKVLaunch, bsr_extensions, odirect_allowed
+from bsrctl.stack.deployment import Deployment
+from bsrctl.stack.extensions import L2Device, LMCacheExtensions, TempoKVLaunch, odirect_allowed
+from bsrctl.stack.model import prepare_model
 from bsrctl.stack.seeding import seed_tiers
+from bsrctl.stack.selector import make_deployment
 from bsrctl.stack.serving import ServingStack
 from bsrctl.tempokv import wire
 from bsrctl.tempokv.live import AdapterSettings
@@ -46,6 +52,9 @@ from bsrctl.tempokv.ttu import CostModel
 
 MIB = 1 << 20
 LIVE_POLICIES_EXCLUDED = {"oracle": "needs the run's future: simulation only"}
+# The server module's config: whole-plan restores (W = 0), the default timeouts; TempoKV's
+# own settings go over tempokv.configure per policy.
+SETTINGS = RestoreSettings.of(RestoreTuning(), 0)
 
 
 def _prompts(run: ServingRun, vocab: int, seed: int) -> tuple[list[list[int]], list[list[int]]]:
@@ -76,7 +85,7 @@ def kv_bytes_per_token(stack: StackSpec) -> int:
     return reg.bytes_per_chunk_all_ranks // reg.chunk_tokens
 
 
-def deployment(run: ServingRun) -> StackSpec:
+def stack_spec(run: ServingRun) -> StackSpec:
     """The run's stack; its engine off the last core unless the spec binds it."""
     stack = run.stack
     if stack.vllm.cpu_threads_bind:
@@ -103,53 +112,56 @@ def adapter_settings(spec: TempoKVSpec, stack: StackSpec) -> AdapterSettings:
     )
 
 
-def stack_for(
-    spec: TempoKVSpec, run_dir: Any, with_adapter: bool = True
-) -> tuple[ServingStack, dict[str, Any]]:
-    """The serving stack; ``with_adapter=False`` launches it without TempoKV (stock vLLM
-    scheduler and stock LMCache options, same server module and shaped L2): Figure 6's
-    unmodified-LMCache baseline."""
-    run = spec.serving
-    stack_spec = deployment(run)
-    adapter = adapter_settings(spec, stack_spec)
-    l2_dir = run_dir / "stack" / "l2-fs"
-    odirect = odirect_allowed(l2_dir)
-    ext = replace(
-        bsr_extensions(RestoreSettings.of(RestoreTuning(), 0)),
-        l2_device=L2Device(run.l2_bandwidth_mib_s * MIB, run.l2_latency_s, odirect),
-        tempokv=TempoKVLaunch(adapter, trace_path=str(run_dir / "adapter-trace.jsonl"))
-        if with_adapter
-        else None,
-    )
+def deployment_for(
+    spec: TempoKVSpec,
+    run_dir: Path,
+    with_adapter: bool = True,
+    launch: Callable[[TempoKVLaunch], TempoKVLaunch] | None = None,
+) -> tuple[Deployment, dict[str, Any]]:
+    """The run's deployment (not started: ``up`` it, ``down`` it) and what the evidence
+    records of it. ``make_deployment`` of the run's stack with BSR's server module, and
+    beyond it (``extend``) the shaped FS L2 and the TempoKV launch; ``with_adapter=False``
+    leaves TempoKV out (stock vLLM scheduler and stock LMCache options, same server module
+    and shaped L2): Figure 6's unmodified-LMCache baseline. ``launch`` changes the TempoKV
+    launch (Figure 6's adapter-local arm)."""
+    run, run_dir = spec.serving, Path(run_dir)
+    stack = stack_spec(run)
+    adapter = adapter_settings(spec, stack)
+    odirect = odirect_allowed(run_dir / "stack" / "l2-fs")
+    device = L2Device(run.l2_bandwidth_mib_s * MIB, run.l2_latency_s, odirect)
+    tk = TempoKVLaunch(adapter, trace_path=str(run_dir / "adapter-trace.jsonl"))
+    tempokv = (tk if launch is None else launch(tk)) if with_adapter else None
+
+    def extend(ext: LMCacheExtensions) -> LMCacheExtensions:
+        return replace(ext, l2_device=device, tempokv=tempokv)
+
     info = {
         "odirect": odirect,
         "kv_bytes_per_token": adapter.kv_bytes_per_token,
         "adapter": wire.settings_to_json(adapter),
     }
-    return ServingStack(stack_spec, run_dir, ext), info
+    return make_deployment(stack, run_dir, SETTINGS, extend=extend), info
 
 
 @dataclass(frozen=True)
 class Prepared:
-    """A serving workload ready to run: its stack (not started yet), prompts and the
-    canonical output of every request."""
+    """A serving workload ready to run: its prompts and the canonical output of every
+    request."""
 
-    stack: ServingStack
-    info: dict[str, Any]
     docs: list[list[int]]
     reqs: list[list[int]]
     canonical: list[tuple[int, ...]]
 
 
-def prepare(spec: TempoKVSpec, run_dir: Any, say: Progress = lambda _m: None) -> Prepared:
+def prepare(spec: TempoKVSpec, run_dir: Path, say: Progress = lambda _m: None) -> Prepared:
+    """The run's prompts (below its model's vocabulary) and their canonical outputs, from
+    the one model preparation and canonical cache every serving experiment uses."""
     run = spec.serving
-    stack, info = stack_for(spec, run_dir)
-    model = stack.spec.vllm.model  # the deployment's (the tiny model is built locally)
-    docs, reqs = _prompts(run, tinymodel.vocab_size(tinymodel.build() if model == "tiny"
-                                                    else Path(model)), spec.seed)  # fmt: skip
+    stack = stack_spec(run)
+    docs, reqs = _prompts(run, prepare_model(stack.vllm).vocab, spec.seed)
     say("canonical outputs (connector-less vLLM)")
-    canonical = canonical_outputs(stack.spec, run_dir, reqs, run.max_tokens)
-    return Prepared(stack, info, docs, reqs, canonical)
+    canonical = canonical_outputs(stack, Path(run_dir), reqs, run.max_tokens)
+    return Prepared(docs, reqs, canonical)
 
 
 def seed_documents(
@@ -165,18 +177,24 @@ def seed_documents(
 
 
 def run_serving(
-    spec: TempoKVSpec, exp: PolicyGrid, writer: EvidenceWriter, say: Progress, holder: dict
+    spec: TempoKVSpec,
+    exp: PolicyGrid,
+    dep: Deployment,
+    info: dict[str, Any],
+    writer: EvidenceWriter,
+    say: Progress,
 ) -> tuple[dict[str, Any], list[JudgedCheck]]:
+    """The policy grid on ``dep`` (from ``deployment_for``, with its ``info``): brought up
+    here; the run's lifecycle takes it down (``dep.down`` is its teardown)."""
     run = spec.serving
     policies = [p for p in exp.policies if p not in LIVE_POLICIES_EXCLUDED]
     skipped = {p: LIVE_POLICIES_EXCLUDED[p] for p in exp.policies if p not in policies}
     prep = prepare(spec, writer.run_dir, say)
-    stack, info, reqs, canonical = prep.stack, prep.info, prep.reqs, prep.canonical
-    holder["stack"] = stack
+    reqs, canonical = prep.reqs, prep.canonical
     say("starting vLLM (TempoKV adapter) + LMCache (TempoKV controller, shaped L2)")
-    stack.up()
-    client = BsrModuleClient(stack)
-    holder["client"] = client
+    dep.up(dep.settings)
+    stack, client = dep.stack, dep.client
+    assert client is not None
     seeds = seed_documents(stack, client, prep.docs)
     runs: dict[str, list[dict[str, Any]]] = {p: [] for p in policies}
     for rep in range(run.repeats):
@@ -379,12 +397,4 @@ def _run_checks(rows: dict[str, dict[str, Any]]) -> list[JudgedCheck]:
     return out
 
 
-def teardown(holder: dict) -> None:
-    client, stack = holder.get("client"), holder.get("stack")
-    if client is not None:
-        client.close()
-    if stack is not None:
-        stack.down()
-
-
-__all__ = ["Verdict", "run_serving", "teardown"]
+__all__ = ["Verdict", "deployment_for", "run_serving"]
