@@ -99,6 +99,31 @@ def check_module(client: BsrModuleClient) -> RegistrationReply:
     return client.registration()
 
 
+class OnDeployment:
+    """What runs on a deployment (the restore target, the failure matrix's rig): ``stack``
+    and ``client`` are the deployment's, unless a test substituted fakes for them."""
+
+    deployment: Deployment
+    _stack: Any = None
+    _client: Any = None
+
+    @property
+    def stack(self) -> Any:
+        return self._stack if self._stack is not None else self.deployment.stack
+
+    @stack.setter
+    def stack(self, value: Any) -> None:
+        self._stack = value
+
+    @property
+    def client(self) -> Any:
+        return self._client if self._client is not None else self.deployment.client
+
+    @client.setter
+    def client(self, value: Any) -> None:
+        self._client = value
+
+
 class Deployment(Protocol):
     """A running serving deployment (see the module doc)."""
 

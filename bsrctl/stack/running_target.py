@@ -18,14 +18,19 @@ from bsrctl.settings import RestoreSettings
 from bsrctl.specs import TargetSpec
 from bsrctl.stack.bsr_client import outcomes_since
 from bsrctl.stack.canonical import canonical_outputs
-from bsrctl.stack.deployment import FOLLOW_UP_MAX_TOKENS, FOLLOW_UP_PROMPT_TOKENS, Deployment
+from bsrctl.stack.deployment import (
+    FOLLOW_UP_MAX_TOKENS,
+    FOLLOW_UP_PROMPT_TOKENS,
+    Deployment,
+    OnDeployment,
+)
 from bsrctl.stack.machine import l1_fits
 from bsrctl.stack.model import prepare_model
 from bsrctl.stack.seeding import seed_tiers
 from bsrctl.stack.target import Prompt, RestoreMeasures, SeedRecord, exact_div
 
 
-class RunningTarget:
+class RunningTarget(OnDeployment):
     """The measure path on one serving deployment (``self.deployment``; ``self.stack`` and
     ``self.client`` are its ServingClient and bsr.* client while it is up)."""
 
@@ -41,25 +46,6 @@ class RunningTarget:
         self.seeded: dict[Prompt, SeedRecord] = {}
         self.stored: dict[Prompt, tuple[str, ...] | None] = {}  # live geometry when stored
         self.on_phase: Callable[[str], None] = lambda _step: None  # seed, forget, restore, check
-        # tests substitute a fake deployment's parts here (None: the deployment's own)
-        self._stack: Any = None
-        self._client: Any = None
-
-    @property
-    def stack(self) -> Any:
-        return self._stack if self._stack is not None else self.deployment.stack
-
-    @stack.setter
-    def stack(self, value: Any) -> None:
-        self._stack = value
-
-    @property
-    def client(self) -> Any:
-        return self._client if self._client is not None else self.deployment.client
-
-    @client.setter
-    def client(self, value: Any) -> None:
-        self._client = value
 
     @property
     def settings(self) -> RestoreSettings:

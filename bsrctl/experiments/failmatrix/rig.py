@@ -20,7 +20,7 @@ from bsrctl.experiments.failmatrix.spec import CellSpec, FailMatrixSpec
 from bsrctl.prompts import prompt_ids
 from bsrctl.stack.bsr_client import BsrModuleClient, outcomes_since
 from bsrctl.stack.canonical import canonical_outputs
-from bsrctl.stack.deployment import Deployment
+from bsrctl.stack.deployment import Deployment, OnDeployment
 from bsrctl.stack.extensions import ServerModule
 from bsrctl.stack.model import prepare_model
 from bsrctl.stack.seeding import seed_tiers
@@ -34,7 +34,7 @@ FORGET_WAIT_S = 3.0  # per L1 forget of a cell (the server itself waits a few se
 CLIENT_TIMEOUT_S = 30.0  # one bsr.* call of a cell (a fault may hold the server)
 
 
-class Rig:
+class Rig(OnDeployment):
     """One serving deployment shared by the cells: lifecycle, seeding and probes.
 
     ``deployment``: the one to run the cells on (default: ``make_deployment`` of the spec's
@@ -56,30 +56,11 @@ class Rig:
         )
         self.canonical: dict[str, tuple[int, ...]] = {}
         self.vocab = 0
-        # tests substitute a fake deployment's parts here (None: the deployment's own)
-        self._stack: Any = None
-        self._client: Any = None
 
     @property
     def attached(self) -> bool:
         """The operator's deployment: bsrctl kills or restarts nothing of it by itself."""
         return self.deployment.kind == "attach"
-
-    @property
-    def stack(self) -> Any:
-        return self._stack if self._stack is not None else self.deployment.stack
-
-    @stack.setter
-    def stack(self, value: Any) -> None:
-        self._stack = value
-
-    @property
-    def client(self) -> BsrModuleClient | None:
-        return self._client if self._client is not None else self.deployment.client
-
-    @client.setter
-    def client(self, value: Any) -> None:
-        self._client = value
 
     # -- lifecycle --
 
