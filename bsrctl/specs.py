@@ -30,6 +30,15 @@ class VllmSpec(Strict):
         "auto", description="vLLM --kv-cache-dtype (fp8: 1 B per element)"
     )
     max_num_seqs: int = Field(4, ge=1, description="vLLM's running slots (--max-num-seqs)")
+    gpus: list[int] | None = Field(
+        None, description="cuda: the GPU indices vLLM uses (CUDA_VISIBLE_DEVICES); None: 0..TP-1"
+    )
+    gpu_memory_utilization: float = Field(
+        0.9, gt=0, le=1, description="cuda: vLLM --gpu-memory-utilization"
+    )
+    enforce_eager: bool | None = Field(
+        None, description="vLLM --enforce-eager; None: the device's default (cpu on, cuda off)"
+    )
     async_scheduling: bool | None = Field(
         None,
         description="vLLM's async scheduling; None: the device's default (vLLM turns it off "
@@ -63,6 +72,10 @@ class MooncakeSpec(Strict):
         "joined to the serving node's by a veth pair, 198.18.0.0/30",
     )
     segment_size_bytes: int = Field(1 << 30, gt=0)
+    protocol: Literal["tcp", "rdma"] = Field("tcp", description="Mooncake transfer protocol")
+    rdma_devices: list[str] = Field(
+        [], description="rdma: the RDMA device names (e.g. mlx5_0), Mooncake --device_name"
+    )
     startup_timeout_s: float = Field(60.0, gt=0)
 
 
