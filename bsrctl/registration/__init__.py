@@ -191,7 +191,10 @@ PAPER_NUM_TENSORS = 167
 
 
 def dsv4_flash_mtp_off(tp_size: int = 2, chunk_tokens: int = 256) -> Registration:
-    """The paper's geometry: 167 tensors, 16,408,576 bytes per 256-token chunk per rank.
+    """The paper's figure: 167 tensors, 16,408,576 bytes per 256-token chunk per rank. It is
+    the paper's number (storage-stack runs at paper geometry, the report's "paper's figure"
+    line), not what vLLM 0.32 registers for DeepSeek-V4-Flash (``derive.DSV4_HYBRID``): a
+    serving deployment's registration_identity compares it with the live one.
 
     The paper gives the tensor count and c, not the shapes; these are illustrative shapes
     chosen to sum exactly (so W = 32 gives 500.75 MiB per rank per window, and a 1024-chunk
