@@ -338,3 +338,14 @@ def test_a_declared_registration_is_the_one_written(tensors, chunk, tp) -> None:
     assert got.bytes_per_chunk == sum(
         DTYPE_BYTES[d] * chunk * math.prod(dims) for dims, d, _ in tensors
     )
+
+
+def test_deepseek_v4_under_auto_names_why_it_is_not_derived() -> None:
+    cfg = {"architectures": ["DeepseekV4ForCausalLM"], "num_hidden_layers": 43}
+    with pytest.raises(BadInput) as e:
+        derive(cfg, tp_size=2)
+    msg = str(e.value)
+    assert msg.startswith("registration: auto: DeepseekV4ForCausalLM registers per layer")
+    assert "vLLM 0.32's built-in LMCacheMPConnector serves one group" in msg
+    assert "kv_connector_module_path lmcache.integration.vllm.lmcache_mp_connector" in msg
+    assert "`registration: path/to/registration.yaml`" in msg

@@ -7,7 +7,10 @@ one rank is one storage object. From it follow:
 - ``bytes_per_chunk`` (c): bytes one chunk stages per rank across every registered tensor;
   ``bytes_per_chunk_all_ranks`` = c * tp_size.
 - RWS accounting of the paper (Eq. 4): ``window_bytes(W) = W * c`` per rank, and the bound
-  ``rws_bound_bytes(W) = W * c + aux_bytes``.
+  ``rws_bound_bytes(W, unit) = W * c_allocated + aux_bytes``, where ``c_allocated`` is what a
+  chunk occupies in the restore pool: each group's object rounded up to LMCache's L1
+  allocation unit (``bsrctl.registration.l1`` reads it from the allocator), ``c`` when
+  every group's bytes are a multiple of it (``unit = 1`` is the logical c).
 - ``digest()``: sha256 over the tensor list, chunk size and TP size, the "registration
   identity" an acceptance check compares between what was stored and what is restored.
 """
@@ -106,13 +109,26 @@ class Registration:
         """Bytes of one storage object (one chunk of one group on one rank)."""
         return sum(t.nbytes for t in self.group_tensors(group))
 
+    def allocated_group_bytes_per_chunk(self, group: int, unit: int) -> int:
+        """One storage object as LMCache's L1 allocates it: its bytes rounded up to ``unit``
+        (one allocation per object, ``TensorMemoryAllocator.batched_allocate``)."""
+        if unit < 1:
+            raise ValueError(f"{self.model}: allocation unit {unit} must be >= 1")
+        return -(-self.group_bytes_per_chunk(group) // unit) * unit
+
+    def allocated_bytes_per_chunk(self, unit: int) -> int:
+        """c_allocated: what one chunk occupies in the restore pool on one rank, every
+        group's object rounded up to the L1 allocation ``unit`` (``c`` when ``unit`` is 1)."""
+        return sum(self.allocated_group_bytes_per_chunk(g.index, unit) for g in self.groups)
+
     def window_bytes(self, window_chunks: int) -> int:
         """RWS of one window of W chunks, per rank: W * c."""
         return window_chunks * self.bytes_per_chunk
 
-    def rws_bound_bytes(self, window_chunks: int) -> int:
-        """The bound a measured restore-pool peak is checked against: W * c + aux."""
-        return self.window_bytes(window_chunks) + self.aux_bytes
+    def rws_bound_bytes(self, window_chunks: int, unit: int = 1) -> int:
+        """The bound a measured restore-pool peak is checked against: W * c_allocated + aux,
+        with c_allocated at the L1 allocation ``unit`` (1: the logical W * c + aux)."""
+        return window_chunks * self.allocated_bytes_per_chunk(unit) + self.aux_bytes
 
     def num_chunks(self, num_tokens: int) -> int:
         """Full chunks in a prefix of ``num_tokens`` tokens (LMCache stores full chunks)."""
@@ -175,7 +191,10 @@ PAPER_NUM_TENSORS = 167
 
 
 def dsv4_flash_mtp_off(tp_size: int = 2, chunk_tokens: int = 256) -> Registration:
-    """The paper's geometry: 167 tensors, 16,408,576 bytes per 256-token chunk per rank.
+    """The paper's figure: 167 tensors, 16,408,576 bytes per 256-token chunk per rank. It is
+    the paper's number (storage-stack runs at paper geometry, the report's "paper's figure"
+    line), not what vLLM 0.32 registers for DeepSeek-V4-Flash (``derive.DSV4_HYBRID``): a
+    serving deployment's registration_identity compares it with the live one.
 
     The paper gives the tensor count and c, not the shapes; these are illustrative shapes
     chosen to sum exactly (so W = 32 gives 500.75 MiB per rank per window, and a 1024-chunk

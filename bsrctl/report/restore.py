@@ -113,7 +113,7 @@ def _sweep(doc: dict[str, Any]) -> list[str]:
             flat = "the same at every N ≥ W chunks" if len(set(full)) == 1 else "NOT flat"
             out.append(
                 f"W = {w}: restore-pool peak {span([pk for _, pk in peaks], mib)} over N = {sizes} "
-                f"tokens, {flat}; W·c = {mib(c * w if c else None)}."
+                f"tokens, {flat}; W·c = {mib(c * w if c else None)}{_allocated(pts, w, c)}."
             )
         else:
             out.append(
@@ -130,6 +130,12 @@ def _sweep(doc: dict[str, Any]) -> list[str]:
         if parts:
             out.append(f"{label}: " + "; ".join(parts) + ".")
     return out
+
+
+def _allocated(pts: list[dict[str, Any]], w: int, c: int | None) -> str:
+    """ ", W·c_allocated = ..." where L1's allocation unit makes a chunk larger than c."""
+    alloc = next((p["measures"].get("bytes_per_chunk_allocated") for p in pts), None)
+    return "" if alloc in (None, c) else f", W·c_allocated = {mib(alloc * w)}"
 
 
 def _law(doc: dict[str, Any]) -> list[str]:

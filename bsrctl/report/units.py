@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from bsrctl.report.registration import lines as registration_lines
+
 MIB = 1 << 20
 
 
@@ -72,6 +74,7 @@ def header(doc: dict[str, Any], title: str | None = None) -> list[str]:
         f"sha256 `{doc['spec_sha256'][:12]}`",
         f"- registration: {registration_line(stack.get('registration') or {})}",
     ]
+    lines += registration_lines(doc)
     aborted = (doc.get("summary") or {}).get("aborted")
     if aborted:
         lines.append(f"- aborted: {aborted} (points so far: {doc.get('points_verdict', '?')})")

@@ -14,6 +14,7 @@ from typing import Any
 from bsrctl.lmcache_ext.protocol import PeakReply, RegistrationReply, RestoreOutcomeSummary
 from bsrctl.prompts import expected_external_tokens, prompt_ids, tokens_sha256
 from bsrctl.registration import Registration, first_difference
+from bsrctl.registration.live import live_geometry
 from bsrctl.settings import RestoreSettings
 from bsrctl.specs import TargetSpec
 from bsrctl.stack.bsr_client import outcomes_since
@@ -106,7 +107,7 @@ class RunningTarget(OnDeployment):
         reply = reply if reply is not None else self.client.registration()
         want = self.reg.geometry()
         found = [
-            tuple(f"kv[{t.index}]={list(t.shape)} {t.dtype} g{t.group}" for t in r.tensors)
+            live_geometry(self.reg, r.tensors)
             for r in reply.registrations
             if r.world_size == self.reg.tp_size
         ]

@@ -152,7 +152,12 @@ class StorageTarget:
             registration_tensors_expected=reg.geometry(),
             registration_tensors_live=st.registration.geometry(),
             registration_tensors_stored=stored,
-            rws_bound_bytes=reg.rws_bound_bytes(window_chunks) if window_chunks else 0,
+            bytes_per_chunk_allocated=reg.allocated_bytes_per_chunk(res.l1_allocation_unit_bytes),
+            rws_bound_bytes=(
+                reg.rws_bound_bytes(window_chunks, res.l1_allocation_unit_bytes)
+                if window_chunks
+                else 0
+            ),
             healthy=healthy and released,
             health_detail=(
                 f"StorageManagers healthy: {healthy}; L1 back to its start level after the "

@@ -53,7 +53,7 @@ class RestoreMeasures:
     # -- restore pool and L1
     restore_pool_peak_bytes: int | None = None  # the gauge's high-water, max over ranks
     restore_pool_peak_bytes_by_rank: dict[str, int] | None = None
-    rws_bound_bytes: int | None = None  # W * c + aux (0 on the whole-plan path)
+    rws_bound_bytes: int | None = None  # W * c_allocated + aux (0 on the whole-plan path)
     l1_used_peak_bytes: int | None = None  # serving: L1 occupancy sampled when staged
     l1_peak_bytes_by_rank: dict[str, int] | None = None  # storage: absolute L1 high-water
     gauge_peak_bytes_by_rank: dict[str, int] | None = None  # storage: core's accounting
@@ -72,6 +72,10 @@ class RestoreMeasures:
     bytes_restored_source: str | None = None  # serving: "bsr outcomes" | "whole-plan gauge"
     bytes_per_chunk_expected: int | None = None
     bytes_per_chunk_measured: int | None = None
+    # c as the restore pool holds it: every group's object rounded up to LMCache's L1
+    # allocation unit, read from the allocator at runtime (storage; serving: not reported)
+    bytes_per_chunk_allocated: int | None = None
+    l1_allocation_unit_bytes: int | None = None
     registration_digest_expected: str | None = None
     registration_digest: str | None = None  # storage: digest of the registration restored
     # Registration.geometry() ("name=[shape] dtype gN" per tensor) of the registration the

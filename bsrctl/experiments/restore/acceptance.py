@@ -182,8 +182,14 @@ def bounded_restore(
     restore_pool_peak_bytes: int | None,
     bound_bytes: int | None,
     bytes_restored: int | None = None,
+    bytes_per_chunk: int | None = None,
+    bytes_per_chunk_allocated: int | None = None,
+    allocation_unit_bytes: int | None = None,
 ) -> Check:
-    """For W > 0: measured restore-pool peak <= W*c + aux."""
+    """For W > 0: measured restore-pool peak <= W*c_allocated + aux, where c_allocated is
+    what a chunk occupies in the restore pool (each group's object rounded up to LMCache's
+    L1 allocation unit; the logical c beside it). Without an allocation unit the bound is
+    the logical W*c + aux."""
     name = "bounded_restore"
     if window_chunks is None or restore_pool_peak_bytes is None or bound_bytes is None:
         return _missing(name, "window, restore-pool peak or bound")
@@ -195,10 +201,20 @@ def bounded_restore(
         )
     ok = restore_pool_peak_bytes <= bound_bytes
     rel = "<=" if ok else ">"
+    if bytes_per_chunk_allocated is None or allocation_unit_bytes is None:
+        what = "W*c + aux"
+        per_chunk = ""
+    else:
+        what = "W*c_allocated + aux"
+        per_chunk = (
+            f"; c_allocated = {bytes_per_chunk_allocated} B at the L1 unit "
+            f"{allocation_unit_bytes} B, c = {bytes_per_chunk} B"
+        )
     return check(
         name,
         ok,
-        f"peak {restore_pool_peak_bytes} B {rel} W*c + aux = {bound_bytes} B (W = {window_chunks})",
+        f"peak {restore_pool_peak_bytes} B {rel} {what} = {bound_bytes} B "
+        f"(W = {window_chunks}{per_chunk})",
     )
 
 
@@ -238,7 +254,13 @@ def judge(m: RestoreMeasures, stack: str) -> tuple[Check, ...]:
     if m.window_chunks > 0:
         checks.append(
             bounded_restore(
-                m.window_chunks, m.restore_pool_peak_bytes, m.rws_bound_bytes, m.bytes_restored
+                m.window_chunks,
+                m.restore_pool_peak_bytes,
+                m.rws_bound_bytes,
+                m.bytes_restored,
+                m.bytes_per_chunk_expected,
+                m.bytes_per_chunk_allocated,
+                m.l1_allocation_unit_bytes,
             )
         )
     return tuple(checks)

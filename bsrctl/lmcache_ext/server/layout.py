@@ -8,6 +8,12 @@ LMCache stores, one
 object per chunk and rank. This module reads them back per tensor, per chunk, in the same
 shape convention as ``bsrctl.registration.derive``: ``(2, T, heads, head_dim)`` for K and V,
 ``(T, width)`` for a single latent.
+
+vLLM 0.32 registers every layer as a fused ``[B, H, N, C]`` view and sends no ``use_mla``;
+LMCache's detector reads an MLA latent ``[B, N, 1, 576]`` as a one-head fused K/V plane
+(``NL_X_NB_BS_NH_CS``, kv_size 1, nh 1, hs 576), so this module reports it as
+``(2, T, 1, 288)``: the same bytes. Which it is follows from the model, which only the
+client knows: ``bsrctl.registration.live`` reads it against the derived registration.
 """
 
 from __future__ import annotations

@@ -68,7 +68,7 @@ class StorageRestoreResult:
     restore_pool_peak_bytes_by_rank: dict[int, int]  # the same per rank
     l1_peak_bytes_by_rank: dict[int, int]  # absolute L1 high-water per rank during restore
     gauge_peak_bytes_by_rank: dict[int, int]  # the core's staging accounting, per rank
-    rws_bound_bytes: int  # W * c + aux (0 for W = 0)
+    rws_bound_bytes: int  # W * c_allocated + aux (0 for W = 0)
     bytes_restored: int  # bytes installed into the destination
     restore_s: float  # wall time of the windowed restore (after the probe)
     probe_s: float  # wall time of the probe-only lookup
@@ -82,6 +82,7 @@ class StorageRestoreResult:
     forced_local: bool  # a force-local marker made the probe report 0 external tokens
     windows_done: int  # windows installed and released
     registration_digest: str  # sha256 of the registration restored
+    l1_allocation_unit_bytes: int = 1  # what LMCache's L1 rounds each object up to (runtime)
 
     @property
     def ok(self) -> bool:

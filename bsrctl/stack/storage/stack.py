@@ -19,6 +19,7 @@ from lmcache.v1.distributed.l2_adapters.fs_l2_adapter import _object_key_to_file
 from lmcache.v1.distributed.storage_manager import StorageManager
 
 from bsrctl.errors import BadInput
+from bsrctl.registration.l1 import allocation_unit
 from bsrctl.restore import (
     BoundedRestorer,
     ForceLocalMarkers,
@@ -273,6 +274,10 @@ class StorageStack:
     def l1_usage_bytes(self) -> dict[int, int]:
         return {r: sm.get_l1_usage()[0] for r, sm in self.managers.items()}
 
+    def l1_allocation_unit(self) -> int:
+        """What LMCache's L1 rounds every object up to (the same on every rank)."""
+        return max(allocation_unit(sm) for sm in self.managers.values())
+
     def health(self) -> bool:
         return all(sm.report_status().get("is_healthy", False) for sm in self.managers.values())
 
@@ -377,6 +382,7 @@ class StorageStack:
         peak = {r: peak_abs[r] - before[r] for r in peak_abs}
         verify = None if pool.mode != "verify" else (pool.mismatches == 0 and outcome.ok)
         failure = "" if outcome.ok else f"{outcome.failure.name}: {outcome.detail}"
+        unit = self.l1_allocation_unit()
         return StorageRestoreResult(
             tokens=self.seeded.tokens if self.seeded else 0,
             window_chunks=cfg.window_chunks,
@@ -388,7 +394,10 @@ class StorageStack:
             restore_pool_peak_bytes_by_rank=peak,
             l1_peak_bytes_by_rank=peak_abs,
             gauge_peak_bytes_by_rank=restorer.gauge.peak_bytes(),
-            rws_bound_bytes=reg.rws_bound_bytes(cfg.window_chunks) if cfg.window_chunks else 0,
+            rws_bound_bytes=reg.rws_bound_bytes(cfg.window_chunks, unit)
+            if cfg.window_chunks
+            else 0,
+            l1_allocation_unit_bytes=unit,
             bytes_restored=outcome.bytes_restored,
             restore_s=t2 - t1,
             probe_s=t1 - t0,
