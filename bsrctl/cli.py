@@ -336,17 +336,25 @@ def doctor(
         Path | None,
         typer.Option("--model", help="a local model folder to check (config.json, weights)"),
     ] = None,
+    spec: Annotated[
+        Path | None,
+        typer.Option("--spec", help="check what this spec's deployment needs of this machine"),
+    ] = None,
 ) -> None:
-    """Versions of every part, the GPU (if any), a model folder, and what to do about each
-    problem found. A machine without a GPU is never failed for it."""
+    """Versions of every part, the GPU (if any), a model folder, a spec's deployment, and
+    what to do about each problem found. A machine without a GPU is never failed for it."""
+    from rich.markup import escape
+
+    from bsrctl.specs import load_stack_section
     from bsrctl.stack.doctor import diagnose
 
-    rows = diagnose(model=model)
+    stack = guarded(lambda: load_stack_section(spec)[0]) if spec is not None else None
+    rows = diagnose(model=model, stack=stack, where=str(spec))
     for row in rows:
         mark = "[green]ok[/green]" if row.ok else "[red]!![/red]"
-        out.print(f"{mark} {row.name}: {row.value}", highlight=False)
-        if not row.ok and row.fix:
-            out.print(f"   fix: {row.fix}", highlight=False)
+        out.print(f"{mark} {escape(row.name)}: {escape(row.value)}", highlight=False)
+        if not row.ok and row.fix:  # escaped: fixes name extras such as '.[gpu]'
+            out.print(f"   fix: {escape(row.fix)}", highlight=False)
     raise typer.Exit(0 if all(r.ok or not r.required for r in rows) else 3)
 
 

