@@ -213,7 +213,7 @@ class TempoKVAdapter(StepRecorder):
     def _tk_inflight(self, req: Any, out: Any | None) -> int:
         """Outputs the steps in flight will give ``req`` beyond ``num_output_tokens``: vLLM's
         async scheduler keeps them as placeholders (one per scheduled step that is not a
-        prefill chunk, vllm/v1/core/sched/async_scheduler.py:25-50; vLLM's own count of a
+        prefill chunk, vllm/v1/core/sched/async_scheduler.py:25-47; vLLM's own count of a
         request's outputs adds them, vllm/v1/core/sched/scheduler.py:1738-1740). The sync
         scheduler keeps none: its one step in flight is the one just scheduled, which yields
         a token unless it is a prefill chunk (set in ``_update_after_schedule``)."""

@@ -13,7 +13,7 @@ virtual device and clock (the loops below), so every value is exact.
 
 The engine core's two loops, transcribed (no model runs):
 
-- ``sync_loop``: ``EngineCore.step`` (vllm/v1/engine/core.py:657-688): schedule, execute,
+- ``sync_loop``: ``EngineCore.step`` (vllm/v1/engine/core.py:657-687): schedule, execute,
   block on the output, ``update_from_output``.
 - ``batch_queue_loop``: ``EngineCore.step_with_batch_queue`` (core.py:698-812) with the
   two-deep queue async scheduling gives (``max_concurrent_batches`` 2,
