@@ -7,6 +7,9 @@ caller gives it, and ``bsr_extensions(settings)`` builds bsrctl's own from the r
 settings. Another server module (the failure matrix's test-only mutants) is a parameter:
 ``bsr_extensions(settings, module_path=..., extra_config={...})``.
 
+TempoKV's launch (``TempoKVLaunch``) names the runtime adapter's scheduler class in vLLM,
+matching vLLM's async scheduling as ``async_scheduling`` decides it once from the spec.
+
 Everything of ``bsrctl.lmcache_ext`` is imported lazily: importing this module (and the
 serving stack) imports no LMCache.
 """
@@ -17,8 +20,9 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
+from bsrctl.errors import BadInput
 from bsrctl.settings import RestoreSettings
 
 if TYPE_CHECKING:
@@ -91,15 +95,22 @@ class TempoKVLaunch:
     """TempoKV on the serving stack: vLLM schedules with the runtime adapter (its settings
     in ``BSRCTL_TEMPOKV``, the TempoKV wire's ``AdapterEnv``), LMCache keeps staged objects
     in L1 once unpinned (``retain``) and holds read locks (the pins) longer than any
-    protection lasts."""
+    protection lasts. ``async_scheduling`` is vLLM's, as ``async_scheduling()`` below decides
+    it from the spec: the adapter's class follows it (the async one under vLLM's batch
+    queue)."""
 
     adapter: AdapterSettings
     read_ttl_s: int = 600
-    scheduler_cls: str = "bsrctl.vllm_ext.scheduler.TempoKVScheduler"
     trace_path: str | None = None
     # "connector": updates reach the server module; "record": kept in vLLM's process, no
     # server call (the adapter cost bench's arm that separates the adapter from its RPCs)
     transport: str = "connector"
+    async_scheduling: bool = False
+
+    @property
+    def scheduler_cls(self) -> str:
+        """vLLM's ``--scheduler-cls``: the adapter matching its scheduling."""
+        return tempokv_scheduler_cls(self.async_scheduling)
 
     def vllm_env(self) -> dict[str, str]:
         import json
@@ -202,6 +213,65 @@ def write_control_file(path: str | Path, rules: list[dict]) -> None:
     from bsrctl.lmcache_ext.faults.control import write_control_file as write
 
     write(path, rules)
+
+
+# ---- vLLM's scheduling: which TempoKV scheduler class a launch names ----------------------
+# Whether vLLM schedules asynchronously, decided once from the spec, and what follows from
+# it: the flag that makes vLLM resolve the same, and the TempoKV scheduler class that matches
+# (imports no vLLM: the launch side and the device profile read it).
+#
+# vLLM 0.32 resolves ``scheduler_config.async_scheduling`` in ``VllmConfig.__post_init__``
+# (vllm/config/vllm.py:1553-1644): explicitly on, any incompatibility is an error; unset
+# (None), it turns on unless the model pools, the speculative method or the executor cannot,
+# ROCm DeepEP DBO, or pipeline parallelism on the V1 runner; explicitly off, it stays off.
+# The platform hook then has the last word (vllm/config/vllm.py:1991-1993): the CPU platform
+# turns it off whatever was asked (vllm/platforms/cpu.py:329-331). With it on, the engine
+# core runs a two-deep batch queue (``max_concurrent_batches`` 2, vllm/config/vllm.py:577-587;
+# ``step_with_batch_queue``, vllm/v1/engine/core.py:698-812): step N+1 is scheduled before
+# step N's output is processed. A plain ``Scheduler`` adds no output placeholders there, so
+# it cannot schedule a decode before the previous token is back (vLLM warns of "degraded
+# performance", vllm/config/scheduler.py:239-250): the launch must match the class to it.
+#
+# bsrctl's deployments never set what turns an unset value off on CUDA (no pooling model,
+# no speculative decoding, the mp/uni executors, no pipeline parallelism), so the decision
+# below is vLLM's; passing the explicit flag (``async_scheduling_args``) makes vLLM refuse to
+# start rather than silently disagree if that ever changes.
+
+Device = Literal["cpu", "cuda"]
+
+SYNC_SCHEDULER = "bsrctl.vllm_ext.scheduler.TempoKVScheduler"
+ASYNC_SCHEDULER = "bsrctl.vllm_ext.scheduler.TempoKVAsyncScheduler"
+
+
+def async_scheduling(device: Device, requested: bool | None) -> bool:
+    """vLLM's async scheduling for ``stack.device`` and ``stack.vllm.async_scheduling``
+    (None: the device's default). BadInput for what vLLM would not do: on CPU it is off."""
+    if device == "cpu":
+        if requested:
+            raise BadInput(
+                "stack.vllm.async_scheduling: true on stack.device cpu: vLLM's CPU platform "
+                "turns async scheduling off (vllm/platforms/cpu.py); leave it unset or false"
+            )
+        return False
+    if device == "cuda":
+        return True if requested is None else requested
+    raise BadInput(f"stack.device: {device!r} is neither cpu nor cuda")
+
+
+def async_scheduling_args(device: Device, requested: bool | None) -> list[str]:
+    """vLLM's flag for the decision (``--async-scheduling`` / ``--no-async-scheduling``, the
+    BooleanOptionalAction of vllm/engine/arg_utils.py:1773-1775). On CPU none: the platform
+    turns it off anyway, and the CPU command line stays as it was."""
+    on = async_scheduling(device, requested)
+    if device == "cpu":
+        return []
+    return ["--async-scheduling" if on else "--no-async-scheduling"]
+
+
+def tempokv_scheduler_cls(async_on: bool) -> str:
+    """The TempoKV ``--scheduler-cls`` for vLLM's scheduling: the async adapter under a
+    batch queue, the sync one otherwise."""
+    return ASYNC_SCHEDULER if async_on else SYNC_SCHEDULER
 
 
 # ---- the storage stack's side: LMCache's StorageManager in-process ------------------------

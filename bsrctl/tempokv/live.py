@@ -37,8 +37,12 @@ from bsrctl.tempokv.ttu_quantile import project_ttu_quantiles
 class LiveRunning:
     req_id: str
     prompt_tokens: int
-    computed_tokens: int  # KV on the device after the step just scheduled
-    output_tokens: int
+    computed_tokens: int  # KV on the device after the steps scheduled so far
+    output_tokens: int  # outputs the engine has processed
+    # outputs the steps in flight (scheduled, output not processed yet) will add: the
+    # projection counts them as produced, as it counts those steps' time as busy and their
+    # tokens as computed, so no in-flight token is counted twice
+    inflight_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +78,12 @@ class LiveView:
     max_batched_tokens: int
     free_kv_tokens: int
     engine: EngineState | None = None  # exact state, when the engine knows it
+    # steps scheduled before this view's and still in flight, oldest first (vLLM's async
+    # scheduling runs one ahead: step N+1 is scheduled while step N computes), and how long
+    # the oldest has computed: the engine is busy with their rest before the step just
+    # scheduled (zero-token steps compute nothing and are left out)
+    ahead_tokens: tuple[int, ...] = ()
+    ahead_elapsed_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -280,7 +290,7 @@ class LiveAdapterCore:
             RunningSeq(
                 max(0, r.prompt_tokens - r.computed_tokens),
                 r.computed_tokens,
-                r.output_tokens,
+                r.output_tokens + r.inflight_tokens,
             )
             for r in view.running
         )
@@ -300,10 +310,19 @@ class LiveAdapterCore:
             for w in view.waiting
             if not w.loading
         )
-        # the step just scheduled runs first: its modelled time is the engine's busy time
-        busy_s = cost.step_s(view.scheduled_tokens, 0, 0) if view.scheduled else 0.0
-        return EngineSnapshot(view.at_s, busy_s, running, waiting, holding), limits
+        return EngineSnapshot(view.at_s, busy_s(view, cost), running, waiting, holding), limits
 
     def _hit(self, w: LiveWaiting) -> int:
         hit = self.claimed.get(w.req_id, 0)
         return min(hit, max(0, w.prompt_tokens - 1))
+
+
+def busy_s(view: LiveView, cost: CostModel) -> float:
+    """Engine time committed before the projection's first pass: the rest of the steps in
+    flight ahead of the view's (the oldest has run ``ahead_elapsed_s``), then the step just
+    scheduled, each at its modelled cost."""
+    ahead = [cost.step_s(n, 0, 0) for n in view.ahead_tokens]
+    if ahead:
+        ahead[0] = max(0.0, ahead[0] - view.ahead_elapsed_s)
+    now = cost.step_s(view.scheduled_tokens, 0, 0) if view.scheduled else 0.0
+    return sum(ahead) + now

@@ -287,9 +287,10 @@ SHORTHANDS = {  # shorthand -> (section, field, to the stack's unit)
 
 
 class ServingRun(Strict):
-    """`--stack serving`: the policy grid on real vLLM + LMCache (tiny model, CPU). A fast
-    tier of MiBs over a shaped FS L2 stands in for the paper's GiBs; prompts are made
-    locally (no hub); arrivals at a fixed interval; one stack shared by every policy.
+    """`--stack serving`: the policy grid on real vLLM + LMCache (the stack's model and
+    device; the shipped spec serves the tiny model on CPU). A fast tier of MiBs over a
+    shaped FS L2 stands in for the paper's GiBs; prompts are made locally (no hub);
+    arrivals at a fixed interval; one stack shared by every policy.
 
     `stack` is the deployment (model, chunk size, max_model_len, ...: the one home of
     each); `max_num_seqs`, `engine_cpus` and `l1_mib` are shorthands for three of its
@@ -345,6 +346,12 @@ class ServingRun(Strict):
         default_factory=lambda: StackSpec.model_validate(_stack_of({})),
         description="the deployment; unset fields: the shorthands', max_model_len 8192, "
         "else StackSpec's defaults (the tiny model, 256-token chunks)",
+    )
+    registration: str | dict[str, Any] = Field(
+        "auto",
+        description="the served model's KV registration, as the restore specs name it "
+        "('auto' derives it from stack.vllm.model's config.json, TP and dtypes; a preset, a "
+        "registration YAML file or one inline): the adapter's KV bytes per token",
     )
 
     @model_validator(mode="before")

@@ -3,6 +3,8 @@
     vllm ... --scheduler-cls bsrctl.vllm_ext.scheduler.TempoKVScheduler        (CPU: sync)
     vllm ... --scheduler-cls bsrctl.vllm_ext.scheduler.TempoKVAsyncScheduler   (GPU default)
 
+(the launch names the class matching vLLM's scheduling: ``stack.extensions``).
+
 Configured by the environment variable ``BSRCTL_TEMPOKV``, since ``--scheduler-cls`` takes
 only a class: the wire's ``AdapterEnv`` (``adapter``, every ``AdapterSettings`` field;
 ``trace_path``, a JSON-lines file of every step's decision and message; ``transport``:
@@ -19,6 +21,14 @@ after it), and waits up to ``arrival_ack_s`` for the server's reply to a new cla
 cancels claims of requests that end. It never writes scheduler state and swallows its own
 errors (counted in the trace), so it cannot change what the scheduler decides; the
 on/off test checks that.
+
+Under async scheduling vLLM's engine schedules step N+1 before it processes step N's
+output (a two-deep batch queue): a view then has two steps in flight. Their tokens are
+computed already (vLLM advances ``num_computed_tokens`` at schedule time), their outputs
+are the async scheduler's placeholders, and the older one's rest is busy time ahead of
+the newer one: the view carries all three, so the projection counts each in-flight token
+once. A step that scheduled nothing calibrates nothing. The same rule holds for the sync
+scheduler, whose only step in flight is the one just scheduled.
 """
 
 from __future__ import annotations
@@ -110,6 +120,11 @@ class TempoKVAdapter(StepRecorder):
         self._tk_last_done = 0.0
         self._tk_prev_ids: set[str] = set()
         self._tk_errors = 0
+        self._tk_async = isinstance(self, AsyncScheduler)
+        try:
+            self._tk_engine_record()
+        except Exception as e:
+            self._tk_fail("init", e)
 
     # ---- hooks ----------------------------------------------------------------------
     def add_request(self, request: Any) -> None:
@@ -168,11 +183,19 @@ class TempoKVAdapter(StepRecorder):
                 )
         running = tuple(
             LiveRunning(
-                r.request_id, r.num_prompt_tokens, r.num_computed_tokens, r.num_output_tokens
+                r.request_id,
+                r.num_prompt_tokens,
+                r.num_computed_tokens,
+                r.num_output_tokens,
+                self._tk_inflight(r, out),
             )
             for r in sched.running
         )
         free_blocks = sched.kv_cache_manager.block_pool.get_num_free_blocks()
+        # the steps still in flight ahead of this one (``out`` is not queued yet)
+        ahead = [e for e in self._tk_scheduled if e[0].total_num_scheduled_tokens > 0]
+        ahead_tokens = tuple(int(e[0].total_num_scheduled_tokens) for e in ahead)
+        elapsed = self._tk_clock() - max(ahead[0][1], self._tk_last_done) if ahead else 0.0
         return LiveView(
             at_s=self._tk_now(),
             step=int(getattr(sched, "current_step", 0)),
@@ -183,6 +206,41 @@ class TempoKVAdapter(StepRecorder):
             max_seqs=int(sched.max_num_running_reqs),
             max_batched_tokens=int(sched.max_num_scheduled_tokens),
             free_kv_tokens=int(free_blocks) * int(sched.block_size),
+            ahead_tokens=ahead_tokens,
+            ahead_elapsed_s=max(0.0, elapsed),
+        )
+
+    def _tk_inflight(self, req: Any, out: Any | None) -> int:
+        """Outputs the steps in flight will give ``req`` beyond ``num_output_tokens``: vLLM's
+        async scheduler keeps them as placeholders (one per scheduled step that is not a
+        prefill chunk, vllm/v1/core/sched/async_scheduler.py:25-47; vLLM's own count of a
+        request's outputs adds them, vllm/v1/core/sched/scheduler.py:1738-1740). The sync
+        scheduler keeps none: its one step in flight is the one just scheduled, which yields
+        a token unless it is a prefill chunk (set in ``_update_after_schedule``)."""
+        if self._tk_async:
+            return int(req.num_output_placeholders)
+        scheduled = out is not None and req.request_id in out.num_scheduled_tokens
+        return int(scheduled and not req.is_prefill_chunk)
+
+    def _tk_engine_record(self) -> None:
+        """The engine as vLLM resolved it, once: its scheduling (the class's and the
+        config's, which a launch must make agree), its batch queue depth and its KV pool
+        (``num_gpu_blocks`` × ``block_size`` tokens: sized by vLLM at startup, on a GPU from
+        ``gpu_memory_utilization``; the sim cross-check reads it there)."""
+        sched: Any = self
+        cfg = sched.vllm_config
+        blocks = int(cfg.cache_config.num_gpu_blocks or 0)
+        self._bk_trace.write(
+            {
+                "kind": "engine",
+                "scheduler": type(self).__name__,
+                "async_class": self._tk_async,
+                "async_scheduling": bool(cfg.scheduler_config.async_scheduling),
+                "max_concurrent_batches": int(cfg.max_concurrent_batches),
+                "num_gpu_blocks": blocks,
+                "block_size": int(sched.block_size),
+                "kv_tokens": blocks * int(sched.block_size),
+            }
         )
 
     def _tk_after_schedule(self, out: Any) -> None:
@@ -227,15 +285,19 @@ class TempoKVAdapter(StepRecorder):
 
     def _tk_measure(self, scheduler_output: Any, done_at: float) -> None:
         """Step time: from when the step could start (scheduled, and the previous step
-        done: async scheduling runs a step ahead) to its output."""
+        that computed done: async scheduling runs a step ahead) to its output. A step that
+        scheduled no token computed nothing (vLLM's batch queue passes one through when
+        every running request already has its last token in flight): it calibrates nothing
+        and is no previous step."""
         while self._tk_scheduled:
             out, at, modelled, adapter_s = self._tk_scheduled.popleft()
             if out is scheduler_output:
                 start = max(at, self._tk_last_done)
-                self._tk.calibrator.observe(modelled, done_at - start)
-                self._tk_last_done = done_at
                 # the measured step, for calibrating a simulation of the same run offline
                 tokens = int(out.total_num_scheduled_tokens)
+                if tokens > 0:
+                    self._tk.calibrator.observe(modelled, done_at - start)
+                    self._tk_last_done = done_at
                 # busy: a request of this step was in the previous one too (the loop cannot
                 # have idled between them), so done_s − the previous done_s is what one
                 # step cost the engine loop as a whole (scheduling, adapter, output)

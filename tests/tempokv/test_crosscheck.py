@@ -107,3 +107,40 @@ def test_the_loop_cost_comes_from_busy_output_gaps() -> None:
     assert cal.cost().step_base_s == cal.loop_base_s  # the sim runs on the loop's cost
     old = calibrate(EVIDENCE, TRACE)  # a trace without output times: the steps' own time
     assert old.loop_steps == 0 and old.cost().step_base_s == old.step_base_s
+
+
+def _on(stack: dict) -> TempoKVSpec:
+    serving = {**SPEC.serving.model_dump(exclude={"stack"}), "stack": stack}
+    return SPEC.model_copy(update={"serving": SPEC.serving.model_validate(serving)})
+
+
+def test_the_kv_pool_is_the_deployments() -> None:
+    from bsrctl.experiments.tempokv.cells import engine_limits
+    from bsrctl.experiments.tempokv.crosscheck import CrossCheckUnknown, KvPool, kv_pool
+    from bsrctl.tempokv.sim.models import ModelProfile
+
+    cal = calibrate(EVIDENCE, TRACE)
+    assert cal.engine_kv_tokens == 0  # no engine record in this trace
+    # CPU: VLLM_CPU_KVCACHE_SPACE per rank, from the spec (the shipped specs: 1 GiB, TP 1)
+    assert kv_pool(SPEC.serving.stack, cal) == KvPool(
+        1.0, "stack.vllm.kvcache_space_gib × TP 1 (VLLM_CPU_KVCACHE_SPACE)")  # fmt: skip
+    assert sim_spec(SPEC, cal).engine.gpu_kv_gib == 1.0
+    big = _on({"vllm": {"kvcache_space_gib": 3, "tensor_parallel_size": 2}})
+    assert sim_spec(big, cal).engine.gpu_kv_gib == 6.0
+    # CUDA: vLLM sizes it at startup; the engine's record in the trace says what it has
+    cuda = _on({"device": "cuda"})
+    engine = {"kind": "engine", "num_gpu_blocks": 3000, "block_size": 16, "kv_tokens": 48000}
+    seen = calibrate(EVIDENCE, [*TRACE, {**engine, "kv_tokens": 1}, engine])  # the last start
+    assert seen.engine_kv_tokens == 48000
+    pool = kv_pool(cuda.serving.stack, seen)
+    assert pool == KvPool(48000 * 4096 / (1 << 30), "the engine's KV pool, 48000 tokens (trace)")
+    s = sim_spec(cuda, seen)
+    model = ModelProfile("m", 4096, seen.cost(), gpu_kv_gib=pool.gib)
+    assert engine_limits(s, model).gpu_kv_tokens == 48000  # exactly the engine's tokens
+    assert set(simulate_like_serving(cuda, seen, ["demand"])) == {"demand"}
+    with pytest.raises(CrossCheckUnknown) as err:  # unknown, never a guessed 1 GiB
+        simulate_like_serving(cuda, cal, ["demand"])
+    assert str(err.value) == (
+        "stack.device cuda: vLLM sizes its KV pool at startup from gpu_memory_utilization "
+        "and the adapter trace has no engine record of it"
+    )

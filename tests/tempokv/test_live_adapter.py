@@ -197,3 +197,41 @@ def test_settled_claims_get_no_ttu_and_the_projection_stops_at_the_last_open_one
     # a settled claim that leaves the queue is forgotten with it
     c.on_step(view(1.5, ["b", "c"]))
     assert (set(c.claimed), c.settled) == ({"b", "c"}, {"b", "c"})
+
+
+def test_steps_in_flight_are_counted_once() -> None:
+    # vLLM's async scheduling: step N (2 decode tokens) computes, step N+1 (2 more) was just
+    # scheduled; both are computed tokens already and both outputs are in flight (the
+    # placeholders). The same engine a sync view sees once N's output is in (one in flight)
+    # is `rest` later: the async view's TTUs are exactly `rest` longer, nothing twice.
+    cost = CostModel(2.0**-7, 2.0**-14, 0.0, 0.0)
+    step = cost.step_s(2, 0, 0)
+    elapsed = 2.0**-9
+    rest = step - elapsed
+
+    def at(t: float, outs: tuple[int, int], inflight: int, ahead: tuple[int, ...]) -> LiveView:
+        return LiveView(
+            at_s=t, step=0, scheduled=("r0", "r1"), scheduled_tokens=2,
+            running=(LiveRunning("r0", 1000, 1002, outs[0], inflight),
+                     LiveRunning("r1", 1000, 1001, outs[1], inflight)),
+            waiting=(LiveWaiting("a", 2048), LiveWaiting("b", 2048)),
+            max_seqs=2, max_batched_tokens=512, free_kv_tokens=10_000,
+            ahead_tokens=ahead, ahead_elapsed_s=elapsed if ahead else 0.0,
+        )  # fmt: skip
+
+    def ttus(view: LiveView) -> dict[str, float]:
+        c = LiveAdapterCore(
+            AdapterSettings(k=2, ttu_tolerance_s=0.0, output_limit_tokens=8, cost=cost)
+        )
+        u = c.on_step(view)
+        assert u is not None
+        return u.ttus_s
+
+    sync = ttus(at(1.0 + rest, (2, 1), 1, ()))
+    two_ahead = ttus(at(1.0, (1, 0), 2, (2,)))
+    # N+1, then r0 (3 of 8 outputs after N+1) decodes 5 more before its slot frees
+    assert sync == {"a": 6 * step, "b": 6 * step}
+    assert two_ahead == {r: t + rest for r, t in sync.items()}
+    # the in-flight outputs left out (the adapter before): one decode step too many
+    blind = ttus(at(1.0 + rest, (2, 1), 0, ()))
+    assert blind == {r: t + cost.step_s(2, 0, 0) for r, t in sync.items()}

@@ -178,3 +178,56 @@ def test_a_deployment_the_run_cannot_extend_is_refused(tmp_path: Path) -> None:
     with pytest.raises(BadInput) as err:
         deployment_for(spec, tmp_path)
     assert "a substitute module or extension needs a launched stack" in str(err.value)
+
+
+def _spec_on(stack: dict, **serving: object) -> TempoKVSpec:
+    return TempoKVSpec.model_validate({
+        "models": [{"name": "llama-3.1-8b"}],
+        "serving": {"stack": stack, **serving},
+        "experiment": {"kind": "policies", "cache_ratios": [1.0]},
+    })  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("device", "asked", "cls"),
+    [
+        ("cpu", None, "TempoKVScheduler"),
+        ("cpu", False, "TempoKVScheduler"),
+        ("cuda", None, "TempoKVAsyncScheduler"),  # vLLM's default on CUDA
+        ("cuda", True, "TempoKVAsyncScheduler"),
+        ("cuda", False, "TempoKVScheduler"),
+    ],
+)
+def test_the_adapter_class_is_vllms_scheduling(
+    device: str, asked: bool | None, cls: str, tmp_path: Path
+) -> None:
+    spec = _spec_on({"device": device, "vllm": {"async_scheduling": asked}})
+    dep, info = deployment_for(spec, tmp_path)
+    tk = dep.stack.extensions.tempokv
+    assert tk.scheduler_cls == info["scheduler_cls"] == f"bsrctl.vllm_ext.scheduler.{cls}"
+    assert tk.async_scheduling is info["async_scheduling"] is (cls == "TempoKVAsyncScheduler")
+    # a GPU engine shares no core with staging: the CPU bind is the CPU profile's alone
+    bind = dep.stack.spec.vllm.cpu_threads_bind
+    assert (bind is None) is (device == "cuda")
+
+
+def test_async_scheduling_on_cpu_is_refused_naming_the_field(tmp_path: Path) -> None:
+    from bsrctl.errors import BadInput
+
+    with pytest.raises(BadInput) as err:
+        deployment_for(_spec_on({"vllm": {"async_scheduling": True}}), tmp_path)
+    assert str(err.value).startswith("stack.vllm.async_scheduling: true on stack.device cpu")
+
+
+def test_the_kv_geometry_is_the_deployments_registration(tmp_path: Path) -> None:
+    # the preset of the served model, and a declared one: the adapter's KV bytes per token
+    _dep, info = deployment_for(_spec_on({}, registration="tiny-llama"), tmp_path)
+    assert info["kv_bytes_per_token"] == 1024 == TinyModelRecipe().kv_bytes_per_token()
+    declared = {
+        "model": "m", "chunk_tokens": 256, "tp_size": 1, "aux_bytes": 0,
+        "groups": [{"index": 0, "name": "attention"}],
+        "tensors": [{"name": "kv", "shape": ["T", 2, 300], "dtype": "bfloat16", "group": 0}],
+    }  # fmt: skip
+    dep, info = deployment_for(_spec_on({}, registration=declared), tmp_path)
+    assert info["kv_bytes_per_token"] == 1200  # 2 × 300 bf16 elements per token
+    assert dep.stack.extensions.tempokv.adapter.kv_bytes_per_token == 1200

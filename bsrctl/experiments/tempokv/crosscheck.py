@@ -10,7 +10,11 @@ Calibration (nothing tuned toward an ordering; every input is a measurement or t
   policies together): what staging really took on the shaped, shared L2;
 - the engine as served: max_num_seqs slots, queued loads (LMCache's MP connector), the
   largest step vLLM scheduled as its token budget; protection released at transfer end (the
-  server module releases a claim after its retrieve); the tiny model's KV bytes per token;
+  server module releases a claim after its retrieve); the served model's KV bytes per token
+  (its registration); the engine's KV pool (``kv_pool``: on CPU the spec's
+  ``kvcache_space_gib`` per rank; on CUDA vLLM sizes it at startup from
+  ``gpu_memory_utilization``, so it is read from the engine's own record in the adapter
+  trace, and without one the cross-check is UNKNOWN, saying so);
 - the fast tier and budget as the spec's L1 and budget; every output runs to max_tokens.
 """
 
@@ -18,10 +22,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from bsrctl.experiments.tempokv.cells import simulate_policy
 from bsrctl.experiments.tempokv.compare import OrderingAgreement, compare
+from bsrctl.specs import StackSpec
 from bsrctl.tempokv.kv import GIB
 from bsrctl.tempokv.sim.models import ModelProfile
 from bsrctl.tempokv.spec import FixedArrivals, TempoKVSpec
@@ -42,6 +48,7 @@ class Calibration:
     loop_base_s: float = 0.0  # the same line through busy steps' output-to-output gaps
     loop_token_s: float = 0.0
     loop_steps: int = 0  # 0: the trace has no output times (the sim uses the step fit)
+    engine_kv_tokens: int = 0  # the engine's KV pool in tokens (0: no engine record)
 
     def cost(self) -> CostModel:
         """The step cost the simulation runs on: the engine loop's, where measured."""
@@ -101,11 +108,44 @@ def calibrate(evidence: Mapping[str, Any], trace: Iterable[Mapping[str, Any]]) -
     la, lb, ln, _ = _fit(loops) if loops else (0.0, 0.0, 0, 0)
     rate, staged = staging_rate(evidence)
     kv = int(evidence["summary"]["stack"]["kv_bytes_per_token"])
-    return Calibration(a, b, n, biggest, rate, staged, kv, la, lb, ln)
+    engines = [r for r in records if r.get("kind") == "engine"]
+    pool = int(engines[-1]["kv_tokens"]) if engines else 0  # the last start's, if restarted
+    return Calibration(a, b, n, biggest, rate, staged, kv, la, lb, ln, pool)
+
+
+class CrossCheckUnknown(Exception):
+    """The simulation cannot be set up like the serving run: the reason (an UNKNOWN)."""
+
+
+@dataclass(frozen=True, slots=True)
+class KvPool:
+    gib: float  # all ranks' KV, in the model's bytes per token (the sim's gpu_kv_gib)
+    source: str  # where it came from
+
+
+def kv_pool(stack: StackSpec, cal: Calibration) -> KvPool:
+    """The serving engine's KV pool. CPU: VLLM_CPU_KVCACHE_SPACE GiB per rank (each worker
+    allocates it, vllm/platforms/cpu.py:323-327, vllm/v1/worker/cpu_worker.py:213-228).
+    CUDA: vLLM sizes it at startup from gpu_memory_utilization and what the weights and
+    activations left, not knowable before launch: the engine's record in the trace
+    (num_gpu_blocks × block_size tokens, each token's KV over every rank). Neither:
+    CrossCheckUnknown naming why."""
+    if stack.device == "cpu":
+        tp = stack.vllm.tensor_parallel_size
+        gib = float(stack.vllm.kvcache_space_gib * tp)
+        return KvPool(gib, f"stack.vllm.kvcache_space_gib × TP {tp} (VLLM_CPU_KVCACHE_SPACE)")
+    if cal.engine_kv_tokens > 0:
+        gib = cal.engine_kv_tokens * cal.kv_bytes_per_token / GIB
+        return KvPool(gib, f"the engine's KV pool, {cal.engine_kv_tokens} tokens (trace)")
+    raise CrossCheckUnknown(
+        f"stack.device {stack.device}: vLLM sizes its KV pool at startup from "
+        "gpu_memory_utilization and the adapter trace has no engine record of it"
+    )
 
 
 def sim_spec(spec: TempoKVSpec, cal: Calibration) -> TempoKVSpec:
     run = spec.serving
+    pool = kv_pool(run.stack, cal)
     l1_mib = run.stack.lmcache.l1_size_bytes / (1 << 20)
     docs = [run.documents_tokens[i % len(run.documents_tokens)] for i in range(run.num_requests)]
     return spec.model_copy(
@@ -127,7 +167,7 @@ def sim_spec(spec: TempoKVSpec, cal: Calibration) -> TempoKVSpec:
                     "loads": "queued",
                     # the server module releases a claim after its retrieve: the transfer
                     "release": "transfer_end",
-                    "gpu_kv_gib": 1.0,  # VLLM_CPU_KVCACHE_SPACE
+                    "gpu_kv_gib": pool.gib,
                     "chunk_tokens": run.stack.lmcache.chunk_size,
                 }
             ),
@@ -152,12 +192,16 @@ def sim_spec(spec: TempoKVSpec, cal: Calibration) -> TempoKVSpec:
 def simulate_like_serving(
     spec: TempoKVSpec, cal: Calibration, policies: list[str]
 ) -> dict[str, dict[str, float]]:
+    """Each policy's C and p95 in the simulation set up like the serving run
+    (CrossCheckUnknown when it cannot be)."""
     s = sim_spec(spec, cal)
+    stack = spec.serving.stack
+    name = "tiny" if stack.vllm.model == "tiny" else Path(stack.vllm.model).name
     model = ModelProfile(
-        "tiny-cpu",
+        f"{name}-{stack.device}",
         cal.kv_bytes_per_token,
         cal.cost(),
-        gpu_kv_gib=1.0,
+        gpu_kv_gib=kv_pool(stack, cal).gib,
     )
     out = {}
     for policy in policies:

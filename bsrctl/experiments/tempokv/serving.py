@@ -40,7 +40,13 @@ from bsrctl.specs import StackSpec, resolve_registration
 from bsrctl.stack.bsr_client import BsrModuleClient
 from bsrctl.stack.canonical import canonical_outputs
 from bsrctl.stack.deployment import Deployment
-from bsrctl.stack.extensions import L2Device, LMCacheExtensions, TempoKVLaunch, odirect_allowed
+from bsrctl.stack.extensions import (
+    L2Device,
+    LMCacheExtensions,
+    TempoKVLaunch,
+    async_scheduling,
+    odirect_allowed,
+)
 from bsrctl.stack.model import prepare_model
 from bsrctl.stack.seeding import seed_tiers
 from bsrctl.stack.selector import make_deployment
@@ -77,18 +83,21 @@ def engine_cpus_default(cpus: int) -> str | None:
     return "0" if cpus == 2 else f"0-{cpus - 2}"
 
 
-def kv_bytes_per_token(stack: StackSpec) -> int:
-    """KV bytes per token over every rank, from the deployment's registration (derived
-    from its model's config.json, TP, dtype and chunk size, as the restore runs do)."""
+def kv_bytes_per_token(stack: StackSpec, registration: str | dict[str, Any] = "auto") -> int:
+    """KV bytes per token over every rank, from the deployment's registration (``auto``:
+    derived from its model's config.json, TP, dtype, KV dtype and chunk size, as the restore
+    runs do; or a preset or declared one, ``serving.registration``)."""
     tp, chunk = stack.vllm.tensor_parallel_size, stack.lmcache.chunk_size
-    reg = resolve_registration("auto", stack, tp, chunk, "serving.stack.vllm.tensor_parallel_size")
+    tp_field = "serving.stack.vllm.tensor_parallel_size"
+    reg = resolve_registration(registration, stack, tp, chunk, tp_field)
     return reg.bytes_per_chunk_all_ranks // reg.chunk_tokens
 
 
 def stack_spec(run: ServingRun) -> StackSpec:
-    """The run's stack; its engine off the last core unless the spec binds it."""
+    """The run's stack; on CPU its engine off the last core unless the spec binds it (a
+    GPU engine shares no core with staging: nothing to bind)."""
     stack = run.stack
-    if stack.vllm.cpu_threads_bind:
+    if stack.device != "cpu" or stack.vllm.cpu_threads_bind:
         return stack
     bind = engine_cpus_default(os.cpu_count() or 1)
     return stack.model_copy(
@@ -107,7 +116,7 @@ def adapter_settings(spec: TempoKVSpec, stack: StackSpec) -> AdapterSettings:
         output_limit_tokens=run.max_tokens,
         chunk_tokens=stack.lmcache.chunk_size,
         retrieval_bytes_s=run.retrieval_bytes_s,
-        kv_bytes_per_token=kv_bytes_per_token(stack),
+        kv_bytes_per_token=kv_bytes_per_token(stack, run.registration),
         cost=CostModel(run.step_base_s, run.token_s, 0.0, 0.0),
     )
 
@@ -129,7 +138,10 @@ def deployment_for(
     adapter = adapter_settings(spec, stack)
     odirect = odirect_allowed(run_dir / "stack" / "l2-fs")
     device = L2Device(run.l2_bandwidth_mib_s * MIB, run.l2_latency_s, odirect)
-    tk = TempoKVLaunch(adapter, trace_path=str(run_dir / "adapter-trace.jsonl"))
+    # vLLM's scheduling as the spec's device resolves it: the adapter's class matches it
+    async_on = async_scheduling(stack.device, stack.vllm.async_scheduling)
+    trace = str(run_dir / "adapter-trace.jsonl")
+    tk = TempoKVLaunch(adapter, trace_path=trace, async_scheduling=async_on)
     tempokv = (tk if launch is None else launch(tk)) if with_adapter else None
 
     def extend(ext: LMCacheExtensions) -> LMCacheExtensions:
@@ -139,6 +151,8 @@ def deployment_for(
         "odirect": odirect,
         "kv_bytes_per_token": adapter.kv_bytes_per_token,
         "adapter": wire.settings_to_json(adapter),
+        "async_scheduling": async_on,
+        "scheduler_cls": tempokv.scheduler_cls if tempokv is not None else None,
     }
     return make_deployment(stack, run_dir, SETTINGS, extend=extend), info
 
@@ -205,6 +219,8 @@ def run_serving(
                 f"MiB·s/req p95={m['p95_ttft_s']:.3f}s {m['output_tok_s']:.1f} tok/s "
                 f"canonical={m['canonical']}")  # fmt: skip
     rows = {p: pool(runs[p]) for p in policies}
+    trace = read_trace(writer.run_dir / "adapter-trace.jsonl")
+    engines = [r for r in trace if r.get("kind") == "engine"]
     summary = {
         "experiment": "serving-policies",
         "spec_name": spec.name,
@@ -213,7 +229,10 @@ def run_serving(
         "repeats": run.repeats,
         "policies": rows,
         # the whole run's engine loop (seeding included): what the adapter took of it
-        "adapter_cost": adapter_cost(read_trace(writer.run_dir / "adapter-trace.jsonl")),
+        "adapter_cost": adapter_cost(trace),
+        # vLLM as it resolved itself at its last start (scheduling, batch queue, KV pool):
+        # beside the launch's decision in ``stack``, and the sim cross-check's KV pool
+        "engine": engines[-1] if engines else None,
     }
     return summary, _run_checks(rows)
 

@@ -1,0 +1,75 @@
+"""One decision of vLLM's async scheduling from the spec, the flag that makes vLLM resolve the
+same (read back through vLLM 0.32's own argument parser and config), and the TempoKV
+scheduler class that matches it."""
+
+from __future__ import annotations
+
+import pytest
+
+from bsrctl.errors import BadInput
+from bsrctl.stack.extensions import (
+    ASYNC_SCHEDULER,
+    SYNC_SCHEDULER,
+    TempoKVLaunch,
+    async_scheduling,
+    async_scheduling_args,
+    tempokv_scheduler_cls,
+)
+from bsrctl.tempokv.live import AdapterSettings
+
+
+def test_the_device_decides_unless_the_spec_does() -> None:
+    assert [async_scheduling("cpu", r) for r in (None, False)] == [False, False]
+    assert [async_scheduling("cuda", r) for r in (None, True, False)] == [True, True, False]
+    with pytest.raises(BadInput) as err:
+        async_scheduling("cpu", True)
+    assert str(err.value) == (
+        "stack.vllm.async_scheduling: true on stack.device cpu: vLLM's CPU platform turns "
+        "async scheduling off (vllm/platforms/cpu.py); leave it unset or false"
+    )
+    # the CPU command line gains nothing; on CUDA the decision is always explicit
+    assert [async_scheduling_args("cpu", r) for r in (None, False)] == [[], []]
+    assert [async_scheduling_args("cuda", r) for r in (None, True, False)] == [
+        ["--async-scheduling"], ["--async-scheduling"], ["--no-async-scheduling"]
+    ]  # fmt: skip
+
+
+def test_the_adapter_class_follows_the_decision() -> None:
+    assert (tempokv_scheduler_cls(False), tempokv_scheduler_cls(True)) == (
+        "bsrctl.vllm_ext.scheduler.TempoKVScheduler",
+        "bsrctl.vllm_ext.scheduler.TempoKVAsyncScheduler",
+    )
+    assert (SYNC_SCHEDULER, ASYNC_SCHEDULER) == (
+        tempokv_scheduler_cls(False), tempokv_scheduler_cls(True))  # fmt: skip
+    adapter = AdapterSettings()
+    assert TempoKVLaunch(adapter).scheduler_cls == SYNC_SCHEDULER  # the CPU default
+    assert TempoKVLaunch(adapter, async_scheduling=True).scheduler_cls == ASYNC_SCHEDULER
+
+
+@pytest.mark.parametrize("requested", [None, True, False])
+def test_vllm_parses_the_flag_into_the_decision(requested: bool | None) -> None:
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = EngineArgs.add_cli_args(FlexibleArgumentParser())
+    args = parser.parse_args(["--model", "m", *async_scheduling_args("cuda", requested)])
+    # explicit, so VllmConfig keeps it (vllm/config/vllm.py:1553-1584 only refuses an
+    # incompatible explicit True; the None branch, the one that guesses, is never taken)
+    assert args.async_scheduling is async_scheduling("cuda", requested)
+    cpu = parser.parse_args(["--model", "m", *async_scheduling_args("cpu", None)])
+    assert cpu.async_scheduling is None  # as before; the CPU platform turns it off
+
+
+def test_the_cpu_platform_turns_it_off_as_decided() -> None:
+    from vllm.config import ModelConfig, SchedulerConfig, VllmConfig
+
+    from bsrctl.stack import tinymodel
+
+    model = ModelConfig(model=str(tinymodel.build()), dtype="float32", max_model_len=2048,
+                        skip_tokenizer_init=True)  # fmt: skip
+    for asked in (None, True):
+        sched = SchedulerConfig(max_model_len=2048, is_encoder_decoder=False,
+                                async_scheduling=asked)  # fmt: skip
+        cfg = VllmConfig(model_config=model, scheduler_config=sched)
+        assert cfg.scheduler_config.async_scheduling is async_scheduling("cpu", None) is False
+        assert cfg.max_concurrent_batches == 1  # no batch queue: the sync loop
