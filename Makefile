@@ -39,7 +39,7 @@ demo: venv
 # Two e2e modules at a time: one alone leaves a core idle (tests/conftest.py keeps the ones
 # that diff /dev/shm alone and every module's deployment on one worker).
 test: venv
-	$(PYTEST) -q -n 2 --dist loadgroup
+	$(PYTEST) -q -n 2
 
 test-fast: venv
 	$(PYTEST) -q -m "not e2e and not mooncake and not process"

@@ -1,8 +1,9 @@
-"""How the suite runs two at a time (``make test``: pytest-xdist ``-n 2 --dist loadgroup``).
+"""How the suite runs two at a time (``make test``: pytest-xdist ``-n 2``).
 
-Every module that starts processes (markers e2e, mooncake, process) is one xdist group, so
-its module-scoped deployment lives on one worker; ``tests/attach`` (one package-scoped
-operator deployment) and the two two-host modules are one group each.
+Work units (``scope_of``): every module is one, so its module-scoped deployment lives on one
+worker; ``tests/attach`` (one package-scoped operator deployment), the two two-host modules
+and law + sweep (one kept deployment) are one each. A unit goes to one worker whole; the
+units run in ``rank`` order.
 
 /dev/shm is the one resource the stacks share: a stack's teardown removes every unmapped
 psm_*/lmcache_kv_* segment that appeared since it came up (``remove_unmapped_shm``), and some
@@ -18,6 +19,7 @@ import os
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -32,28 +34,19 @@ EXCLUSIVE = (
 )
 GROUPS = {"tests/attach/": "attach", "tests/failmatrix/test_e2e_two_hosts.py": "two-hosts"}
 GROUPS["tests/e2e/test_roundtrip_two_hosts.py"] = "two-hosts"  # one veth pair at a time
-
-
-def _rel(item: pytest.Item) -> str:
-    return item.nodeid.split("@")[0]
+# One kept deployment (tests/experiments/restore/conftest.py::smoke_stack) for both modules.
+for _m in ("law", "sweep"):
+    GROUPS[f"tests/experiments/restore/test_e2e_serving_{_m}.py"] = "smoke-stack"
 
 
 def lock_mode(item: pytest.Item) -> int | None:
     """LOCK_EX, LOCK_SH or None (a unit test)."""
-    nodeid = _rel(item)
+    nodeid = item.nodeid
     if nodeid.startswith(EXCLUSIVE):
         return fcntl.LOCK_EX
     if any(item.get_closest_marker(m) for m in HEAVY_MARKERS):
         return fcntl.LOCK_SH
     return None
-
-
-def group_of(item: pytest.Item) -> str | None:
-    path = item.nodeid.split("::")[0]
-    for prefix, name in GROUPS.items():
-        if path.startswith(prefix):
-            return name
-    return path if lock_mode(item) is not None else None
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -67,12 +60,45 @@ def pytest_configure(config: pytest.Config) -> None:
             os.unlink(path)
 
 
-@pytest.hookimpl(tryfirst=True)
+def scope_of(nodeid: str) -> str:
+    """The xdist work unit of a test: its group (``GROUPS``), else its module."""
+    path = nodeid.split("::")[0]
+    return next((name for prefix, name in GROUPS.items() if path.startswith(prefix)), path)
+
+
+@pytest.hookimpl(optionalhook=True, tryfirst=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Whole work units (``scope_of``) to one worker, in collection order (``rank``), for
+    every --dist that splits the suite. Not xdist's ``xdist_group`` marker: pytest 9 derives
+    a nodeid from ``_id``, so the suffix pytest-xdist 3.8 writes to ``_nodeid`` is lost and
+    each test would go anywhere."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    if config.getvalue("dist") not in ("load", "loadscope", "loadfile", "loadgroup"):
+        return None
+
+    class Units(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return scope_of(nodeid)
+
+    config.option.loadscopereorder = False  # ours (pytest_collection_modifyitems) instead
+    return Units(config, log)
+
+
+def rank(item: pytest.Item) -> int:
+    """The run order: the operator deployment (exclusive, the longest) first while the other
+    worker runs the unit tests, then the modules that are exclusive throughout, then every
+    other heavy module (the round trip's demo is exclusive, its other tests are not)."""
+    path = item.nodeid.split("::")[0] + "::"
+    if path.startswith("tests/attach/"):
+        return 0
+    if lock_mode(item) is None:
+        return 1
+    return 2 if path in EXCLUSIVE else 3
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    for item in items:  # before xdist's own hook, which reads the marker
-        name = group_of(item)
-        if name is not None and item.get_closest_marker("xdist_group") is None:
-            item.add_marker(pytest.mark.xdist_group(name))
+    items.sort(key=rank)  # stable: collection order within a rank (same on every worker)
 
 
 class _ShmLock:
@@ -114,9 +140,9 @@ _CREATED: list[Path] = []
 
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
-    _LOCK.hold(lock_mode(item), group_of(item))
+    _LOCK.hold(lock_mode(item), scope_of(item.nodeid))
     yield
-    if nextitem is None or (lock_mode(nextitem), group_of(nextitem)) != _LOCK.key:
+    if nextitem is None or (lock_mode(nextitem), scope_of(nextitem.nodeid)) != _LOCK.key:
         _LOCK.release()
 
 
