@@ -20,6 +20,7 @@ from bsrctl.stack import tinymodel
 from bsrctl.stack.model import PreparedModel, prepare_model
 from bsrctl.stack.process import Supervised, http_ok
 from bsrctl.stack.serving import ServingStack, vllm_command, vllm_env
+from bsrctl.stack.serving.vllm_cache import vllm_cache_root
 from bsrctl.stack.versions import vllm_version
 
 
@@ -32,7 +33,7 @@ class PlainVllm(ServingStack):
         v = self.spec.vllm
         port = self._port("vllm.port", 0)
         argv = vllm_command(v, self.model_dir, port)
-        env = vllm_env(v, self.dir / "vllm-cache", connector=False)
+        env = vllm_env(v, vllm_cache_root(self.dir / "vllm-cache"), connector=False)
         part = Supervised("vllm-plain", argv, self.dir / "vllm-plain.log", env=env)
         try:
             self._launch(part)
