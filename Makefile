@@ -36,8 +36,10 @@ demo: venv
 	$(VENV)/bin/bsrctl ladder ladders/cpu-e1.yaml --out reports
 	$(VENV)/bin/bsrctl report $$($(DEMO_RUNS)) --out reports/demo-report
 
+# Two e2e modules at a time: one alone leaves a core idle (tests/conftest.py keeps the ones
+# that diff /dev/shm alone and every module's deployment on one worker).
 test: venv
-	$(PYTEST) -q
+	$(PYTEST) -q -n 2
 
 test-fast: venv
 	$(PYTEST) -q -m "not e2e and not mooncake and not process"

@@ -11,6 +11,7 @@ max_tokens. A model without a manifest (a user's folder) is never cached.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from bsrctl.prompts import tokens_sha256
@@ -19,6 +20,7 @@ from bsrctl.stack import tinymodel
 from bsrctl.stack.model import PreparedModel, prepare_model
 from bsrctl.stack.process import Supervised, http_ok
 from bsrctl.stack.serving import ServingStack, vllm_command, vllm_env
+from bsrctl.stack.serving.vllm_cache import vllm_cache_root
 from bsrctl.stack.versions import vllm_version
 
 
@@ -31,7 +33,7 @@ class PlainVllm(ServingStack):
         v = self.spec.vllm
         port = self._port("vllm.port", 0)
         argv = vllm_command(v, self.model_dir, port)
-        env = vllm_env(v, self.dir / "vllm-cache", connector=False)
+        env = vllm_env(v, vllm_cache_root(self.dir / "vllm-cache"), connector=False)
         part = Supervised("vllm-plain", argv, self.dir / "vllm-plain.log", env=env)
         try:
             self._launch(part)
@@ -56,6 +58,15 @@ def cache_path(vllm: VllmSpec, model_sha: str, prompt_sha: str, max_tokens: int)
     return tinymodel.default_cache_dir().parent / "canonical" / f"{key}.json"
 
 
+def _write_atomic(path: Path, text: str) -> None:
+    """Write then rename: a run beside this one (``make test`` runs two) never reads a
+    half-written output."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
 def canonical_outputs(
     spec: StackSpec, run_dir: Path, prompts: list[list[int]], max_tokens: int
 ) -> list[tuple[int, ...]]:
@@ -73,8 +84,7 @@ def canonical_outputs(
                 out = plain.complete(prompts[i], max_tokens).output_token_ids
                 found[i] = out
                 if model_sha:
-                    paths[i].parent.mkdir(parents=True, exist_ok=True)
-                    paths[i].write_text(json.dumps(list(out)))
+                    _write_atomic(paths[i], json.dumps(list(out)))
         finally:
             plain.down()
     return [

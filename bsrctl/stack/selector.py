@@ -54,8 +54,10 @@ def make_deployment(
     raise BadInput(f"stack.kind: {stack.kind!r} runs no serving deployment; use serving or attach")
 
 
-def make_target(spec: TargetSpec, run_dir: Path) -> Target:
-    """The restore target of ``spec.stack.kind``."""
+def make_target(spec: TargetSpec, run_dir: Path, deployment: Deployment | None = None) -> Target:
+    """The restore target of ``spec.stack.kind``; ``deployment``: run on this one (already
+    made, e.g. a ``KeptDeployment`` the test suite shares) instead of a new one."""
     if spec.stack.kind == "storage":
         return StorageTarget(spec, run_dir)
-    return RunningTarget(spec, run_dir, make_deployment(spec.stack, run_dir, spec.settings(0)))
+    dep = deployment or make_deployment(spec.stack, run_dir, spec.settings(0))
+    return RunningTarget(spec, run_dir, dep)

@@ -15,6 +15,7 @@ from bsrctl.experiments.restore.acceptance import restore_point
 from bsrctl.experiments.restore.spec import load_experiment
 from bsrctl.experiments.run import execute, progress
 from bsrctl.specs import stack_selection
+from bsrctl.stack.deployment import Deployment
 from bsrctl.stack.selector import make_target
 from bsrctl.stack.target import Prompt
 
@@ -63,10 +64,14 @@ def law_check(
 
 
 def run_law(
-    spec_path: Path, out_dir: Path, stack: str | None = None, quiet: bool = False
+    spec_path: Path,
+    out_dir: Path,
+    stack: str | None = None,
+    quiet: bool = False,
+    deployment: Deployment | None = None,
 ) -> Verdict:
     """Run the spec's `law:` section on its ``stack.kind`` (``stack``: ``--stack``, for this
-    run); the run verdict."""
+    run); the run verdict. ``deployment``: a serving one already made (``make_target``)."""
     spec, raw = load_experiment(spec_path, "law", stack)
     selection = stack_selection(spec, stack)
     stack = spec.stack.kind
@@ -75,7 +80,7 @@ def run_law(
     say = progress(quiet)
     reg = spec.registration_for(stack)
     writer = EvidenceWriter(out_dir, "law", raw, spec.salt, selection)
-    target = make_target(spec, writer.run_dir)
+    target = make_target(spec, writer.run_dir, deployment)
     say.watch(target)
     say.expect(len(law.windows_chunks))
     l1 = spec.stack.lmcache.l1_size_bytes

@@ -18,6 +18,7 @@ from bsrctl.experiments.restore.acceptance import restore_point
 from bsrctl.experiments.restore.spec import ExperimentSpec, load_experiment
 from bsrctl.experiments.run import execute, progress
 from bsrctl.specs import stack_selection
+from bsrctl.stack.deployment import Deployment
 from bsrctl.stack.selector import make_target
 from bsrctl.stack.target import Prompt
 
@@ -28,9 +29,10 @@ def run_sweep(
     stack: str | None = None,
     quiet: bool = False,
     repeat_new_salt: bool = False,
+    deployment: Deployment | None = None,
 ) -> Verdict:
     """Run the spec's `sweep:` section on its ``stack.kind`` (``stack``: ``--stack``, for this
-    run); the run verdict."""
+    run); the run verdict. ``deployment``: a serving one already made (``make_target``)."""
     spec, raw = load_experiment(spec_path, "sweep", stack)
     selection = stack_selection(spec, stack)
     kind = spec.stack.kind
@@ -39,7 +41,7 @@ def run_sweep(
     say = progress(quiet)
     new_salt = f"{spec.salt}-repeat-{secrets.token_hex(4)}" if repeat_new_salt else ""
     writer = EvidenceWriter(out_dir, "sweep", raw, spec.salt, selection)
-    target = make_target(spec, writer.run_dir)
+    target = make_target(spec, writer.run_dir, deployment)
     windows = [sw.window_chunks] + ([0] if sw.whole_plan_contrast and sw.window_chunks else [])
     say.watch(target)
     say.expect(len(sw.sizes_tokens) * len(windows) + (1 if new_salt else 0))

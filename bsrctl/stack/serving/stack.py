@@ -24,6 +24,7 @@ from bsrctl.stack.serving.commands import (
 )
 from bsrctl.stack.serving.shm import remove_unmapped_shm, shm_segments
 from bsrctl.stack.serving.state import start_times, write_state
+from bsrctl.stack.serving.vllm_cache import vllm_cache_root
 from bsrctl.stack.twohost import TwoHosts, start_two_hosts
 from bsrctl.stack.versions import dist_version
 
@@ -253,7 +254,7 @@ class ServingStack(ServingClient):
             lmcache_port=self.ports["lmcache.port"],
             scheduler_cls=tk.scheduler_cls if tk is not None else None,
         )
-        env = vllm_env(v, self.dir / "vllm-cache")
+        env = vllm_env(v, vllm_cache_root(self.dir / "vllm-cache"))
         if tk is not None:
             env.update(tk.vllm_env())
         part = Supervised("vllm", [*self._prefix(), *argv], self.dir / "vllm.log", env=env)

@@ -42,3 +42,14 @@ def assert_nothing_left(out: Path) -> None:
     pids = launched_pids(run)
     assert pids, "no launched processes recorded"
     assert pids_alive(pids) == [], f"still alive: {pids_alive(pids)}"
+
+
+def assert_still_running(kept: Any) -> None:
+    """A run on a kept deployment (``bsrctl.stack.kept``) left every process of it running,
+    and the spec it runs is the one the modules on it load (cpu-smoke's stack)."""
+    from bsrctl.experiments.restore.spec import load_experiment
+
+    mains = [p.pid for p in kept.stack.parts.values()]
+    assert mains and pids_alive(mains) == mains
+    for section in ("sweep", "law"):
+        assert load_experiment(SMOKE, section, "serving")[0].stack == kept.launched.spec

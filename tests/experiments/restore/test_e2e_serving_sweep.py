@@ -1,5 +1,6 @@
 """`sweep` on the real CPU stack (vLLM + LMCache MP server with the BSR module), cpu-smoke:
-one deployment, W = 2 then W = 0 per size, the largest size again with a new salt."""
+one deployment (the package's kept one, shared with law), W = 2 then W = 0 per size, the
+largest size again with a new salt."""
 
 from __future__ import annotations
 
@@ -9,18 +10,21 @@ import pytest
 
 from bsrctl.evidence import Verdict
 
-from .e2e_support import SMOKE, C, assert_nothing_left, only_run, require_server_module
+from .e2e_support import SMOKE, C, assert_still_running, only_run, require_server_module
 
 pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture(scope="module")
-def sweep(tmp_path_factory: pytest.TempPathFactory):
+def sweep(tmp_path_factory: pytest.TempPathFactory, smoke_stack):
+    """On the package's kept cpu-smoke deployment (law's run launched it when it ran first)."""
     require_server_module()
     from bsrctl.experiments.restore.sweep import run_sweep
 
     out = tmp_path_factory.mktemp("sweep")
-    verdict = run_sweep(SMOKE, out, "serving", quiet=True, repeat_new_salt=True)
+    verdict = run_sweep(
+        SMOKE, out, "serving", quiet=True, repeat_new_salt=True, deployment=smoke_stack
+    )
     return verdict, out, only_run(out)
 
 
@@ -55,13 +59,17 @@ def test_restore_pool_flat_for_w2_and_growing_for_w0(sweep) -> None:
     assert s["peak_identical_across_sizes"] and s["whole_plan_peak_grows"]
 
 
-def test_one_deployment_and_nothing_left_behind(sweep) -> None:
+def test_one_deployment_and_nothing_left_behind(sweep, smoke_stack) -> None:
+    """One launch for the run (and for law's before it); the run's end stops nothing of the
+    kept deployment, whose teardown checks every process gone (conftest.py)."""
     _, out, doc = sweep
     assert doc["run_id"].startswith("br-e1-")
     (run,) = [p for p in Path(out).iterdir() if p.is_dir()]
     assert list(run.glob("deploy-*")) == []  # one deployment: no engine relaunch
-    assert (run / "stack" / "state.json").is_file()
-    assert_nothing_left(out)
+    assert (smoke_stack.stack.dir / "state.json").is_file()
+    assert smoke_stack.launches == 1
+    assert doc["stack"]["parts"]["vllm"]["pid"] == smoke_stack.stack.parts["vllm"].pid
+    assert_still_running(smoke_stack)
 
 
 def test_derived_registration_is_the_live_one(sweep) -> None:

@@ -22,6 +22,8 @@ pytest.importorskip("lmcache")
 from bsr_inprocess import private_dir  # noqa: E402
 from lmcache.v1.multiprocess.custom_types import IPCCacheServerKey  # noqa: E402
 
+from bsrctl.stack.serving.vllm_cache import vllm_cache_root  # noqa: E402
+
 # ---------------------------------------------------------------------------------------
 # e2e: the real `lmcache server` with this module + a real vLLM over the tiny Llama
 # ---------------------------------------------------------------------------------------
@@ -42,7 +44,7 @@ def _e2e_env(cache_root: Path) -> dict[str, str]:
         "GLOO_SOCKET_IFNAME": "lo",
         "VLLM_NO_USAGE_STATS": "1",
         "DO_NOT_TRACK": "1",
-        "VLLM_CACHE_ROOT": str(cache_root),
+        "VLLM_CACHE_ROOT": str(vllm_cache_root(cache_root)),  # modelinfos/ shared
         "TOKENIZERS_PARALLELISM": "false",
     }
 
