@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from bsrctl.stack import tinymodel
+from bsrctl.stack.serving.vllm_cache import vllm_cache_root
 from bsrctl.tempokv import wire
 from bsrctl.tempokv.live import AdapterSettings
 from bsrctl.tempokv.ttu import CostModel
@@ -35,7 +36,7 @@ def run(
         "VLLM_CPU_KVCACHE_SPACE": "1",
         "VLLM_NO_USAGE_STATS": "1",
         "DO_NOT_TRACK": "1",
-        "VLLM_CACHE_ROOT": str(tmp / "vllm-cache"),
+        "VLLM_CACHE_ROOT": str(vllm_cache_root(tmp / "vllm-cache")),
         "VLLM_HOST_IP": "127.0.0.1",
         "GLOO_SOCKET_IFNAME": "lo",
     }
