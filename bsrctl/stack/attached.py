@@ -46,6 +46,7 @@ class AttachedDeployment:
         self.client: BsrModuleClient | None = None
         self.live: RegistrationReply | None = None
         self.operator_config: dict[str, Any] = {}  # the module's own, given back at `down`
+        self.l1_capacity_bytes: int | None = None  # the operator's server's, read at connect
         self.ups = 0
 
     def check(self) -> None:
@@ -54,7 +55,9 @@ class AttachedDeployment:
             return
         self.stack.up(self.settings)
         self.client = BsrModuleClient(self.stack, timeout_s=self.client_timeout_s)
+        self.stack.bsr = self.client
         self.live = check_module(self.client)
+        self.l1_capacity_bytes = self.client.peak().l1_capacity_bytes
         config = self.client.status().config
         keys = ("window_chunks", "admission_budget_chunks", *TIMEOUTS)
         self.operator_config = {k: config[k] for k in keys if k in config}
@@ -76,6 +79,7 @@ class AttachedDeployment:
         if self.client is not None:
             self.client.close()
         self.client = BsrModuleClient(self.stack, timeout_s=self.client_timeout_s)
+        self.stack.bsr = self.client
         self.client.configure(**module_settings(self.settings))
         return self.client
 
@@ -137,4 +141,4 @@ class AttachedDeployment:
                 except (StackFailed, OSError):
                     pass  # the deployment went away: nothing of ours to give back
             self.client.close()
-            self.client = None
+            self.client = self.stack.bsr = None
