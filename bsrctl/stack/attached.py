@@ -46,7 +46,6 @@ class AttachedDeployment:
         self.client: BsrModuleClient | None = None
         self.live: RegistrationReply | None = None
         self.operator_config: dict[str, Any] = {}  # the module's own, given back at `down`
-        self.l1_capacity_bytes: int | None = None  # the operator's server's, read at connect
         self.ups = 0
 
     def check(self) -> None:
@@ -57,10 +56,14 @@ class AttachedDeployment:
         self.client = BsrModuleClient(self.stack, timeout_s=self.client_timeout_s)
         self.stack.bsr = self.client
         self.live = check_module(self.client)
-        self.l1_capacity_bytes = self.client.peak().l1_capacity_bytes
         config = self.client.status().config
         keys = ("window_chunks", "admission_budget_chunks", *TIMEOUTS)
         self.operator_config = {k: config[k] for k in keys if k in config}
+
+    @property
+    def l1_capacity_bytes(self) -> int | None:
+        """The operator's server's L1 (None before connecting)."""
+        return self.client.peak().l1_capacity_bytes if self.client is not None else None
 
     def up(self, settings: RestoreSettings, l1_bytes: int | None = None) -> None:
         """Connect (once) and set these W, B and timeouts; L1 stays the operator's."""
