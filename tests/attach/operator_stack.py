@@ -215,7 +215,13 @@ def restart(root: Path, name: str, l2: str | None = None, without_env: str | Non
     """Stop the part by its group, then start it again: with `l2`, LMCache with that L2 (the
     README's stock or fault-adapter line); with `without_env`, that variable dropped."""
     state = load(root)
+    vllm_on = name == "lmcache" and bool(state["pids"].get("vllm"))
+    if vllm_on:
+        heartbeat_started(root, state)
+    seen = unhealthy_reports(root)
     stop_group(state["pids"][name])
+    if vllm_on:  # its connector re-registers only after a heartbeat saw the server down
+        wait_unhealthy(root, seen)
     state["restarts"][name] += 1
     if l2 is not None:
         cmd = command(name, root, state["ports"], state["model"], module=state["module"], l2=l2)
@@ -224,13 +230,52 @@ def restart(root: Path, name: str, l2: str | None = None, without_env: str | Non
         state["env"][name].pop(without_env, None)
     start(root, state, name)
     save(root, state)
-    if name == "lmcache" and state["pids"].get("vllm"):
+    if vllm_on:
         wait_registered(state)
 
 
+UNHEALTHY = "LMCache server is unhealthy"  # vllm_multi_process_adapter.py:614
+HEARTBEAT = "PeriodicThread lmcache-heartbeat entering main loop"
+
+
+def heartbeat_started(root: Path, state: dict) -> None:
+    """vLLM's worker starts its heartbeat (the one that re-registers) on its first KV store
+    (vllm_multi_process_adapter.py:1682-1705, 1811): if none ran yet, one request whose
+    prompt holds a whole chunk (256 tokens) makes it."""
+    log = root / "vllm.log"
+    if log.read_text(errors="replace").count(HEARTBEAT) >= 2:  # the scheduler's and the worker's
+        return
+    body = {"model": state["model"], "prompt": list(range(1, 300)), "max_tokens": 1}
+    req = urllib.request.Request(
+        "http://127.0.0.1:{vllm}/v1/completions".format(**state["ports"]),
+        data=json.dumps(body).encode(), headers={"Content-Type": "application/json"},
+    )  # fmt: skip
+    with urllib.request.urlopen(req, timeout=120) as r:
+        r.read()
+    deadline = time.monotonic() + 30
+    while log.read_text(errors="replace").count(HEARTBEAT) < 2 and time.monotonic() < deadline:
+        time.sleep(0.2)
+
+
+def unhealthy_reports(root: Path) -> int:
+    log = root / "vllm.log"
+    return log.read_text(errors="replace").count(UNHEALTHY) if log.is_file() else 0
+
+
+def wait_unhealthy(root: Path, seen: int, timeout_s: float = 60.0) -> None:
+    """Until vLLM's heartbeat (every 10 s, lmcache.mp.heartbeat_interval) reports the server
+    down: a server back before that is never noticed, and vLLM never registers with it."""
+    deadline = time.monotonic() + timeout_s
+    while unhealthy_reports(root) <= seen:
+        if time.monotonic() > deadline:
+            sys.exit(f"vLLM's heartbeat did not report LMCache down within {timeout_s:g} s")
+        time.sleep(0.5)
+
+
 def wait_registered(state: dict, timeout_s: float = 90.0) -> None:
-    """vLLM's connector registers its KV cache again with a restarted server (its heartbeat
-    recovery, lmcache/integration/vllm/vllm_multi_process_adapter.py:1627-1643)."""
+    """vLLM's connector registers its KV cache again with a restarted server on its heartbeat's
+    unhealthy -> healthy edge (lmcache/integration/vllm/vllm_multi_process_adapter.py:
+    553-600, 1627-1643)."""
     url = "http://127.0.0.1:{lmcache_http}/status".format(**state["ports"])
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
