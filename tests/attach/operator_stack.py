@@ -265,8 +265,10 @@ def unhealthy_reports(root: Path) -> int:
 def wait_unhealthy(root: Path, seen: int, timeout_s: float = 60.0) -> None:
     """Until vLLM's heartbeat (every 10 s, lmcache.mp.heartbeat_interval) reports the server
     down: a server back before that is never noticed, and vLLM never registers with it."""
+    # both heartbeats (the scheduler's and the worker's, which re-registers) must see it
+    beats = min(2, (root / "vllm.log").read_text(errors="replace").count(HEARTBEAT))
     deadline = time.monotonic() + timeout_s
-    while unhealthy_reports(root) <= seen:
+    while unhealthy_reports(root) < seen + max(1, beats):
         if time.monotonic() > deadline:
             sys.exit(f"vLLM's heartbeat did not report LMCache down within {timeout_s:g} s")
         time.sleep(0.5)
