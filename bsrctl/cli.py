@@ -11,11 +11,30 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
+from typer._click.exceptions import ClickException  # typer 0.29 vendors click
+from typer.core import TyperGroup
 
+from bsrctl import unexpected
 from bsrctl.errors import BadInput, StackFailed
 from bsrctl.evidence import Verdict, exit_code
 
+
+class GuardedGroup(TyperGroup):
+    """Any command's unexpected exception: exit 3, one line (``bsrctl.unexpected``)."""
+
+    def invoke(self, ctx: typer.Context) -> Any:
+        command = unexpected.begin(ctx)
+        try:
+            return super().invoke(ctx)
+        except (typer.Exit, typer.Abort, ClickException):  # exits, usage errors
+            raise
+        except Exception as exc:
+            err.print(unexpected.report(exc, command), markup=False, soft_wrap=True)
+            raise typer.Exit(3) from None
+
+
 app = typer.Typer(
+    cls=GuardedGroup,  # an unexpected exception: exit 3, one line, traceback in the log
     add_completion=False,
     no_args_is_help=True,
     help="Qualify KV-cache restoration (BSR, TempoKV) on vLLM + LMCache + Mooncake.",

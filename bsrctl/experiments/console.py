@@ -30,6 +30,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
+from bsrctl import unexpected
 from bsrctl.evidence import Verdict
 
 MIB = 1 << 20
@@ -105,9 +106,10 @@ class RunConsole:
         self.phase(msg)
 
     def phase(self, msg: str) -> None:
+        unexpected.note(msg)
+        self.label = self.base = msg
         if self.mode is not Mode.RICH:
             return
-        self.label = self.base = msg
         if self._live() is None:
             self.err.print(f"· {msg}", markup=False)
         else:
@@ -115,6 +117,7 @@ class RunConsole:
 
     def step(self, name: str) -> None:
         """A step inside the current phase (seed, forget, restore, check): live line only."""
+        unexpected.note(f"{self.base} · {name}")
         if self.live is not None:
             self.label = f"{self.base} · {name}"
             self._update()
@@ -163,6 +166,7 @@ class RunConsole:
     def finished(self, verdict: Verdict, evidence: Path) -> None:
         global _last
         _last = (verdict, evidence)
+        unexpected.note_run(evidence.parent)
         self.close()
 
     def close(self) -> None:

@@ -406,10 +406,24 @@ class ConfigureReply(Reply):
         return out if self.error is not None else {k: v for k, v in out.items() if k != "error"}
 
 
+@dataclass(frozen=True)
+class HoldsReply(Reply):
+    """``bsr.holds``: the prompt's leading whole chunks each L2 adapter holds (a real
+    lookup-and-lock, then unlock), in the storage manager's adapter order; ``error`` why
+    none could be looked up."""
+
+    WHAT: ClassVar[str] = "bsr.holds"
+
+    chunks: int = _f(_int)  # whole chunks of the prompt
+    held_chunks_by_adapter: tuple[int, ...] = _f(_ints)
+    error: str = _f(_str)
+
+
 __all__ = [
     "SCHEMA",
     "ConfigureReply",
     "ForgetReply",
+    "HoldsReply",
     "LastProbe",
     "MarkerEvent",
     "MarkersReply",

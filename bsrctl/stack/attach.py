@@ -21,9 +21,12 @@ from urllib.parse import urlsplit
 from bsrctl.errors import BadInput, StackFailed
 from bsrctl.settings import RestoreSettings
 from bsrctl.specs import AttachSpec, StackSpec
+from bsrctl.stack import prerequisites
 from bsrctl.stack.process import http_get, http_ok
 from bsrctl.stack.serving.client import ServingClient
 
+# L2 adapter types (their /status "type") and the tier each is
+TIER_OF_TYPE = {"BsrFSL2Adapter": "fs", "FSL2Adapter": "fs", "BsrMooncakeL2Adapter": "mooncake"}
 COMMANDS = ("restart_vllm", "restart_lmcache", "stop_remote_tier", "start_remote_tier")
 
 
@@ -64,6 +67,7 @@ class AttachedStack(ServingClient):
 
     attached = True
     mooncake = None  # no Mooncake handle: its master is the operator's
+    bsr: Any = None  # the deployment's bsr.* client once connected (tier lookups use it)
 
     def __init__(self, spec: StackSpec, run_dir: Path) -> None:
         if spec.attach is None:
@@ -153,8 +157,10 @@ class AttachedStack(ServingClient):
             )
 
     def up(self, settings: RestoreSettings) -> None:
-        """Connect: every endpoint answers, the module is loaded, the geometry agrees.
-        Starts nothing. StackFailed names the endpoint, or prints the --server-module line."""
+        """Connect: every endpoint answers, the module is loaded, every prerequisite is there
+        (``bsrctl.stack.prerequisites``), the geometry agrees. Starts nothing. StackFailed
+        names the endpoint, prints the --server-module line, or names each flag or variable
+        to add."""
         self.probe()
         if not self.module_loaded():
             raise StackFailed(
@@ -163,7 +169,42 @@ class AttachedStack(ServingClient):
                 f"argument to the operator's `lmcache server` command:\n"
                 f"  {server_module_line(settings)}"
             )
+        lacking = prerequisites.missing(
+            self._reset_route_status(), self._probe_usage(), self.lmcache_status(),
+            self.lmcache_mq_url,
+        )  # fmt: skip
+        if lacking:
+            raise StackFailed(prerequisites.message(lacking))
         self.check_geometry()
+
+    def _reset_route_status(self) -> int | None:
+        """GET on the POST-only /reset_prefix_cache: 405 where dev mode serves it, 404 not."""
+        got = http_get(f"{self.vllm_url}/reset_prefix_cache", self.at.connect_timeout_s)
+        return None if got is None else got[0]
+
+    def _probe_usage(self) -> dict[str, Any] | None:
+        """The usage block of a 3-token greedy completion (shorter than a chunk: stores
+        nothing), to see whether vLLM reports prompt_tokens_details."""
+        body = {"model": self._model_name, "prompt": [1, 2, 3], "max_tokens": 1,
+                "temperature": 0.0}  # fmt: skip
+        try:
+            resp = self._http("POST", f"{self.vllm_url}/v1/completions", body,
+                              self.spec.vllm.request_timeout_s)  # fmt: skip
+        except OSError as exc:
+            raise StackFailed(f"attach: vLLM's probe completion failed ({exc})") from None
+        return resp.get("usage") if isinstance(resp, dict) else None
+
+    def held_chunks(self, ids: list[int], tier: str, ranks: int = 1) -> int:
+        """The prompt's whole chunks `tier` holds, by a real lookup of every L2 adapter
+        through the server (``bsr.holds``); 0 before connecting or when none answers."""
+        if self.bsr is None:
+            return 0
+        reply = self.bsr.holds(ids, self._model_name, ranks)
+        names = self.tier_names()
+        return max(
+            (h for n, h in zip(names, reply.held_chunks_by_adapter, strict=False) if n == tier),
+            default=0,
+        )
 
     def down(self) -> None:
         """Nothing of it is bsrctl's to stop."""
@@ -189,13 +230,18 @@ class AttachedStack(ServingClient):
         sm = self.lmcache_status().get("storage_manager") or {}
         return list(sm.get("l2_adapters") or [])
 
-    def tiers(self) -> list[str]:
-        """The L2 tiers the server reports, FS first (the fault wrapper's names, or types)."""
+    def tier_names(self) -> list[str]:
+        """Each L2 adapter's tier, in the server's order: the fault wrapper's name, else its
+        type (LMCache's stock FS adapter and bsrctl's are "fs")."""
         out: list[str] = []
         for a in self.l2_adapters():
             name = (a.get("bsr_fault") or {}).get("name") or str(a.get("type", "?"))
-            out.append({"BsrFSL2Adapter": "fs", "BsrMooncakeL2Adapter": "mooncake"}.get(name, name))
-        return sorted(out, key=lambda t: (t != "fs", t))
+            out.append(TIER_OF_TYPE.get(name, name))
+        return out
+
+    def tiers(self) -> list[str]:
+        """The L2 tiers the server reports, FS first."""
+        return sorted(self.tier_names(), key=lambda t: (t != "fs", t))
 
     @property
     def fs_l2_dir(self) -> Path:

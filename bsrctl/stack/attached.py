@@ -54,10 +54,16 @@ class AttachedDeployment:
             return
         self.stack.up(self.settings)
         self.client = BsrModuleClient(self.stack, timeout_s=self.client_timeout_s)
+        self.stack.bsr = self.client
         self.live = check_module(self.client)
         config = self.client.status().config
         keys = ("window_chunks", "admission_budget_chunks", *TIMEOUTS)
         self.operator_config = {k: config[k] for k in keys if k in config}
+
+    @property
+    def l1_capacity_bytes(self) -> int | None:
+        """The operator's server's L1 (None before connecting)."""
+        return self.client.peak().l1_capacity_bytes if self.client is not None else None
 
     def up(self, settings: RestoreSettings, l1_bytes: int | None = None) -> None:
         """Connect (once) and set these W, B and timeouts; L1 stays the operator's."""
@@ -76,6 +82,7 @@ class AttachedDeployment:
         if self.client is not None:
             self.client.close()
         self.client = BsrModuleClient(self.stack, timeout_s=self.client_timeout_s)
+        self.stack.bsr = self.client
         self.client.configure(**module_settings(self.settings))
         return self.client
 
@@ -137,4 +144,4 @@ class AttachedDeployment:
                 except (StackFailed, OSError):
                     pass  # the deployment went away: nothing of ours to give back
             self.client.close()
-            self.client = None
+            self.client = self.stack.bsr = None

@@ -23,6 +23,7 @@ from bsrctl.errors import StackFailed
 from bsrctl.lmcache_ext.protocol import (
     ConfigureReply,
     ForgetReply,
+    HoldsReply,
     MarkersReply,
     PeakReply,
     ProtocolError,
@@ -98,6 +99,11 @@ class BsrModuleClient:
     def registration(self) -> RegistrationReply:
         """The KV cache layouts the engines registered (the live registration)."""
         return self._typed("bsr.registration", RegistrationReply)
+
+    def holds(self, token_ids: list[int], model_name: str, world_size: int = 1) -> HoldsReply:
+        """The prompt's whole chunks each L2 adapter holds, by a real lookup on the server."""
+        payload = {"model_name": model_name, "world_size": world_size, "token_ids": token_ids}
+        return self._typed("bsr.holds", HoldsReply, payload)
 
     def forget(self, wait_s: float = 60.0) -> ForgetReply:
         """Empty L1. The server waits at most a few seconds per call (write-throughs may

@@ -75,6 +75,12 @@ class RunningTarget(OnDeployment):
         """The L2 tier the restores read (the deployment's)."""
         return self.deployment.tier
 
+    def l1_bytes(self, asked: int) -> int:
+        """The L1 a deployment asked for `asked` runs with: launched, `asked`; attached, the
+        operator's server's (read when ``prepare`` connected)."""
+        got = getattr(self.deployment, "l1_capacity_bytes", None)
+        return int(got) if got else asked
+
     def deploy(self, l1_bytes: int, settings: RestoreSettings) -> None:
         """A deployment with this L1 and these settings: launched, a fresh one; attached,
         the operator's with W, B and timeouts set (its L1 is the operator's)."""

@@ -24,7 +24,7 @@ SEED_WAIT_S = 20.0  # per attempt: how long a tier's write-through may take
 class SeedAttempt:
     """One cold request of a seeding."""
 
-    cached_tokens: int  # of the cold request (vLLM's usage.cached_tokens)
+    cached_tokens: int | None  # of the cold request (vLLM's usage.cached_tokens; None: unreported)
     held: dict[str, int]  # chunks each relied tier held after it (per rank, the least)
     l1_used_before: int | None  # L1 bytes left by the forget before it; None: no forget
 

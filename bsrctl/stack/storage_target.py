@@ -97,6 +97,10 @@ class StorageTarget:
     def fits(self, l1_bytes: int) -> tuple[bool, str]:
         return l1_fits(l1_bytes * self.l1_ranks, self.spec.memory_reserve_bytes)
 
+    def l1_bytes(self, asked: int) -> int:
+        """The storage stack builds L1 as asked."""
+        return asked
+
     def deploy(self, l1_bytes: int, settings: RestoreSettings) -> StorageStack:
         """A fresh stack with this L1 per rank and these settings (also ``self.stack``)."""
         from bsrctl.stack.storage import StorageStackConfig, deploy

@@ -159,6 +159,10 @@ class Target(Protocol):
     def fits(self, l1_bytes: int) -> tuple[bool, str]:
         """Whether an L1 of this size fits the machine, and the numbers behind the answer."""
 
+    def l1_bytes(self, asked: int) -> int:
+        """The L1 a deployment asked for `asked` bytes runs with (attached: the operator's,
+        known once ``prepare`` connected); what the console shows."""
+
     def deploy(self, l1_bytes: int, settings: RestoreSettings) -> None:
         """A fresh deployment with this L1 and these restore settings."""
 

@@ -1,5 +1,6 @@
-"""What each tier of a serving deployment holds, read by real means: FS by its files,
-Mooncake by a real lookup through LMCache (or its adapter's counters), and the fault
+"""What each tier of a serving deployment holds, read by real means: an attached
+deployment's tiers by a real lookup through its server (``bsr.holds``), a launched one's FS by
+its files, Mooncake by a real lookup through LMCache (or its adapter's counters), and the fault
 wrapper's counters. Seeding and the failure matrix both wait on these."""
 
 from __future__ import annotations
@@ -29,8 +30,14 @@ def fs_objects(stack: ServingClient, chunk_hash: str) -> list[Path]:
 def chunks_held(
     stack: ServingClient, ids: list[int], hashes: list[str], tier: str, ranks: int = 1
 ) -> int:
-    """Chunks of the prompt `tier` holds: FS by its files (one per rank), Mooncake by a real
-    lookup (``mooncake_holds``; it prefetches into L1, so forget L1 afterwards)."""
+    """Chunks of the prompt `tier` holds. On a deployment that answers ``held_chunks`` (the
+    attached one: any L2 adapter, LMCache's stock ones too) by a real lookup of every
+    adapter through the server (``bsr.holds``: lookup-and-lock, then unlock; nothing loaded);
+    else FS by its files (one per rank), Mooncake by a real lookup (``mooncake_holds``; it
+    prefetches into L1, so forget L1 afterwards)."""
+    by_lookup = getattr(stack, "held_chunks", None)
+    if by_lookup is not None:
+        return int(by_lookup(ids, tier, ranks))
     if tier == "fs":
         return sum(1 for h in hashes if len(fs_objects(stack, h)) >= ranks)
     try:
@@ -76,8 +83,8 @@ def wait_written_through(
     hashes = chunk_hashes_hex(ids, chunk_size, n)
 
     def held(tier: str) -> int:
-        if tier == "fs":
-            return chunks_held(stack, ids, hashes, "fs")
+        if tier == "fs":  # its files: a lookup would move the tiers' counters
+            return sum(1 for h in hashes if fs_objects(stack, h))
         return min(n, mooncake_stored_keys(stack) - mooncake_before)
 
     return _poll_held(n, tiers, held, wait_s)

@@ -138,3 +138,66 @@ def test_commands_that_launch_refuse_attach(tmp_path: Path, command: str) -> Non
     code, out = run(*args, "--out" if command != "stack-up" else "--run-dir", str(tmp_path / "o"))
     assert code == 2, out
     assert "attach" in out
+
+
+def attached_stack(tmp_path: Path, adapters: list[dict]):
+    from bsrctl.specs import StackSpec
+    from bsrctl.stack.attach import AttachedStack
+
+    spec = StackSpec.model_validate({
+        "kind": "attach",
+        "attach": {"vllm_url": "http://127.0.0.1:1", "lmcache_url": "tcp://127.0.0.1:2",
+                   "lmcache_http_port": 3},
+    })  # fmt: skip
+    st = AttachedStack(spec, tmp_path)
+    st.lmcache_status = lambda: {"storage_manager": {"l2_adapters": adapters}}  # type: ignore[method-assign]
+    st._model_name = "/models/tiny"
+    return st
+
+
+STOCK_FS = {"type": "FSL2Adapter", "base_path": "/l2", "use_odirect": False}
+WRAPPED_MOONCAKE = {"type": "BsrFaultL2Adapter", "bsr_fault": {"name": "mooncake"}}
+
+
+def test_lmcache_stock_fs_adapter_is_the_fs_tier(tmp_path: Path) -> None:
+    st = attached_stack(tmp_path, [WRAPPED_MOONCAKE, STOCK_FS])
+    assert st.tier_names() == ["mooncake", "fs"]  # the server's order
+    assert st.tiers() == ["fs", "mooncake"]  # FS first
+
+
+def test_seeding_reads_each_tier_by_a_lookup_through_the_server(tmp_path: Path) -> None:
+    from bsrctl.lmcache_ext.protocol import HoldsReply
+    from bsrctl.stack.tiers import chunks_held
+
+    st = attached_stack(tmp_path, [STOCK_FS, WRAPPED_MOONCAKE])
+    calls: list[tuple] = []
+
+    class Bsr:
+        def holds(self, ids: list[int], model: str, world: int) -> HoldsReply:
+            calls.append((len(ids), model, world))
+            return HoldsReply(8, (8, 3), "")
+
+    ids = list(range(2048))
+    assert chunks_held(st, ids, [], "fs") == 0  # not connected yet: nothing looked up
+    st.bsr = Bsr()
+    assert chunks_held(st, ids, [], "fs", ranks=2) == 8  # no file name is read
+    assert chunks_held(st, ids, [], "mooncake") == 3
+    assert chunks_held(st, ids, [], "ssd") == 0
+    assert calls == [
+        (2048, "/models/tiny", 2),
+        (2048, "/models/tiny", 1),
+        (2048, "/models/tiny", 1),
+    ]
+
+
+def test_the_console_shows_the_attached_servers_l1_not_the_specs(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from bsrctl.specs import TargetSpec
+    from bsrctl.stack.running_target import RunningTarget
+
+    spec = TargetSpec()
+    attached = SimpleNamespace(kind="attach", l1_capacity_bytes=64 << 20)
+    assert RunningTarget(spec, tmp_path, attached).l1_bytes(1 << 30) == 64 << 20
+    launched = SimpleNamespace(kind="serving")  # builds L1 as asked
+    assert RunningTarget(spec, tmp_path, launched).l1_bytes(1 << 30) == 1 << 30

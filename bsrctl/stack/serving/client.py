@@ -21,7 +21,9 @@ from bsrctl.stack.serving.commands import MQ_TIMEOUT_S
 class Completion:
     output_token_ids: tuple[int, ...]  # generated ids, greedy
     prompt_tokens: int  # as vLLM counted them
-    cached_tokens: int  # usage.prompt_tokens_details.cached_tokens (local + external)
+    # usage.prompt_tokens_details.cached_tokens (local + external); None: vLLM did not report
+    # it (started without --enable-prompt-tokens-details): missing evidence, never 0
+    cached_tokens: int | None
     external_hit_tokens: int  # delta of vllm:external_prefix_cache_hits_total
     ttft_s: float  # time to first token as vLLM measured it (its TTFT histogram's delta)
     request_s: float  # wall time of the whole (non-streamed) request, client side
@@ -137,11 +139,10 @@ class ServingClient:
                 part.tail() if part else "",
             ) from None
         usage = resp.get("usage") or {}
-        details = usage.get("prompt_tokens_details") or {}
         return Completion(
             output_token_ids=tuple(resp["choices"][0]["token_ids"]),
             prompt_tokens=int(usage.get("prompt_tokens", 0)),
-            cached_tokens=int(details.get("cached_tokens") or 0),
+            cached_tokens=reported_cached_tokens(usage),
             external_hit_tokens=int(_delta(after, before, "vllm:external_prefix_cache_hits_total")),
             ttft_s=_ttft_s(after, before, elapsed),
             request_s=elapsed,
@@ -216,6 +217,20 @@ class ServingClient:
 
     def lmcache_status(self) -> dict[str, Any]:
         return self._http("GET", f"{self.lmcache_http}/status")
+
+
+NOT_REPORTED = (
+    "vLLM reported no usage.prompt_tokens_details.cached_tokens (start it with "
+    "--enable-prompt-tokens-details)"
+)
+
+
+def reported_cached_tokens(usage: dict[str, Any]) -> int | None:
+    """vLLM's cached-token count, None when it reports none: vLLM 0.32 sets
+    prompt_tokens_details only with --enable-prompt-tokens-details
+    (vllm/entrypoints/openai/completion/serving.py:608-615)."""
+    value = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+    return None if value is None else int(value)
 
 
 def _delta(after: dict[str, float], before: dict[str, float], name: str) -> float:

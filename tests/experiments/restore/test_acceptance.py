@@ -155,7 +155,13 @@ def test_a_prefix_short_in_its_tier_is_unknown_and_judged_on_nothing_else(held) 
     m = serving_measures(seed_chunks_expected=16, seed_chunks_held=held, cached_tokens=0)
     (c,) = acc.judge(m, "serving")
     assert (c.name, c.verdict) == ("setup_seeded", Verdict.UNKNOWN)
-    assert c.detail == f"setup: fs held {held or 0}/16 whole chunks of the prompt"
+    # what the tier held unmeasured is missing evidence, never a measured 0
+    want = (
+        "setup: what fs held was not measured"
+        if held is None
+        else (f"setup: fs held {held}/16 whole chunks of the prompt")
+    )
+    assert c.detail == want
 
 
 def test_measures_read_back_from_evidence_refuse_a_renamed_key() -> None:

@@ -120,7 +120,7 @@ def test_handlers_match_the_rpc_contract_and_replace_the_builtins() -> None:
         assert ops[op].options == builtin[op].options, op
     methods = [h.method for h in iter_server_module_handlers(BsrServerModule)]
     assert methods == sorted(
-        ["bsr.configure", "bsr.fault", "bsr.forget", "bsr.markers", "bsr.peak"]
+        ["bsr.configure", "bsr.fault", "bsr.forget", "bsr.holds", "bsr.markers", "bsr.peak"]
         + ["bsr.registration", "bsr.reset_peak", "bsr.status"]
         + ["tempokv.configure", "tempokv.status", "tempokv.update"]
     )

@@ -96,3 +96,48 @@ def test_a_vllm_gone_before_the_request_is_a_stack_failure(tmp_path: Path) -> No
 
     with pytest.raises(StackFailed, match=r"vLLM request failed .*; vLLM process gone"):
         Gone().complete([5, 6], max_tokens=3)
+
+
+class NoDetails(Counters):
+    """vLLM started without --enable-prompt-tokens-details: no prompt_tokens_details."""
+
+    def _http(self, method: str, url: str, body: Any = None, timeout_s: float = 30) -> Any:
+        if url.endswith("/metrics"):
+            return self.metric_texts.pop(0)
+        return {"choices": [{"token_ids": [7]}], "usage": {"prompt_tokens": 300}}
+
+
+def test_an_unreported_cached_token_count_is_none_never_zero(tmp_path: Path) -> None:
+    c = NoDetails(tmp_path).complete([5, 6], max_tokens=1)
+    assert c.cached_tokens is None
+    assert (c.prompt_tokens, c.external_hit_tokens) == (300, 256)  # the rest is read as before
+
+
+@pytest.mark.parametrize(
+    ("usage", "cached"),
+    [
+        ({"prompt_tokens": 3}, None),
+        ({"prompt_tokens_details": None}, None),  # vLLM's own default (serve/engine/protocol.py)
+        ({"prompt_tokens_details": {"cached_tokens": None}}, None),
+        ({"prompt_tokens_details": {"cached_tokens": 0}}, 0),  # a measured 0
+        ({"prompt_tokens_details": {"cached_tokens": 3840}}, 3840),
+    ],
+)
+def test_reported_cached_tokens(usage: dict[str, Any], cached: int | None) -> None:
+    from bsrctl.stack.serving.client import reported_cached_tokens
+
+    assert reported_cached_tokens(usage) == cached
+
+
+def test_the_checks_read_an_unreported_count_as_unknown_with_its_reason() -> None:
+    from bsrctl.evidence import Verdict
+    from bsrctl.experiments.restore.acceptance import cached_token_accounting, tier_isolation
+
+    c = cached_token_accounting(None, 3840, 3840)
+    assert (c.verdict, c.detail) == (
+        Verdict.UNKNOWN,
+        "not measured: vLLM reported no usage.prompt_tokens_details.cached_tokens (start it "
+        "with --enable-prompt-tokens-details)",
+    )
+    t = tier_isolation("fs", 0, None, {"fs": 2 << 20}, 3840)
+    assert (t.verdict, t.detail) == (Verdict.UNKNOWN, "not measured: cached tokens")
