@@ -20,8 +20,8 @@ from lmcache.v1.multiprocess.group_view import EngineGroupInfo  # noqa: E402
 from lmcache.v1.multiprocess.modules.lmcache_driven_transfer import (  # noqa: E402
     get_layout_desc,
 )
-from lmcache.v1.platform.cache_context import create_cache_context  # noqa: E402
 from lmcache.v1.platform.base.event_ipc import get_event_ipc_backend  # noqa: E402
+from lmcache.v1.platform.cache_context import create_cache_context  # noqa: E402
 from lmcache.v1.platform.kv_wrap import _release_partial_kv_wrappers, wrap_kv_caches  # noqa: E402
 
 from bsrctl.lmcache_ext.mp_storage import MPBlockDestination  # noqa: E402
