@@ -3,16 +3,16 @@ is copied back out of the engine's paged KV with LMCache's own store copy, into 
 object, and its digest compared with the staged object's.
 
 The copy back is the call LMCache's stock store makes to move paged KV into a memory object
-(lmcache 0.5.6 ``v1/multiprocess/modules/lmcache_driven_transfer.py:781-791``:
+(lmcache 0.5.6 ``v1/multiprocess/modules/lmcache_driven_transfer.py:780-790``:
 ``transfer_kv_per_object_group(..., batch_size=1, direction=TransferDirection.D2H,
 block_ids_host=...)``), over the very block ids the install staged
 (``downsample_and_stage_block_ids``), so it takes the same copy path as the install in the
 other direction: the copy-engine direct path, the native planned kernel path or the torch
-fallback (``object_group_transfer.py:588-664``), whichever the install took. The ids of a
-D2H batch that holds ``None`` are skipped (``object_group_transfer.py:382-390``), so one
-chunk is read back at a time into one scratch object per object group: the scratch is c
-per rank, outside L1 (it is not a staging buffer and never in the restore pool's gauge),
-allocated once per retrieve (pinned on a GPU, as LMCache's own host buffers are) and
+fallback (``object_group_transfer.py:588-664``), whichever the install took. A D2H batch
+holding ``None`` is skipped (``object_group_transfer.py:376-384``, ``536-541``,
+``681-689``), so one chunk is read back at a time into one scratch object per object
+group: the scratch is c per rank, outside L1 (not a staging buffer, never in the restore
+pool's gauge), allocated once per retrieve (pinned on a GPU, as LMCache's own host buffers are) and
 stated beside the pool bound in the evidence.
 
 A chunk whose tokens the install skipped in part or whole (``skip_first_n_tokens``: blocks
