@@ -1,8 +1,9 @@
 """The BSR core: probe → confirmed plan → windows of at most W chunks → commit.
 
 Per window: admit (budget B) → stage (locked prefetch) → wait for complete presence
-(timeout) → read → install into the destination slice → sync → release. Any missing key,
-timeout, read, install or release error fails the whole retrieve closed: every staged
+(timeout) → read → install into the destination slice → sync → read back (``readback``:
+the slice equals the staged bytes) → release. Any missing key, timeout, read, install,
+read-back or release error fails the whole retrieve closed: every staged
 window is released, every destination block of the request is marked invalid, the
 force-local marker is set, and the outcome reports 0 cached chunks.
 

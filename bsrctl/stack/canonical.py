@@ -2,10 +2,11 @@
 prepared in ``bsrctl.stack.model``, the one home of folder and vocabulary).
 
 Greedy decoding on the tiny model is deterministic across processes (STACK-NOTES), so a
-canonical output is computed once per key and cached under .cache/canonical/. The key holds
-everything that changes the numbers: the model (its files' sha256), the vLLM version, the
-dtype, the KV cache dtype, the TP size and max_model_len (``numerics_key``), the prompt and
-max_tokens. A model without a manifest (a user's folder) is never cached.
+canonical output (its ids and each one's top-1 logprob, ``Reference``) is computed once per
+key and cached under .cache/canonical/ (a file from before logprobs were kept is a miss).
+The key holds everything that changes the numbers: the model (its files' sha256), the vLLM
+version, the dtype, the KV cache dtype, the TP size and max_model_len (``numerics_key``),
+the prompt and max_tokens. A model without a manifest (a user's folder) is never cached.
 """
 
 from __future__ import annotations
