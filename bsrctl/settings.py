@@ -40,6 +40,10 @@ class RestoreTuning(BaseModel):
     )
     checksum: bool = Field(True, description="sha256 per L2 object, verified before install")
     use_odirect: bool = Field(False, description="FS L2 bypasses the page cache (O_DIRECT)")
+    # Install read-back (bsrctl.restore.readback): each installed window is read back from
+    # the engine's KV through LMCache's own store copy and compared with the staged bytes; a
+    # mismatch fails the retrieve closed. On in every run bsrctl starts (qualification).
+    readback: bool = Field(True, description="read each installed window back, compare digests")
 
 
 class RestoreSettings(RestoreTuning):
@@ -91,4 +95,5 @@ class RestoreSettings(RestoreTuning):
             admission_timeout_s=self.admission_timeout_s,
             retrieve_deadline_s=self.retrieve_deadline_s,
             pipeline=pipeline,
+            readback=self.readback,
         )

@@ -15,6 +15,18 @@ from bsrctl.settings import RestoreSettings, RestoreTuning
 from bsrctl.spec_io import ByteSize, Strict, describe_error, read_yaml
 
 
+class OutputTolerance(Strict):
+    """How far a restored output may depart from the reference's (declared GPU runs only:
+    unset, the output check asks for bit-identical tokens)."""
+
+    max_logprob_gap: float = Field(
+        ge=0, description="largest |top-1 logprob restored - reference| before any divergence"
+    )
+    min_identical_tokens: int = Field(
+        ge=0, description="tokens that must match before a divergence is tolerated"
+    )
+
+
 class VllmSpec(Strict):
     port: int = Field(0, ge=0, le=65535, description="0 picks a free port")
     max_model_len: int = Field(20480, gt=0)
@@ -43,6 +55,15 @@ class VllmSpec(Strict):
         None,
         description="vLLM's async scheduling; None: the device's default (vLLM turns it off "
         "on CPU and keeps it on on CUDA)",
+    )
+    batch_invariant: bool | None = Field(
+        None,
+        description="cuda: VLLM_BATCH_INVARIANT=1 (bsrctl.stack.batch_invariance); None: on "
+        "where vLLM 0.32 makes it hold (unquantized weights and KV, a declaring attention "
+        "backend), else off; never on cpu",
+    )
+    output_tolerance: OutputTolerance | None = Field(
+        None, description="None: the output check asks for bit-identical tokens"
     )
     cpu_threads_bind: str | None = Field(
         None,

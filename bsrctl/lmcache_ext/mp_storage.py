@@ -19,13 +19,15 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from lmcache.logging import init_logger
 from lmcache.v1.distributed.api import MemoryLayoutDesc, ObjectKey
 
+from bsrctl.lmcache_ext.readback import SliceReader
 from bsrctl.lmcache_ext.storage import LMCacheRestoreStorage
+from bsrctl.restore.readback import ReadbackResult
 from bsrctl.restore.types import RestoreRequest, RowId, StageResult, Window
 
 log = init_logger(__name__)
@@ -168,6 +170,9 @@ class MPBlockDestination:
     guard: Callable[[], str] | None = None  # non-empty answer: refuse to install (why)
     invalid: bool = False  # set by mark_invalid: every block of the request is invalid
     bytes_installed: int = 0
+    # window -> (staged device ids, host ids, skip tokens) of its install, for read_back
+    _installed: dict[int, tuple[Any, list[list[int]], int]] = field(default_factory=dict)
+    _reader: SliceReader | None = None
 
     def _blocks_per_chunk(self, kernel_group: int) -> int:
         return int(self.cache_context.calculate_num_blocks(self.chunk_tokens, kernel_group))
@@ -221,8 +226,27 @@ class MPBlockDestination:
                 block_ids_host=sliced,
             )
             total += sum(o.get_size() for o in objs)
+        self._installed[window.index] = (staged_ids, sliced, skip)
         self.bytes_installed += total
         return total
+
+    def read_back(
+        self,
+        request_id: str,
+        window: Window,
+        objects: Mapping[RowId, Sequence[Any]],
+        num_chunks: int,
+    ) -> ReadbackResult:
+        """The slice the window's install wrote, copied back with LMCache's store copy and
+        compared with the staged objects (``bsrctl.lmcache_ext.readback``)."""
+        if self._reader is None:
+            self._reader = SliceReader(
+                self.cache_context, lambda: self.sync(request_id), self.transfer_key + "-rb"
+            )
+        staged_ids, host_ids, skip = self._installed.pop(window.index)
+        return self._reader.read_back(
+            staged_ids, host_ids, objects, num_chunks, self.chunk_tokens, skip, window.chunk_start
+        )
 
     def sync(self, request_id: str) -> None:
         ctx = self.cache_context

@@ -173,6 +173,20 @@ class ResetPeakReply(Reply):
 
 
 @dataclass(frozen=True)
+class ReadbackTotals(Reply):
+    """One retrieve's install read-back (the core's ``ReadbackSummary.to_json()``)."""
+
+    WHAT: ClassVar[str] = "restore outcome readback"
+
+    windows_checked: int = _f(_int)
+    chunks_checked: int = _f(_int)
+    chunks_unchecked: int = _f(_int)  # skipped by the install (APC-shared blocks)
+    mismatches: int = _f(_int)
+    seconds: float = _f(_float)
+    scratch_bytes: int = _f(_int)  # outside L1 and the restore pool's gauge
+
+
+@dataclass(frozen=True)
 class RestoreOutcomeSummary(Reply):
     """One retrieve of one rank. A stock (W = 0) retrieve has only the first seven fields
     (on the wire too); a BSR one also the restore core's outcome."""
@@ -182,7 +196,7 @@ class RestoreOutcomeSummary(Reply):
         {"failure", "detail", "cached_chunks", "windows_done", "bytes_restored"}
         | {"peak_staged_bytes_by_rank"}
     )
-    OPTIONAL: ClassVar[frozenset[str]] = BSR_ONLY | {"window_phases"}
+    OPTIONAL: ClassVar[frozenset[str]] = BSR_ONLY | {"window_phases", "readback"}
 
     request_id: str = _f(_str)
     rank: int | None = _f(_opt_int)  # the worker's TP rank
@@ -201,6 +215,7 @@ class RestoreOutcomeSummary(Reply):
     # per installed window (core's WindowTiming.to_json): index, admit_wait_s, fetch_s,
     # wait_s, install_s, sync_s, installed_at_s; absent on the wire when not recorded
     window_phases: tuple[dict[str, float], ...] | None = _f(_phases, default=None)
+    readback: ReadbackTotals | None = _f(_reply(ReadbackTotals), default=None)  # None: off
 
     def __post_init__(self) -> None:
         if self.mode not in ("bsr", "stock"):
@@ -214,8 +229,9 @@ class RestoreOutcomeSummary(Reply):
 
     def to_json(self) -> dict[str, Any]:
         out = super().to_json()
-        if self.window_phases is None:
-            del out["window_phases"]
+        for name in ("window_phases", "readback"):
+            if getattr(self, name) is None:
+                del out[name]
         return {k: v for k, v in out.items() if k not in self.BSR_ONLY or self.mode == "bsr"}
 
 
@@ -429,6 +445,7 @@ __all__ = [
     "MarkersReply",
     "PeakReply",
     "ProtocolError",
+    "ReadbackTotals",
     "Reply",
     "ResetPeakReply",
     "RestoreOutcomeSummary",

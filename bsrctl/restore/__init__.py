@@ -15,6 +15,8 @@ Public API (see each module):
 - ``admission``: AdmissionBudget (B chunks, FIFO, no hold-and-wait).
 - ``gauge``: RestorePoolGauge (per-rank exact high-water mark of restore staging bytes).
 - ``markers``: ForceLocalMarkers.
+- ``readback``: ReadbackDestination (read_back), ReadbackResult, ReadbackTally: the
+  install read-back (``RestoreConfig.readback``), totals in ``RestoreOutcome.readback``.
 - ``stall``: StallWatch (process-stall ticker on a clock) and its install guard.
 - ``errors``: RestoreConfigError (a ValueError), the core's only error type.
 
@@ -27,11 +29,13 @@ from bsrctl.restore.gauge import RestorePoolGauge
 from bsrctl.restore.markers import ForceLocalMarkers, MarkerState
 from bsrctl.restore.plan import complete_prefix, confirm_plan, split_windows
 from bsrctl.restore.protocols import RestoreDestination, RestoreStorage
+from bsrctl.restore.readback import ReadbackDestination, ReadbackResult
 from bsrctl.restore.restorer import BoundedRestorer, RestoreConfig
 from bsrctl.restore.stall import StallWatch
 from bsrctl.restore.types import (
     EventKind,
     FailureKind,
+    ReadbackSummary,
     RestoreEvent,
     RestoreOutcome,
     RestorePlan,
@@ -51,6 +55,9 @@ __all__ = [
     "FailureKind",
     "ForceLocalMarkers",
     "MarkerState",
+    "ReadbackDestination",
+    "ReadbackResult",
+    "ReadbackSummary",
     "RestoreConfig",
     "RestoreConfigError",
     "RestoreDestination",

@@ -1,8 +1,9 @@
 """The BSR core: probe → confirmed plan → windows of at most W chunks → commit.
 
 Per window: admit (budget B) → stage (locked prefetch) → wait for complete presence
-(timeout) → read → install into the destination slice → sync → release. Any missing key,
-timeout, read, install or release error fails the whole retrieve closed: every staged
+(timeout) → read → install into the destination slice → sync → read back (``readback``:
+the slice equals the staged bytes) → release. Any missing key, timeout, read, install,
+read-back or release error fails the whole retrieve closed: every staged
 window is released, every destination block of the request is marked invalid, the
 force-local marker is set, and the outcome reports 0 cached chunks.
 
@@ -29,6 +30,7 @@ from bsrctl.restore.gauge import RestorePoolGauge
 from bsrctl.restore.markers import ForceLocalMarkers
 from bsrctl.restore.plan import confirm_plan, split_windows
 from bsrctl.restore.protocols import RestoreDestination, RestoreStorage
+from bsrctl.restore.readback import ReadbackDestination
 from bsrctl.restore.run_state import InFlight, RunState
 from bsrctl.restore.types import (
     EventKind,
@@ -56,6 +58,9 @@ class RestoreConfig:
     # timeout on the retrieve: a window installed after that overwrites its recomputation.
     retrieve_deadline_s: float = 0.0
     pipeline: bool = True  # stage window j+1 while installing j when B >= 2W
+    # Read each installed window back through the destination's transfer path and compare
+    # digests (``readback``); a destination without ``read_back`` is not read back.
+    readback: bool = False
 
     def __post_init__(self) -> None:
         if self.window_chunks < 0:
@@ -278,11 +283,21 @@ class BoundedRestorer:
             raise RestoreFailed(
                 FailureKind.INSTALL_ERROR, f"window {w.index}: install raised {e!r}"
             ) from e
-        ctx.__exit__(None, None, None)
+        why = ""
+        try:  # before the staged objects are released: they are what the slice must equal
+            if self.config.readback and isinstance(destination, ReadbackDestination):
+                dt, why = run.readback.check(destination, self.clock, rid, w, objects, n)
+                run.mark(w, "readback_s", dt)
+        finally:
+            ctx.__exit__(None, None, None)
         run.mark(w, "install_s", t_sync - t_install)
         run.mark(w, "sync_s", t_done - t_sync)
         run.mark(w, "installed_at_s", t_done)
         run.event(EventKind.INSTALL, w)
+        if why:
+            raise RestoreFailed(FailureKind.READBACK_MISMATCH, why)
+        if "readback_s" in run.timing[w.index]:
+            run.event(EventKind.READBACK, w)
         return n
 
     def _release(self, run: RunState, item: InFlight) -> None:
@@ -374,6 +389,7 @@ class BoundedRestorer:
             peak_staged_bytes_by_rank=dict(run.peak),
             events=tuple(run.events),
             timings=run.timings(),
+            readback=run.readback.summary() if run.readback.attempts else None,
         )
 
     # ---- whole plan (W = 0) ---------------------------------------------------------------

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from bsrctl.restore.readback import ReadbackTally
 from bsrctl.restore.types import EventKind, RestoreEvent, RestorePlan, Window, WindowTiming
 
 
@@ -37,6 +38,7 @@ class RunState:
         self.unsynced = False
         # Why the staged windows were not released (the device could not be synced), or "".
         self.withheld = ""
+        self.readback = ReadbackTally()  # install read-back books (RestoreConfig.readback)
 
     def mark(self, window: Window, name: str, value: float) -> None:
         self.timing.setdefault(window.index, {})[name] = value
@@ -59,6 +61,7 @@ class RunState:
                     wait_s=t["wait_s"],
                     install_s=t["install_s"],
                     sync_s=t["sync_s"],
+                    readback_s=t.get("readback_s"),
                 )
             )
         return tuple(out)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 from enum import IntEnum
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 K = TypeVar("K", bound=Hashable)
 
@@ -35,6 +35,8 @@ class FailureKind(IntEnum):
     RELEASE_ERROR = 8  # the storage raised while releasing a window's staging
     DEADLINE = 9  # the whole retrieve outran retrieve_deadline_s (kept below the caller's
     # own timeout, so nothing is installed after the engine gave up and recomputed)
+    READBACK_MISMATCH = 10  # an installed slice read back differs from the staged bytes
+    # (or the read-back raised): the window is not trusted, the prefix is recomputed
 
 
 class EventKind(IntEnum):
@@ -47,6 +49,7 @@ class EventKind(IntEnum):
     RELEASE = 4  # window's staging released, budget returned
     COMMIT = 5  # whole prefix exposed
     FAIL = 6  # restore failed; destination invalidated
+    READBACK = 7  # window read back from its destination; every digest equal
 
 
 @dataclass(frozen=True, order=True)
@@ -161,6 +164,7 @@ class WindowTiming:
     wait_s: float  # blocked in the storage's wait
     install_s: float  # destination.install (issuing the copies)
     sync_s: float  # destination.sync (copies landed)
+    readback_s: float | None = None  # install read-back (None: not read back)
 
     @property
     def fetch_s(self) -> float:
@@ -175,6 +179,28 @@ class WindowTiming:
             "install_s": round(self.install_s, 6),
             "sync_s": round(self.sync_s, 6),
             "installed_at_s": round(self.installed_at_s, 6),
+        } | ({} if self.readback_s is None else {"readback_s": round(self.readback_s, 6)})
+
+
+@dataclass(frozen=True)
+class ReadbackSummary:
+    """One restore's read-back totals (``RestoreOutcome.readback``; None when not run)."""
+
+    windows_checked: int  # windows read back (== windows installed when nothing failed)
+    chunks_checked: int
+    chunks_unchecked: int
+    mismatches: int  # objects whose read-back digest differed
+    seconds: float  # restorer-clock time spent reading back
+    scratch_bytes: int  # the largest scratch held (not in the restore pool / L1)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "windows_checked": self.windows_checked,
+            "chunks_checked": self.chunks_checked,
+            "chunks_unchecked": self.chunks_unchecked,
+            "mismatches": self.mismatches,
+            "seconds": round(self.seconds, 6),
+            "scratch_bytes": self.scratch_bytes,
         }
 
 
@@ -196,6 +222,8 @@ class RestoreOutcome:
     events: tuple[RestoreEvent, ...] = field(default=(), repr=False)  # ordered trace
     # Per installed window, in window order; timings are not part of equality (traces are).
     timings: tuple[WindowTiming, ...] = field(default=(), repr=False, compare=False)
+    # Install read-back totals (None: not read back); not part of equality (times vary).
+    readback: ReadbackSummary | None = field(default=None, repr=False, compare=False)
 
     @property
     def ok(self) -> bool:

@@ -2,16 +2,18 @@
 prepared in ``bsrctl.stack.model``, the one home of folder and vocabulary).
 
 Greedy decoding on the tiny model is deterministic across processes (STACK-NOTES), so a
-canonical output is computed once per key and cached under .cache/canonical/. The key holds
-everything that changes the numbers: the model (its files' sha256), the vLLM version, the
-dtype, the KV cache dtype, the TP size and max_model_len (``numerics_key``), the prompt and
-max_tokens. A model without a manifest (a user's folder) is never cached.
+canonical output (its ids and each one's top-1 logprob, ``Reference``) is computed once per
+key and cached under .cache/canonical/ (a file from before logprobs were kept is a miss).
+The key holds everything that changes the numbers: the model (its files' sha256), the vLLM
+version, the dtype, the KV cache dtype, the TP size and max_model_len (``numerics_key``),
+the prompt and max_tokens. A model without a manifest (a user's folder) is never cached.
 """
 
 from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 from bsrctl.prompts import tokens_sha256
@@ -67,35 +69,83 @@ def _write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+@dataclass(frozen=True)
+class Reference:
+    """The reference's output of one prompt: greedy ids and each one's logprob."""
+
+    ids: tuple[int, ...]
+    logprobs: tuple[float, ...] | None  # None: not reported (or cached before they were)
+
+
+def divergence(
+    out: tuple[int, ...],
+    out_logprobs: tuple[float, ...] | None,
+    ref: Reference | None,
+) -> tuple[int | None, float | None]:
+    """(first token index where ``out`` and the reference differ, None if identical; the
+    largest |top-1 logprob gap| over the tokens before it, None without both logprobs)."""
+    if ref is None:
+        return None, None
+    n = min(len(out), len(ref.ids))
+    first = next((i for i in range(n) if out[i] != ref.ids[i]), None)
+    if first is None and len(out) != len(ref.ids):
+        first = n
+    if out_logprobs is None or ref.logprobs is None:
+        return first, None
+    upto = n if first is None else first
+    gaps = [abs(a - b) for a, b in zip(out_logprobs[:upto], ref.logprobs[:upto], strict=False)]
+    return first, max(gaps, default=0.0)
+
+
+def _cached(path: Path) -> Reference | None:
+    """A cached reference; one cached before logprobs were recorded (a bare id list) misses."""
+    if not path.is_file():
+        return None
+    doc = json.loads(path.read_text())
+    if not isinstance(doc, dict):
+        return None
+    lps = doc.get("logprobs")
+    return Reference(tuple(doc["ids"]), None if lps is None else tuple(lps))
+
+
 def canonical_outputs(
     spec: StackSpec, run_dir: Path, prompts: list[list[int]], max_tokens: int
 ) -> list[tuple[int, ...]]:
     """Output ids of each prompt on a connector-less vLLM; starts one only on a cache miss."""
+    return [r.ids for r in canonical_references(spec, run_dir, prompts, max_tokens)]
+
+
+def canonical_references(
+    spec: StackSpec, run_dir: Path, prompts: list[list[int]], max_tokens: int
+) -> list[Reference]:
+    """``canonical_outputs`` with each token's logprob (the output check's divergence)."""
     model_sha = prepare_model(spec.vllm).sha256
     paths = [cache_path(spec.vllm, model_sha, tokens_sha256(p), max_tokens) for p in prompts]
-    missing = [i for i, p in enumerate(paths) if not model_sha or not p.is_file()]
-    found: dict[int, tuple[int, ...]] = {}
+    cached = {i: _cached(p) for i, p in enumerate(paths) if model_sha}
+    missing = [i for i in range(len(prompts)) if cached.get(i) is None]
+    found: dict[int, Reference] = {}
     if missing:
         plain_spec = spec.model_copy(update={"mooncake": MooncakeSpec()})
         plain = PlainVllm(plain_spec, Path(run_dir) / "canonical")
         plain.up()
         try:
             for i in missing:
-                out = plain.complete(prompts[i], max_tokens).output_token_ids
-                found[i] = out
+                comp = plain.complete(prompts[i], max_tokens)
+                found[i] = Reference(comp.output_token_ids, comp.token_logprobs)
                 if model_sha:
-                    _write_atomic(paths[i], json.dumps(list(out)))
+                    doc = {"ids": list(comp.output_token_ids), "logprobs": comp.token_logprobs}
+                    _write_atomic(paths[i], json.dumps(doc))
         finally:
             plain.down()
-    return [
-        found[i] if i in found else tuple(json.loads(paths[i].read_text()))
-        for i in range(len(prompts))
-    ]
+    return [found.get(i) or cached[i] for i in range(len(prompts))]  # type: ignore[misc]
 
 
 __all__ = [
     "PlainVllm",
     "PreparedModel",
+    "Reference",
+    "canonical_references",
+    "divergence",
     "cache_path",
     "canonical_outputs",
     "numerics_key",

@@ -18,7 +18,7 @@ from bsrctl.registration.live import live_geometry
 from bsrctl.settings import RestoreSettings
 from bsrctl.specs import TargetSpec
 from bsrctl.stack.bsr_client import outcomes_since
-from bsrctl.stack.canonical import canonical_outputs
+from bsrctl.stack.canonical import Reference, canonical_references, divergence
 from bsrctl.stack.deployment import (
     FOLLOW_UP_MAX_TOKENS,
     FOLLOW_UP_PROMPT_TOKENS,
@@ -27,6 +27,7 @@ from bsrctl.stack.deployment import (
 )
 from bsrctl.stack.machine import l1_fits
 from bsrctl.stack.model import prepare_model
+from bsrctl.stack.readback import readback_measures
 from bsrctl.stack.seeding import seed_tiers
 from bsrctl.stack.target import Prompt, RestoreMeasures, SeedRecord, exact_div
 
@@ -43,6 +44,7 @@ class RunningTarget(OnDeployment):
         self.run_dir = Path(run_dir)
         self.window_chunks = 0
         self.canonical: dict[Prompt, str] = {}
+        self.references: dict[Prompt, Reference] = {}  # ids and logprobs (output check)
         self.vocab = 0
         self.seeded: dict[Prompt, SeedRecord] = {}
         self.stored: dict[Prompt, tuple[str, ...] | None] = {}  # live geometry when stored
@@ -67,8 +69,9 @@ class RunningTarget(OnDeployment):
         self.deployment.check()
         self.vocab = prepare_model(self.spec.stack.vllm).vocab
         ids = [prompt_ids(salt, n, self.vocab) for salt, n in prompts]
-        outs = canonical_outputs(self.spec.stack, self.run_dir, ids, self.spec.max_tokens)
-        self.canonical = {p: tokens_sha256(o) for p, o in zip(prompts, outs, strict=True)}
+        refs = canonical_references(self.spec.stack, self.run_dir, ids, self.spec.max_tokens)
+        self.references = dict(zip(prompts, refs, strict=True))
+        self.canonical = {p: tokens_sha256(r.ids) for p, r in self.references.items()}
 
     @property
     def tier(self) -> str:
@@ -184,6 +187,16 @@ class RunningTarget(OnDeployment):
         after = c.status()
         outcomes = outcomes_since(before.recent_outcomes, after.recent_outcomes)
         m = self._measures(prompt, window_chunks, comp, peak, outcomes, l1_before)
+        m["readback"] = readback_measures(outcomes, after.config.get("readback"))
+        first, gap = divergence(
+            comp.output_token_ids, comp.token_logprobs, self.references.get(prompt)
+        )
+        tol = self.spec.stack.vllm.output_tolerance
+        m.update(
+            output_first_divergence=first,
+            output_max_logprob_gap=gap,
+            output_tolerance=None if tol is None else tol.model_dump(),
+        )
         m.update(
             registration_tensors_expected=self.reg.geometry(),
             registration_tensors_live=self.live_geometry(),

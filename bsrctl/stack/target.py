@@ -87,10 +87,19 @@ class RestoreMeasures:
     # -- correctness
     output_sha256: str | None = None  # serving
     canonical_sha256: str | None = None  # serving
+    # serving: first output token that differs from the reference's (None: identical), the
+    # largest |top-1 logprob gap| before it, and the spec's vllm.output_tolerance (None:
+    # bit-identical tokens asked for)
+    output_first_divergence: int | None = None
+    output_max_logprob_gap: float | None = None
+    output_tolerance: dict[str, Any] | None = None
     verify_ok: bool | None = None  # storage: every installed byte canonical
     verify_mismatches: int | None = None  # storage
     blocks_valid: int | None = None  # storage
     blocks_total: int | None = None  # storage
+    # serving: the install read-back (bsrctl.stack.readback.readback_measures): windows and
+    # objects read back, mismatches, seconds, scratch bytes, the install seconds beside them
+    readback: dict[str, Any] | None = None
     # -- the restore itself
     budget_chunks: int | None = None  # storage: B in effect
     windows_done: int | None = None

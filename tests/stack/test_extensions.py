@@ -32,6 +32,7 @@ def test_bsr_server_module_from_the_restore_settings() -> None:
             "load_concurrency": 3,
             "checksum": False,
             "use_odirect": False,
+            "readback": True,
             "window_chunks": 4,
             "admission_budget_chunks": 4,  # B = W when unset
         },

@@ -148,13 +148,38 @@ def registration_identity(
     return check(name, True, f"{scope}{measured_bytes_per_chunk} B per chunk per rank")
 
 
-def canonical_output(output_sha256: str | None, canonical_sha256: str | None) -> Check:
-    """Output token sha256 == that of the same request with no external cache."""
+def canonical_output(
+    output_sha256: str | None,
+    canonical_sha256: str | None,
+    first_divergence: int | None = None,
+    max_logprob_gap: float | None = None,
+    tolerance: Mapping[str, Any] | None = None,
+) -> Check:
+    """Output tokens == those of the same request on the reference (no external cache, the
+    deployment's TP, dtype and KV cache dtype): bit-exact; or, where the spec declares
+    ``vllm.output_tolerance`` (GPU runs without batch invariance), tokens diverging only at
+    or after ``min_identical_tokens`` with every top-1 logprob before the divergence within
+    ``max_logprob_gap`` of the reference's; else FAIL. The first divergence and the largest
+    gap before it are in the detail whenever they were measured."""
     name = "canonical_output"
     if not output_sha256 or not canonical_sha256:
         return _missing(name, "output sha256" if not output_sha256 else "canonical sha256")
+    shas = f"{output_sha256[:16]} vs {canonical_sha256[:16]}"
+    gap = "" if max_logprob_gap is None else f", top-1 logprob gap <= {max_logprob_gap:.3g}"
+    if output_sha256 == canonical_sha256:
+        return check(name, True, shas + (f": bit-exact tokens{gap}" if gap else ""))
+    where = "" if first_divergence is None else f": first divergence at token {first_divergence}"
+    if tolerance is None or first_divergence is None or max_logprob_gap is None:
+        why = "" if tolerance is None else " (divergence or logprobs not measured)"
+        return check(name, False, shas + where + gap + why)
+    lo, limit = int(tolerance["min_identical_tokens"]), float(tolerance["max_logprob_gap"])
+    ok = first_divergence >= lo and max_logprob_gap <= limit
+    verdict = "within" if ok else "outside"
     return check(
-        name, output_sha256 == canonical_sha256, f"{output_sha256[:16]} vs {canonical_sha256[:16]}"
+        name,
+        ok,
+        f"{shas}{where}{gap}: {verdict} the stated tolerance (divergence at >= {lo}, "
+        f"gap <= {limit:.3g})",
     )
 
 
@@ -171,6 +196,25 @@ def canonical_bytes(verify_ok: bool | None, mismatches: int | None, bytes_restor
         verify_ok and mismatches == 0,
         why + f"{bytes_restored} B installed, {mismatches} object(s) not canonical",
     )
+
+
+def install_readback(readback: Mapping[str, Any] | None, windows_done: int | None) -> Check:
+    """For W > 0 on the serving stack: every installed window was read back from the
+    engine's KV through LMCache's own store copy and equals the staged bytes."""
+    name = "install_readback"
+    if readback is None or windows_done is None:
+        return _missing(name, "read-back totals" if readback is None else "windows installed")
+    checked, bad = readback.get("windows_checked"), readback.get("mismatches")
+    detail = (
+        f"{checked} of {windows_done} window(s) read back, {readback.get('chunks_checked')} "
+        f"object(s) compared, {bad} mismatch(es), {readback.get('seconds')} s, scratch "
+        f"{readback.get('scratch_bytes')} B (not in W*c + aux)"
+    )
+    if bad:
+        return check(name, False, detail)
+    if not windows_done:
+        return check(name, None, detail + ": nothing installed to read back")
+    return check(name, checked == windows_done, detail)
 
 
 def post_request_health(healthy: bool | None, detail: str = "") -> Check:
@@ -252,7 +296,13 @@ def judge(m: RestoreMeasures, stack: str) -> tuple[Check, ...]:
         ),
         canonical_bytes(m.verify_ok, m.verify_mismatches, m.bytes_restored)
         if stack == "storage"
-        else canonical_output(m.output_sha256, m.canonical_sha256),
+        else canonical_output(
+            m.output_sha256,
+            m.canonical_sha256,
+            m.output_first_divergence,
+            m.output_max_logprob_gap,
+            m.output_tolerance,
+        ),
         post_request_health(m.healthy, m.health_detail),
     ]
     if m.window_chunks > 0:
@@ -267,6 +317,9 @@ def judge(m: RestoreMeasures, stack: str) -> tuple[Check, ...]:
                 m.l1_allocation_unit_bytes,
             )
         )
+        # read-back on (bsrctl's default); a module an operator runs with it off is not judged
+        if m.readback is not None and m.readback.get("enabled") is not False:
+            checks.append(install_readback(m.readback, m.windows_done))
     return tuple(checks)
 
 

@@ -19,7 +19,7 @@ from lmcache.v1.multiprocess.native_completion import submit_callback_to_stream
 from lmcache.v1.multiprocess.request_handler import HandlerType, request_handler
 
 from bsrctl.lmcache_ext.mp_storage import MPBlockDestination, layout_bytes
-from bsrctl.lmcache_ext.protocol import RestoreOutcomeSummary
+from bsrctl.lmcache_ext.protocol import ReadbackTotals, RestoreOutcomeSummary
 from bsrctl.lmcache_ext.server.state import Mode, ModuleState, log, unsupported_reason
 from bsrctl.restore.plan import confirm_plan
 from bsrctl.restore.types import RestoreOutcome, RestoreRequest, RowId, RowKeys
@@ -199,6 +199,10 @@ class RetrieveHandlers(ModuleState):
         rid = key.request_id
         self._count("windows", outcome.windows_done)
         self._count("bytes_restored", outcome.bytes_restored)
+        rb = outcome.readback
+        if rb is not None:
+            self._count("readback_windows", rb.windows_checked)
+            self._count("readback_mismatches", rb.mismatches)
         if outcome.ok:
             self._count("retrieves_ok")
             self._clear_marker(rid, "admitted")
@@ -222,5 +226,6 @@ class RetrieveHandlers(ModuleState):
                 peak_staged_bytes_by_rank=dict(outcome.peak_staged_bytes_by_rank),
                 restore_s=round(dt, 6),
                 window_phases=tuple(t.to_json() for t in outcome.timings),
+                readback=None if rb is None else ReadbackTotals.from_json(rb.to_json()),
             )
         )

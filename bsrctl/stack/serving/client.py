@@ -27,6 +27,8 @@ class Completion:
     external_hit_tokens: int  # delta of vllm:external_prefix_cache_hits_total
     ttft_s: float  # time to first token as vLLM measured it (its TTFT histogram's delta)
     request_s: float  # wall time of the whole (non-streamed) request, client side
+    # logprob of each generated (greedy: top-1) token, as vLLM reports it (None: not sent)
+    token_logprobs: tuple[float, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -118,6 +120,7 @@ class ServingClient:
             "temperature": 0.0,
             "ignore_eos": True,
             "return_token_ids": True,
+            "logprobs": 1,  # the output check compares top-1 logprobs with the reference's
         }
         try:
             before = self.metrics()
@@ -139,6 +142,7 @@ class ServingClient:
                 part.tail() if part else "",
             ) from None
         usage = resp.get("usage") or {}
+        lps = (resp["choices"][0].get("logprobs") or {}).get("token_logprobs")
         return Completion(
             output_token_ids=tuple(resp["choices"][0]["token_ids"]),
             prompt_tokens=int(usage.get("prompt_tokens", 0)),
@@ -146,6 +150,7 @@ class ServingClient:
             external_hit_tokens=int(_delta(after, before, "vllm:external_prefix_cache_hits_total")),
             ttft_s=_ttft_s(after, before, elapsed),
             request_s=elapsed,
+            token_logprobs=None if lps is None else tuple(float(x) for x in lps),
         )
 
     def stream(self, prompt_ids: list[int], max_tokens: int) -> Streamed:

@@ -84,3 +84,32 @@ def test_derived_registration_is_the_live_one(sweep) -> None:
     for p in doc["points"]:
         checks = {c["name"]: c for c in p["checks"]}
         assert "2 tensors derived == live == stored" in checks["registration_identity"]["detail"]
+
+
+def test_every_point_reports_the_install_read_back_and_the_output_divergence(sweep) -> None:
+    """Read-back is on by default: every BSR window installed was read back from vLLM's KV
+    through LMCache's store copy and equals the staged bytes; the whole-plan (W = 0) points
+    say they were not read back (LMCache's own retrieve installs them). The restored output
+    is bit-exact against the reference, logprob for logprob as far as the gap shows."""
+    _, _, doc = sweep
+    for p in doc["points"]:
+        m, rb = p["measures"], p["measures"]["readback"]
+        checks = {c["name"]: c for c in p["checks"]}
+        assert rb["enabled"] is True and rb["mismatches"] == 0 and not rb["scratch_in_aux"]
+        assert m["output_first_divergence"] is None and m["output_tolerance"] is None
+        assert isinstance(m["output_max_logprob_gap"], float)
+        assert "bit-exact tokens" in checks["canonical_output"]["detail"]
+        if m["window_chunks"] == 0:
+            assert (rb["path"], rb["windows_checked"]) == (
+                "stock whole-plan retrieve: not read back",
+                0,
+            )
+            assert "install_readback" not in checks
+            continue
+        n = m["tokens"] // 256
+        assert rb["path"] == "bsr windows"
+        assert rb["windows_checked"] == m["windows_done"] == n // 2  # W = 2, one rank
+        assert (rb["chunks_checked"], rb["chunks_unchecked"]) == (n, 0)
+        assert rb["scratch_bytes"] == C  # one chunk of the one object group
+        assert rb["seconds"] > 0 and rb["install_seconds"] > 0
+        assert checks["install_readback"]["verdict"] == "PASS"

@@ -70,7 +70,9 @@ def test_the_server_defaults_are_the_restore_settings_defaults() -> None:
         window_timeout_s=30.0,
         admission_timeout_s=7.0,
         retrieve_deadline_s=45.0,
+        readback=True,  # the install read-back is on by default
     )
+    assert ServerModuleConfig.parse({"readback": False}).core_config().readback is False
 
 
 def test_config_errors_name_the_field_and_the_fix_and_are_not_the_clis() -> None:

@@ -79,10 +79,24 @@ def test_complete_reads_vllms_own_counters_around_the_request(tmp_path: Path) ->
                 "temperature": 0.0,
                 "ignore_eos": True,
                 "return_token_ids": True,
+                "logprobs": 1,  # the output check's top-1 logprobs
             },
             300.0,
         )
     ]
+    assert c.token_logprobs is None  # this reply carries none
+
+
+def test_complete_reads_the_top1_logprobs_when_vllm_sends_them(tmp_path: Path) -> None:
+    st = Counters(tmp_path)
+    reply = {
+        "choices": [{"token_ids": [7, 8], "logprobs": {"token_logprobs": [-0.5, -1.25]}}],
+        "usage": {"prompt_tokens": 300, "prompt_tokens_details": {"cached_tokens": 0}},
+    }
+    st._http = lambda m, u, b=None, t=30: (
+        st.metric_texts.pop(0) if u.endswith("/metrics") else reply
+    )  # type: ignore[method-assign]
+    assert st.complete([5, 6], max_tokens=2).token_logprobs == (-0.5, -1.25)
 
 
 def test_a_vllm_gone_before_the_request_is_a_stack_failure(tmp_path: Path) -> None:
