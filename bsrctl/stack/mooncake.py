@@ -33,6 +33,9 @@ from bsrctl.stack.serving.commands import Launch, Port
 # ---------------------------------------------------------------------------
 
 
+BINARIES = ("mooncake_master", "mooncake_client")  # shipped inside the mooncake wheel
+
+
 def mooncake_dir() -> Path | None:
     """The installed mooncake package's folder (its binaries live there), found without
     importing it (a plan runs where the wheel's native libraries cannot load); None if
@@ -62,9 +65,6 @@ def mooncake_binaries() -> dict[str, Path]:
     if missing:
         raise StackFailed(f"Mooncake binaries missing or not executable: {missing}")
     return found
-
-
-BINARIES = ("mooncake_master", "mooncake_client")
 
 
 @dataclass(frozen=True)
