@@ -345,3 +345,11 @@ def test_the_model_folders_config_wins_over_the_shipped_copy(tmp_path: Path) -> 
     broken = VllmSpec(model=str(tmp_path / "absent"), config_json=tmp_path / "none.json")
     with pytest.raises(BadInput, match="stack.vllm.config_json: cannot read"):
         model_config(broken)
+
+
+def test_a_plan_with_one_gpu_for_two_ranks_is_bad_input(tmp_path: Path) -> None:
+    spec = tmp_path / "s.yaml"
+    spec.write_text("stack: {device: cuda, vllm: {tensor_parallel_size: 2, gpus: [0]}}\n")
+    res = CliRunner().invoke(app, ["stack", "plan", str(spec)])
+    assert res.exit_code == 2
+    assert "stack.vllm.gpus: Value error, 1 GPU(s) [0] for tensor_parallel_size 2" in res.output
