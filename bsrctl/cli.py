@@ -410,6 +410,19 @@ def stack_up(
     out.print_json(json.dumps(st.health()))
 
 
+@stack_app.command("plan")
+def stack_plan(
+    spec: SpecArg,
+    as_json: Annotated[bool, typer.Option("--json", help="{processes, figures} as JSON")] = False,
+) -> None:
+    """Every process the spec would start (argv, env) and its figures; starts nothing, needs
+    no GPU, reads no model but its config.json."""
+    from bsrctl.stack.plan import plan_spec, render
+
+    plan = guarded(lambda: plan_spec(spec))
+    sys.stdout.write(json.dumps(plan.to_json()) + "\n" if as_json else render(plan))
+
+
 def _live_state(run_dir: Path) -> list[int]:
     from bsrctl.stack.process import pids_alive
 

@@ -4,15 +4,26 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, ValidationError, model_validator
+from pydantic import (
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from bsrctl.errors import BadInput
 from bsrctl.registration import Registration, dsv4_flash_mtp_off, tiny_llama_cpu
 from bsrctl.registration.tiny import TinyModelRecipe
 from bsrctl.settings import RestoreSettings, RestoreTuning
 from bsrctl.spec_io import ByteSize, Strict, describe_error, read_yaml
+
+# vLLM --dtype when the spec sets none (bsrctl.stack.profile reads it): the CPU stack's
+# numerics are float32 (greedy outputs identical across processes, STACK-NOTES); on CUDA vLLM
+# takes the checkpoint's dtype (bf16 for the shipped models; it refuses float32 for FP8).
+DEFAULT_DTYPE = {"cpu": "float32", "cuda": "auto"}
 
 
 class OutputTolerance(Strict):
@@ -36,14 +47,24 @@ class VllmSpec(Strict):
     request_timeout_s: float = Field(300.0, gt=0)
     model: str = Field("tiny", description="'tiny' builds the local tiny Llama; else a folder")
     dtype: Literal["auto", "half", "float16", "bfloat16", "float", "float32"] = Field(
-        "float32", description="vLLM --dtype (the CPU stack serves float32; GPU nodes: auto)"
+        "float32",
+        description="vLLM --dtype; unset: the device's default (cpu float32, cuda auto: the "
+        "checkpoint's), resolved by StackSpec (DEFAULT_DTYPE)",
     )
     kv_cache_dtype: Literal["auto", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2"] = Field(
         "auto", description="vLLM --kv-cache-dtype (fp8: 1 B per element)"
     )
     max_num_seqs: int = Field(4, ge=1, description="vLLM's running slots (--max-num-seqs)")
-    gpus: list[int] | None = Field(
-        None, description="cuda: the GPU indices vLLM uses (CUDA_VISIBLE_DEVICES); None: 0..TP-1"
+    gpus: list[Annotated[int, Field(ge=0)]] | None = Field(
+        None,
+        description="cuda: the GPU indices vLLM uses (CUDA_VISIBLE_DEVICES), one per TP rank; "
+        "None: 0..TP-1",
+    )
+    config_json: Path | None = Field(
+        None,
+        description="the model's config.json (ladders/models/), read by `stack plan` and "
+        "`registration: auto` where the model folder is not on this machine (where it is, "
+        "its own config.json, the one vLLM loads, is read)",
     )
     gpu_memory_utilization: float = Field(
         0.9, gt=0, le=1, description="cuda: vLLM --gpu-memory-utilization"
@@ -72,6 +93,17 @@ class VllmSpec(Strict):
         "default (every core). TP > 1 binds one core per rank",
     )
 
+    @field_validator("gpus")
+    @classmethod
+    def _one_gpu_per_rank(cls, gpus: list[int] | None, info: ValidationInfo) -> list[int] | None:
+        tp = info.data.get("tensor_parallel_size", 1)
+        if gpus is not None and (len(gpus) != tp or len(set(gpus)) != len(gpus)):
+            raise ValueError(
+                f"{len(gpus)} GPU(s) {gpus} for tensor_parallel_size {tp}: list {tp} distinct "
+                f"GPU indices (one per rank) or leave it unset for 0..{tp - 1}"
+            )
+        return gpus
+
 
 class LmcacheSpec(Strict):
     port: int = Field(0, ge=0, le=65535)
@@ -94,8 +126,11 @@ class MooncakeSpec(Strict):
     )
     segment_size_bytes: int = Field(1 << 30, gt=0)
     protocol: Literal["tcp", "rdma"] = Field("tcp", description="Mooncake transfer protocol")
-    rdma_devices: list[str] = Field(
-        [], description="rdma: the RDMA device names (e.g. mlx5_0), Mooncake --device_name"
+    rdma_devices: list[Annotated[str, Field(pattern=r"^[A-Za-z0-9_.:-]+$")]] = Field(
+        [],
+        description="rdma: the RDMA device names (e.g. mlx5_0): the storage node's "
+        "--device_names and the LMCache client's rdma_devices, comma-joined; [] lets Mooncake "
+        "discover them",
     )
     startup_timeout_s: float = Field(60.0, gt=0)
 
@@ -140,6 +175,37 @@ class StackSpec(Strict):
     lmcache: LmcacheSpec = LmcacheSpec()
     mooncake: MooncakeSpec = MooncakeSpec()
     attach: AttachSpec | None = Field(None, description="kind attach: the running deployment")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _device_dtype(cls, data: Any) -> Any:
+        """An unset ``vllm.dtype`` is the device's (cpu float32, cuda auto): resolved once
+        here, so every reader (the command line, the canonical key, `registration: auto`)
+        sees the same concrete value."""
+        if not isinstance(data, dict):
+            return data
+        device = data.get("device", "cpu")
+        vllm = data.get("vllm", {})
+        if device not in DEFAULT_DTYPE:
+            return data  # the Literal check names it
+        if isinstance(vllm, VllmSpec) and "dtype" not in vllm.model_fields_set:
+            vllm = vllm.model_copy(update={"dtype": DEFAULT_DTYPE[device]})
+        elif isinstance(vllm, dict) and "dtype" not in vllm:
+            vllm = {**vllm, "dtype": DEFAULT_DTYPE[device]}
+        return {**data, "vllm": vllm}
+
+    @model_validator(mode="after")
+    def _device_coherent(self) -> StackSpec:
+        if self.device == "cpu" and self.vllm.gpus is not None:
+            raise ValueError(
+                "stack.vllm.gpus names GPUs but stack.device is cpu; set device: cuda or drop gpus"
+            )
+        if self.device == "cpu" and self.vllm.async_scheduling:
+            raise ValueError(
+                "stack.vllm.async_scheduling: true on device cpu: vLLM's CPU platform turns it "
+                "off (vllm/platforms/cpu.py:331); leave it unset there"
+            )
+        return self
 
     @model_validator(mode="after")
     def _attach_coherent(self) -> StackSpec:
@@ -226,7 +292,7 @@ def resolve_registration(
         if vllm.model == "tiny":
             cfg = TinyModelRecipe().hf_config()
             return derive.derive(cfg, name="tiny-llama-cpu", **how)
-        return derive.derive_from_folder(Path(vllm.model), **how)
+        return derive.derive(model_config(vllm), name=Path(vllm.model).name, **how)
     if value == "dsv4-flash":
         return dsv4_flash_mtp_off(tp_size=tp, chunk_tokens=chunk)
     if value == "tiny-llama":
@@ -253,6 +319,26 @@ def resolve_registration(
             f"{tp_field} {tp}; make them agree"
         )
     return reg
+
+
+def model_config(vllm: VllmSpec) -> dict[str, Any]:
+    """The served model's config.json (a user's folder): the folder's own when it is on this
+    machine (what vLLM loads), else ``vllm.config_json`` (a plan, or `registration: auto`,
+    off the node). All bsrctl reads of a model before it runs."""
+    import json
+
+    from bsrctl.registration.derive import read_config
+
+    folder = Path(vllm.model)
+    if vllm.config_json is None or (folder / "config.json").is_file():
+        return read_config(folder)
+    try:
+        doc = json.loads(Path(vllm.config_json).read_text())
+    except (OSError, ValueError) as exc:
+        raise BadInput(f"stack.vllm.config_json: cannot read {vllm.config_json} ({exc})") from None
+    if not isinstance(doc, dict):
+        raise BadInput(f"stack.vllm.config_json: {vllm.config_json} is not a JSON object")
+    return doc
 
 
 class RoundTripSpec(Strict):

@@ -21,22 +21,25 @@ from bsrctl.specs import MooncakeSpec, StackSpec, VllmSpec
 from bsrctl.stack import tinymodel
 from bsrctl.stack.model import PreparedModel, prepare_model
 from bsrctl.stack.process import Supervised, http_ok
-from bsrctl.stack.serving import ServingStack, vllm_command, vllm_env
+from bsrctl.stack.serving import ServingStack
+from bsrctl.stack.serving.commands import reference_launch
 from bsrctl.stack.serving.vllm_cache import vllm_cache_root
 from bsrctl.stack.versions import vllm_version
 
 
 class PlainVllm(ServingStack):
-    """vLLM alone: no LMCache, no connector."""
+    """The reference vLLM: no LMCache, no connector, the served deployment's TP, dtype and
+    KV cache dtype (``reference_launch``)."""
 
     def up(self) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.model_dir = self._model()
         v = self.spec.vllm
         port = self._port("vllm.port", 0)
-        argv = vllm_command(v, self.model_dir, port)
-        env = vllm_env(v, vllm_cache_root(self.dir / "vllm-cache"), connector=False)
-        part = Supervised("vllm-plain", argv, self.dir / "vllm-plain.log", env=env)
+        vllm_cache_root(self.dir / "vllm-cache")  # its modelinfos shared (vllm_cache.py)
+        launch = reference_launch(self.spec, self.model_dir, port, self.dir)
+        log = self.dir / f"{launch.name}.log"
+        part = Supervised(launch.name, list(launch.argv), log, env=dict(launch.env))
         try:
             self._launch(part)
             part.wait_healthy(lambda: http_ok(f"{self.vllm_url}/health"), v.startup_timeout_s)

@@ -22,12 +22,17 @@ class PreparedModel:
     sha256: str
 
 
+def model_folder(vllm: VllmSpec) -> Path:
+    """The folder vLLM loads, without building or reading it (``stack plan``)."""
+    return tinymodel.folder() if vllm.model == "tiny" else Path(vllm.model)
+
+
 def prepare_model(vllm: VllmSpec) -> PreparedModel:
     """Build the tiny model (once, content-addressed) or check the user's folder."""
     if vllm.model == "tiny":
         folder = tinymodel.build()
     else:
-        folder = Path(vllm.model)
+        folder = model_folder(vllm)
         if not (folder / "config.json").is_file():
             raise StackFailed(
                 f"stack.vllm.model: {folder} has no config.json; give a local model folder or "

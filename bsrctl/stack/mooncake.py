@@ -26,24 +26,41 @@ from bsrctl.errors import StackFailed
 from bsrctl.stack.extensions import MOONCAKE_ADAPTER_MODULE
 from bsrctl.stack.netns import LOOPBACK, NetNamespace, ensure_ready
 from bsrctl.stack.process import Supervised
+from bsrctl.stack.serving.commands import Launch, Port
 
 # ---------------------------------------------------------------------------
 # Mooncake master + storage node
 # ---------------------------------------------------------------------------
 
 
+BINARIES = ("mooncake_master", "mooncake_client")  # shipped inside the mooncake wheel
+
+
+def mooncake_dir() -> Path | None:
+    """The installed mooncake package's folder (its binaries live there), found without
+    importing it (a plan runs where the wheel's native libraries cannot load); None if
+    not installed."""
+    import importlib.util
+
+    found = importlib.util.find_spec("mooncake")
+    if found is None or found.origin is None:
+        return None
+    return Path(found.origin).parent
+
+
 def mooncake_binaries() -> dict[str, Path]:
     """``mooncake_master`` and ``mooncake_client`` shipped inside the mooncake wheel."""
     try:
-        import mooncake
+        import mooncake  # noqa: F401  (the wheel loads: its native libraries are there)
     except ImportError as exc:
         raise StackFailed(
             "the mooncake package is not installed: pip install "
             "'mooncake-transfer-engine-non-cuda==0.3.13.post1' (and apt-get install -y "
             f"libibverbs1): {exc}"
         ) from None
-    root = Path(mooncake.__file__).parent
-    found = {name: root / name for name in ("mooncake_master", "mooncake_client")}
+    root = mooncake_dir()
+    assert root is not None
+    found = {name: root / name for name in BINARIES}
     missing = [str(p) for p in found.values() if not os.access(p, os.X_OK)]
     if missing:
         raise StackFailed(f"Mooncake binaries missing or not executable: {missing}")
@@ -51,10 +68,31 @@ def mooncake_binaries() -> dict[str, Path]:
 
 
 @dataclass(frozen=True)
+class Transport:
+    """How the store moves bytes (``stack.mooncake.protocol``, ``rdma_devices``): the storage
+    node's ``--protocol``/``--device_names`` and the LMCache client's ``protocol``/
+    ``rdma_devices`` (``MooncakeDistributedStore.setup``), one comma-joined list for both
+    (mooncake-store/src/real_client_main.cpp: FLAGS_device_names is setup's rdma_devices)."""
+
+    protocol: str = "tcp"
+    rdma_devices: tuple[str, ...] = ()
+
+    @property
+    def device_names(self) -> str:
+        return ",".join(self.rdma_devices)
+
+    @classmethod
+    def of(cls, spec: object) -> Transport:
+        """From ``specs.MooncakeSpec`` (or anything with those fields)."""
+        devices = tuple(getattr(spec, "rdma_devices", ()) or ())
+        return cls(str(getattr(spec, "protocol", "tcp")), devices)
+
+
+@dataclass(frozen=True)
 class MooncakeEndpoints:
-    rpc_port: int  # master RPC, clients' master_server_address
-    metrics_port: int  # master HTTP: /health, /metrics
-    node_port: int  # storage node's transfer-engine port
+    rpc_port: Port  # master RPC, clients' master_server_address
+    metrics_port: Port  # master HTTP: /health, /metrics
+    node_port: Port  # storage node's transfer-engine port (a placeholder in a plan)
     host: str = LOOPBACK  # the storage node's address (its veth end on two hosts)
 
     @property
@@ -81,17 +119,55 @@ def master_argv(binary: Path, ep: MooncakeEndpoints) -> list[str]:
     ]
 
 
-def node_argv(binary: Path, ep: MooncakeEndpoints, segment_size: str) -> list[str]:
-    return [
+def node_argv(
+    binary: Path, ep: MooncakeEndpoints, segment_size: str, transport: Transport = Transport()
+) -> list[str]:
+    argv = [
         str(binary),
         f"--host={ep.host}",
         f"--port={ep.node_port}",
         f"--global_segment_size={segment_size}",
         "--local_buffer_size=0",
-        "--protocol=tcp",
+        f"--protocol={transport.protocol}",
+    ]
+    if transport.rdma_devices:  # none: Mooncake discovers the RDMA devices itself
+        argv.append(f"--device_names={transport.device_names}")
+    return [
+        *argv,
         f"--master_server_address={ep.master_address}",
         "--metadata_server=P2PHANDSHAKE",
     ]
+
+
+def mooncake_launches(
+    bins: dict[str, Path],
+    ep: MooncakeEndpoints,
+    segment_size: str,
+    transport: Transport,
+    prefix: tuple[str, ...],
+) -> tuple[Launch, Launch]:
+    """The master and the storage node as started, inside the namespace ``prefix`` enters
+    (nothing of Mooncake runs in the machine's own: some listeners bind 0.0.0.0)."""
+    master = master_argv(bins["mooncake_master"], ep)
+    node = node_argv(bins["mooncake_client"], ep, segment_size, transport)
+    return (
+        Launch("mooncake-master", (*prefix, *master), {}),
+        Launch("mooncake-node", (*prefix, *node), {}),
+    )
+
+
+def adapter_params(ep: MooncakeEndpoints, transport: Transport) -> dict[str, object]:
+    """The ``bsr_mooncake`` adapter's parameters that name this store. Over RDMA also the
+    protocol, the devices and ``register_l1``: the client reads into L1's region, which RDMA
+    can only write once it is registered with the transfer engine."""
+    params: dict[str, object] = {"master_server_address": ep.master_address}
+    if transport.protocol != "tcp":  # tcp is the adapter's default: the CPU argv unchanged
+        params.update(
+            protocol=transport.protocol,
+            rdma_devices=transport.device_names,
+            register_l1=transport.protocol == "rdma",
+        )
+    return params
 
 
 class MooncakeStack:
@@ -104,30 +180,31 @@ class MooncakeStack:
         log_dir: Path,
         segment_size: str = "1GB",
         health_timeout_s: float = 20.0,
+        transport: Transport = Transport(),
     ) -> None:
         self.netns = netns
         self.endpoints = endpoints
         self.segment_size = segment_size
         self.health_timeout_s = health_timeout_s
+        self.transport = transport
         self._bins = mooncake_binaries()
         self._log_dir = log_dir
         self.master = self._new_master()
         self.node = self._new_node()
 
-    def _new_master(self) -> Supervised:
-        return Supervised(
-            name="mooncake-master",
-            argv=self.netns.wrap(master_argv(self._bins["mooncake_master"], self.endpoints)),
-            log_path=self._log_dir / "mooncake-master.log",
+    def _launches(self) -> tuple[Launch, Launch]:
+        prefix = tuple(self.netns.wrap([]))
+        return mooncake_launches(
+            self._bins, self.endpoints, self.segment_size, self.transport, prefix
         )
 
+    def _new_master(self) -> Supervised:
+        launch = self._launches()[0]
+        return Supervised(launch.name, list(launch.argv), self._log_dir / f"{launch.name}.log")
+
     def _new_node(self) -> Supervised:
-        argv = node_argv(self._bins["mooncake_client"], self.endpoints, self.segment_size)
-        return Supervised(
-            name="mooncake-node",
-            argv=self.netns.wrap(argv),
-            log_path=self._log_dir / "mooncake-node.log",
-        )
+        launch = self._launches()[1]
+        return Supervised(launch.name, list(launch.argv), self._log_dir / f"{launch.name}.log")
 
     # ---- lifecycle -----------------------------------------------------
 
@@ -189,15 +266,15 @@ class MooncakeStack:
     def pids(self) -> dict[str, int | None]:
         return {"mooncake-master": self.master.pid, "mooncake-node": self.node.pid}
 
-    def l2_adapter_config(self, **adapter_params: object) -> dict:
+    def l2_adapter_config(self, **extra: object) -> dict:
         """The ``--l2-adapter`` JSON (as a dict) that puts this store under LMCache."""
         return {
             "type": "plugin",
             "module_path": MOONCAKE_ADAPTER_MODULE,
             "class_name": "BsrMooncakeL2Adapter",
             "adapter_params": {
-                "master_server_address": self.endpoints.master_address,
-                **adapter_params,
+                **adapter_params(self.endpoints, self.transport),
+                **extra,
             },
         }
 
@@ -277,6 +354,7 @@ def start_mooncake(
     health_timeout_s: float = 20.0,
     endpoints: MooncakeEndpoints | None = None,
     host: str = LOOPBACK,
+    transport: Transport = Transport(),
 ) -> MooncakeStack:
     """Master + one storage node in netns bound to `host`, ports picked free inside it, both
     healthy."""
@@ -287,14 +365,15 @@ def start_mooncake(
             ports.add(netns.free_port())
         rpc, metrics, node = sorted(ports)
         endpoints = MooncakeEndpoints(rpc_port=rpc, metrics_port=metrics, node_port=node, host=host)
-    stack = MooncakeStack(netns, endpoints, log_dir, segment_size, health_timeout_s)
+    stack = MooncakeStack(netns, endpoints, log_dir, segment_size, health_timeout_s, transport)
     return stack.start()
 
 
 def start(spec: object, run_dir: Path, ns: object, host: str = LOOPBACK) -> MooncakeStack:
     """Serving-stack entry: ``spec`` is ``specs.MooncakeSpec`` (segment_size_bytes,
-    startup_timeout_s), ``ns`` the namespace Mooncake runs in (``NetNamespace`` or anything
-    with the holder's ``pid``), ``host`` the address it binds there. Logs go to ``run_dir``."""
+    startup_timeout_s, protocol, rdma_devices), ``ns`` the namespace Mooncake runs in
+    (``NetNamespace`` or anything with the holder's ``pid``), ``host`` the address it binds
+    there. Logs go to ``run_dir``."""
     segment_bytes = int(getattr(spec, "segment_size_bytes", 1 << 30))
     timeout_s = float(getattr(spec, "startup_timeout_s", 60.0))
     return start_mooncake(
@@ -303,4 +382,5 @@ def start(spec: object, run_dir: Path, ns: object, host: str = LOOPBACK) -> Moon
         segment_size=str(segment_bytes),
         health_timeout_s=timeout_s,
         host=host,
+        transport=Transport.of(spec),
     )

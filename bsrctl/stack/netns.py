@@ -82,6 +82,12 @@ def namespace_support(timeout_s: float = 5.0) -> NamespaceSupport:
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
+def nsenter_prefix(pid: int | str) -> list[str]:
+    """What enters the network namespace held by ``pid`` (a plan's placeholder for one not
+    started yet) before a command: ``nsenter`` execs it, so the PID is the program's."""
+    return ["nsenter", "-t", str(pid), "-n", "--"]
+
+
 class NetNamespace:
     """A private network namespace held by one process; the stack's processes join it.
 
@@ -126,7 +132,7 @@ class NetNamespace:
 
     def wrap(self, argv: list[str]) -> list[str]:
         """Command line that runs argv inside the namespace (nsenter execs: same PID)."""
-        return ["nsenter", "-t", str(self.pid), "-n", "--", *argv]
+        return [*nsenter_prefix(self.pid), *argv]
 
     def call(self, fn: Callable[[], T], timeout_s: float = 30.0) -> T:
         """Run fn in a new thread that has joined the namespace (setns is per thread)."""

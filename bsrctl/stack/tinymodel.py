@@ -91,11 +91,18 @@ def file_digests(folder: Path) -> dict[str, str]:
     }
 
 
+def folder(recipe: TinyModelRecipe | None = None, cache_dir: Path | None = None) -> Path:
+    """Where ``build`` puts (or finds) the model, content-addressed by its recipe; builds
+    nothing (``stack plan`` names it)."""
+    recipe = recipe or TinyModelRecipe()
+    return (cache_dir or default_cache_dir()) / f"{recipe.name}-{recipe.digest()[:16]}"
+
+
 def build(recipe: TinyModelRecipe | None = None, cache_dir: Path | None = None) -> Path:
     """Return the model folder, building it once. Safe against concurrent builders."""
     recipe = recipe or TinyModelRecipe()
     root = cache_dir or default_cache_dir()
-    final = root / f"{recipe.name}-{recipe.digest()[:16]}"
+    final = folder(recipe, root)
     if (final / MANIFEST).exists():
         return final
     root.mkdir(parents=True, exist_ok=True)

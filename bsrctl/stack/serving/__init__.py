@@ -6,18 +6,23 @@ adapter params) comes from the caller as ``LMCacheExtensions``
 (``bsrctl.stack.extensions.bsr_extensions(settings)``).
 
 Modules: ``stack`` (ServingStack lifecycle), ``commands`` (every command line and
-environment), ``client`` (HTTP calls, Completion), ``shm`` (/dev/shm bookkeeping), ``state``
-(state.json, ``stack down``, port check).
+environment, as ``Launch``es over ``Slots``), ``client`` (HTTP calls, Completion), ``shm``
+(/dev/shm bookkeeping), ``state`` (state.json, ``stack down``, port check).
 """
 
 from bsrctl.stack.serving.client import Completion, ServingClient
 from bsrctl.stack.serving.commands import (
     MQ_TIMEOUT_S,
     VENV_BIN,
+    Launch,
+    Slots,
     base_env,
     lmcache_command,
+    lmcache_launch,
+    reference_launch,
     vllm_command,
     vllm_env,
+    vllm_launch,
 )
 from bsrctl.stack.serving.shm import SHM_PREFIXES, remove_unmapped_shm, shm_mapped, shm_segments
 from bsrctl.stack.serving.stack import ServingStack
@@ -28,11 +33,15 @@ __all__ = [
     "SHM_PREFIXES",
     "VENV_BIN",
     "Completion",
+    "Launch",
     "ServingClient",
     "ServingStack",
+    "Slots",
     "base_env",
     "check_ports",
     "lmcache_command",
+    "lmcache_launch",
+    "reference_launch",
     "remove_unmapped_shm",
     "shm_mapped",
     "shm_segments",
@@ -40,5 +49,6 @@ __all__ = [
     "stop_from_state",
     "vllm_command",
     "vllm_env",
+    "vllm_launch",
     "write_state",
 ]

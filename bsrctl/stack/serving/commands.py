@@ -1,25 +1,63 @@
 """The one home of the serving stack's command lines and environments: the LMCache MP server,
-vLLM behind LMCache's connector, and a plain vLLM with no connector (canonical outputs)."""
+vLLM behind LMCache's connector, and the reference vLLM with no connector (canonical outputs).
+
+Each process is a ``Launch`` (name, argv, the environment bsrctl sets) built from the spec and
+the ``Slots`` chosen when it starts (ports, folders, the namespace prefix): the stack fills the
+slots with what it picked and starts the launch; ``bsrctl stack plan`` fills them with stable
+placeholders and prints it. What depends on the device comes from ``bsrctl.stack.profile``."""
 
 from __future__ import annotations
 
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from bsrctl.specs import LmcacheSpec, VllmSpec
+from bsrctl.specs import LmcacheSpec, StackSpec
+from bsrctl.stack.profile import profile_of
+
+if TYPE_CHECKING:
+    from bsrctl.stack.extensions import LMCacheExtensions
 
 VENV_BIN = Path(sys.executable).parent
 # vLLM's connector gives up on a server request after this; BSR's whole retrieve must end
 # (installed or failed closed) well before it, or a late window overwrites the recompute.
 MQ_TIMEOUT_S = 60.0
+Port = int | str  # a port, or a plan's placeholder for one picked at start ("<vllm.port>")
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One process as it is started: its name, command line and the variables bsrctl sets
+    (over its own environment)."""
+
+    name: str
+    argv: tuple[str, ...]
+    env: Mapping[str, str]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "argv": list(self.argv), "env": dict(self.env)}
+
+
+@dataclass(frozen=True)
+class Slots:
+    """What a deployment's command lines take that is chosen when it starts: the ports (by
+    spec field: ``lmcache.port``, ``lmcache.http_port``, ``vllm.port``), the stack's folder,
+    the model folder, the prefix that enters the stack's network namespace, and the Mooncake
+    adapter's parameters (its master's endpoint)."""
+
+    ports: Mapping[str, Port]
+    stack_dir: Path
+    model_dir: Path | None  # None until prepared (LMCache needs none)
+    prefix: tuple[str, ...] = ()
+    mooncake_params: Mapping[str, Any] | None = field(default=None)
 
 
 def base_env() -> dict[str, str]:
-    """Telemetry off, loopback only, bounded CPU KV cache (STACK-NOTES)."""
+    """Every process's: telemetry off, loopback only, offline (STACK-NOTES)."""
     return {
         "LMCACHE_TRACK_USAGE": "false",
         "LMCACHE_DISABLE_BANNER": "1",
@@ -36,8 +74,8 @@ def base_env() -> dict[str, str]:
 
 def lmcache_command(
     lm: LmcacheSpec,
-    port: int,
-    http_port: int,
+    port: Port,
+    http_port: Port,
     l1_size_bytes: int,
     l2_adapters: Sequence[dict[str, Any]],
     server_module: dict[str, Any],
@@ -74,22 +112,24 @@ def lmcache_command(
 
 
 def vllm_command(
-    v: VllmSpec,
+    stack: StackSpec,
     model_dir: Path,
-    port: int,
-    lmcache_port: int | None = None,
+    port: Port,
+    lmcache_port: Port | None = None,
     scheduler_cls: str | None = None,
 ) -> list[str]:
-    """vLLM's OpenAI server, greedy and deterministic. With ``lmcache_port`` it loads and
-    stores KV through LMCache's MP connector (a failed load recomputes); without, it is a
-    plain vLLM with no connector and no prefix cache (canonical outputs). With
-    ``scheduler_cls`` (TempoKV's runtime adapter) vLLM schedules with that subclass."""
+    """vLLM's OpenAI server, greedy and deterministic, with the device's flags. With
+    ``lmcache_port`` it loads and stores KV through LMCache's MP connector (a failed load
+    recomputes); without, it is the reference: no connector and no prefix cache, at the
+    served deployment's TP, dtype and KV cache dtype (same numerics). With ``scheduler_cls``
+    (TempoKV's runtime adapter) vLLM schedules with that subclass."""
+    v = stack.vllm
     argv = [
         sys.executable, "-m", "vllm.entrypoints.openai.api_server",
         "--model", str(model_dir),
         "--host", "127.0.0.1",
         "--port", str(port),
-        "--enforce-eager",
+        *profile_of(stack).vllm_flags,
         "--max-model-len", str(v.max_model_len),
         "--dtype", v.dtype,
         "--seed", "0",
@@ -98,8 +138,9 @@ def vllm_command(
     ]  # fmt: skip
     if v.kv_cache_dtype != "auto":
         argv += ["--kv-cache-dtype", v.kv_cache_dtype]
+    tp = ["--tensor-parallel-size", str(v.tensor_parallel_size)]
     if lmcache_port is None:
-        return [*argv, "--no-enable-prefix-caching"]
+        return [*argv, *tp, "--no-enable-prefix-caching"]
     kv = {
         "kv_connector": "LMCacheMPConnector",
         "kv_role": "kv_both",
@@ -113,29 +154,86 @@ def vllm_command(
     }
     if scheduler_cls is not None:
         argv += ["--scheduler-cls", scheduler_cls]
-    return [
-        *argv,
-        "--tensor-parallel-size", str(v.tensor_parallel_size),
-        "--kv-transfer-config", json.dumps(kv),
-    ]  # fmt: skip
+    return [*argv, *tp, "--kv-transfer-config", json.dumps(kv)]
 
 
-def vllm_env(v: VllmSpec, cache_root: Path, connector: bool = True) -> dict[str, str]:
-    """vLLM's environment; with the connector also the dev routes (/reset_prefix_cache makes
-    vLLM forget locally) and, with TP > 1, one CPU per rank."""
+def vllm_env(stack: StackSpec, cache_root: Path, connector: bool = True) -> dict[str, str]:
+    """vLLM's environment: the device's variables, a private cache root; with the connector
+    also the dev routes (/reset_prefix_cache makes vLLM forget locally)."""
     env = {
         **base_env(),
-        "VLLM_CPU_KVCACHE_SPACE": str(v.kvcache_space_gib),
+        **profile_of(stack).vllm_env,
         "VLLM_CACHE_ROOT": str(cache_root),
     }
-    if v.cpu_threads_bind is not None and v.tensor_parallel_size == 1:
-        # canonical and served vLLM alike: a different thread count may change float sums
-        env["VLLM_CPU_OMP_THREADS_BIND"] = v.cpu_threads_bind
-    if not connector:
-        return env
-    env["VLLM_SERVER_DEV_MODE"] = "1"
-    if v.tensor_parallel_size > 1:
-        env["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(
-            str(i % (os.cpu_count() or 1)) for i in range(v.tensor_parallel_size)
-        )
+    if connector:
+        env["VLLM_SERVER_DEV_MODE"] = "1"
     return env
+
+
+# ---- the launches: what the stack starts and `stack plan` prints --------------------------
+
+
+def l2_adapter_specs(
+    stack: StackSpec, ext: LMCacheExtensions, slots: Slots
+) -> list[dict[str, Any]]:
+    """bsrctl's own L2 adapters, each behind the fault wrapper (inert until a rule is armed
+    through its control file), so failure matrices inject by real means."""
+    out: list[dict[str, Any]] = []
+    if stack.lmcache.fs_l2:
+        out.append(ext.fs_adapter(slots.stack_dir / "l2-fs", fault_control(slots, "fs")))
+    if stack.mooncake.enabled and slots.mooncake_params is not None:
+        params = dict(slots.mooncake_params)
+        out.append(ext.mooncake_adapter(params, fault_control(slots, "mooncake")))
+    return out
+
+
+def fault_control(slots: Slots, tier: str) -> Path:
+    """The file a tier's fault wrapper re-reads: write rules there to inject faults."""
+    return slots.stack_dir / f"faults-{tier}.json"
+
+
+def lmcache_launch(
+    stack: StackSpec, ext: LMCacheExtensions, slots: Slots, l1_size_bytes: int
+) -> Launch:
+    """The LMCache MP server with ``ext``'s server module and L2 adapters. TempoKV adds the
+    ``retain`` prefetch policy and a read-lock TTL above its longest protection."""
+    tk = ext.tempokv
+    argv = lmcache_command(
+        stack.lmcache,
+        slots.ports["lmcache.port"],
+        slots.ports["lmcache.http_port"],
+        l1_size_bytes,
+        l2_adapter_specs(stack, ext, slots),
+        ext.server_module.to_json(),
+        prefetch_policy="retain" if tk is not None else None,
+        read_ttl_s=tk.read_ttl_s if tk is not None else None,
+    )
+    env = {**base_env(), **profile_of(stack).lmcache_env}
+    if ext.server_module.pythonpath:  # a server module from outside the installed package
+        env["PYTHONPATH"] = ext.server_module.server_pythonpath(os.environ.get("PYTHONPATH"))
+    return Launch("lmcache", (*slots.prefix, *argv), env)
+
+
+def vllm_launch(stack: StackSpec, ext: LMCacheExtensions | None, slots: Slots) -> Launch:
+    """The served vLLM behind LMCache's connector (TempoKV: its scheduler and settings)."""
+    tk = ext.tempokv if ext is not None else None
+    assert slots.model_dir is not None, "vLLM's model folder is prepared before it starts"
+    argv = vllm_command(
+        stack,
+        slots.model_dir,
+        slots.ports["vllm.port"],
+        lmcache_port=slots.ports["lmcache.port"],
+        scheduler_cls=tk.scheduler_cls if tk is not None else None,
+    )
+    env = vllm_env(stack, slots.stack_dir / "vllm-cache")
+    if tk is not None:
+        env.update(tk.vllm_env())
+    return Launch("vllm", (*slots.prefix, *argv), env)
+
+
+def reference_launch(stack: StackSpec, model_dir: Path, port: Port, stack_dir: Path) -> Launch:
+    """The reference vLLM of canonical outputs: no connector, no namespace (no Mooncake), the
+    served deployment's numerics."""
+    argv = vllm_command(stack, model_dir, port)
+    env = vllm_env(stack, stack_dir / "vllm-cache", connector=False)
+    return Launch("vllm-reference", tuple(argv), env)

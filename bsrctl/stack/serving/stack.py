@@ -17,10 +17,10 @@ from bsrctl.stack.process import Supervised, ensure_port_free, free_port, http_o
 from bsrctl.stack.serving.client import ServingClient
 from bsrctl.stack.serving.commands import (
     MQ_TIMEOUT_S,
-    base_env,
-    lmcache_command,
-    vllm_command,
-    vllm_env,
+    Slots,
+    fault_control,
+    lmcache_launch,
+    vllm_launch,
 )
 from bsrctl.stack.serving.shm import remove_unmapped_shm, shm_segments
 from bsrctl.stack.serving.state import start_times, write_state
@@ -182,28 +182,32 @@ class ServingStack(ServingClient):
             self.mooncake = mooncake.start(self.spec.mooncake, self.dir, self.ns)
         self._note_mooncake()  # the audit lists parts in launch order
 
+    def slots(self) -> Slots:
+        """What this deployment's command lines take that was chosen at start: its ports,
+        folders, namespace prefix and Mooncake's endpoint."""
+        return Slots(
+            self.ports, self.dir, self.model_dir, tuple(self._prefix()), self._mooncake_params()
+        )
+
+    def _mooncake_params(self) -> dict[str, Any] | None:
+        if not self.spec.mooncake.enabled or self.mooncake is None:
+            return None
+        params = dict(self.mooncake.l2_adapter_config()["adapter_params"])
+        if self.hosts is not None:  # the storage node reaches this client over the veth
+            params["local_hostname"] = self.hosts.serving_addr
+        return params
+
     def start_lmcache(self, l1_size_bytes: int | None = None) -> None:
         lm = self.spec.lmcache
         l1 = l1_size_bytes if l1_size_bytes is not None else lm.l1_size_bytes
         port = self._port("lmcache.port", lm.port)
         http_port = self._port("lmcache.http_port", lm.http_port)
-        tk = self._ext().tempokv
-        argv = lmcache_command(
-            lm,
-            port,
-            http_port,
-            l1,
-            self._l2_adapters(),
-            self._server_module_arg(),
-            prefetch_policy="retain" if tk is not None else None,
-            read_ttl_s=tk.read_ttl_s if tk is not None else None,
-        )
+        ext = self._ext()
+        if lm.fs_l2:
+            self.fs_l2_dir.mkdir(parents=True, exist_ok=True)
+        launch = lmcache_launch(self.spec, ext, self.slots(), l1)
         log = self.dir / "lmcache.log"
-        env = base_env()
-        module = self._ext().server_module
-        if module.pythonpath:  # a server module from outside the installed package
-            env["PYTHONPATH"] = module.server_pythonpath(os.environ.get("PYTHONPATH"))
-        part = Supervised("lmcache", [*self._prefix(), *argv], log, env=env)
+        part = Supervised("lmcache", list(launch.argv), log, env=dict(launch.env))
         self._launch(part)
         url = f"http://127.0.0.1:{http_port}/healthcheck"
         with maybe_inside(self.ns):
@@ -215,49 +219,23 @@ class ServingStack(ServingClient):
             raise StackFailed("LMCache needs its extensions: ServingStack(spec, dir, extensions)")
         return self.extensions
 
-    def _l2_adapters(self) -> list[dict[str, Any]]:
-        """bsrctl's own L2 adapters, each behind the fault wrapper (inert until a rule is
-        armed through its control file), so failure matrices inject by real means."""
-        lm, ext = self.spec.lmcache, self._ext()
-        out: list[dict[str, Any]] = []
-        if lm.fs_l2:
-            l2 = self.dir / "l2-fs"
-            l2.mkdir(parents=True, exist_ok=True)
-            out.append(ext.fs_adapter(l2, self.fault_control("fs")))
-        if self.spec.mooncake.enabled and self.mooncake is not None:
-            params = self.mooncake.l2_adapter_config()["adapter_params"]
-            if self.hosts is not None:  # the storage node reaches this client over the veth
-                params["local_hostname"] = self.hosts.serving_addr
-            out.append(ext.mooncake_adapter(params, self.fault_control("mooncake")))
-        return out
-
     @property
     def fs_l2_dir(self) -> Path:
         return self.dir / "l2-fs"
 
     def fault_control(self, tier: str) -> Path:
         """The file a tier's fault wrapper re-reads: write rules there to inject faults."""
-        return self.dir / f"faults-{tier}.json"
+        return fault_control(Slots({}, self.dir, None), tier)
 
     def _server_module_arg(self) -> dict[str, Any]:
         return self._ext().server_module.to_json()
 
     def start_vllm(self) -> None:
         v = self.spec.vllm
-        port = self._port("vllm.port", v.port)
-        assert self.model_dir is not None
-        tk = self.extensions.tempokv if self.extensions is not None else None
-        argv = vllm_command(
-            v,
-            self.model_dir,
-            port,
-            lmcache_port=self.ports["lmcache.port"],
-            scheduler_cls=tk.scheduler_cls if tk is not None else None,
-        )
-        env = vllm_env(v, vllm_cache_root(self.dir / "vllm-cache"))
-        if tk is not None:
-            env.update(tk.vllm_env())
-        part = Supervised("vllm", [*self._prefix(), *argv], self.dir / "vllm.log", env=env)
+        self._port("vllm.port", v.port)
+        vllm_cache_root(self.dir / "vllm-cache")  # its modelinfos shared (vllm_cache.py)
+        launch = vllm_launch(self.spec, self.extensions, self.slots())
+        part = Supervised("vllm", list(launch.argv), self.dir / "vllm.log", env=dict(launch.env))
         self._launch(part)
         with maybe_inside(self.ns):
             part.wait_healthy(lambda: http_ok(f"{self.vllm_url}/health"), v.startup_timeout_s)

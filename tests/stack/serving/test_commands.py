@@ -6,7 +6,7 @@ import json
 import sys
 from pathlib import Path
 
-from bsrctl.specs import LmcacheSpec, VllmSpec
+from bsrctl.specs import LmcacheSpec, StackSpec, VllmSpec
 from bsrctl.stack.serving.commands import (
     VENV_BIN,
     base_env,
@@ -48,8 +48,12 @@ def test_lmcache_server_command() -> None:
     ]  # fmt: skip
 
 
+def _cpu(**vllm: object) -> StackSpec:
+    return StackSpec(vllm=VllmSpec(**vllm))
+
+
 def test_vllm_behind_the_connector() -> None:
-    v = VllmSpec(max_model_len=4096, tensor_parallel_size=2)
+    v = _cpu(max_model_len=4096, tensor_parallel_size=2)
     argv = vllm_command(v, Path("/models/m"), 8000, lmcache_port=5555)
     assert argv[: len(HEAD)] == HEAD
     tail = argv[len(HEAD) :]
@@ -69,13 +73,18 @@ def test_vllm_behind_the_connector() -> None:
 
 
 def test_plain_vllm_has_no_connector_and_no_prefix_cache() -> None:
-    v = VllmSpec(max_model_len=4096, tensor_parallel_size=2)
-    assert vllm_command(v, Path("/models/m"), 8000) == [*HEAD, "--no-enable-prefix-caching"]
+    # the reference runs at the served deployment's TP (it returned before TP: issue 22 #1)
+    v = _cpu(max_model_len=4096, tensor_parallel_size=2)
+    assert vllm_command(v, Path("/models/m"), 8000) == [
+        *HEAD, "--tensor-parallel-size", "2", "--no-enable-prefix-caching",
+    ]  # fmt: skip
 
 
 def test_vllm_environments(tmp_path: Path) -> None:
-    v = VllmSpec(kvcache_space_gib=3, tensor_parallel_size=2)
+    v = _cpu(kvcache_space_gib=3, tensor_parallel_size=2)
     plain = vllm_env(v, tmp_path / "c", connector=False)
+    # TP > 1 binds one core per rank on the reference too: it runs at the served TP now
+    assert plain.pop("VLLM_CPU_OMP_THREADS_BIND") in ("0|1", "0|0")  # 1 CPU: both on 0
     assert plain == {
         **base_env(),
         "VLLM_CPU_KVCACHE_SPACE": "3",
@@ -85,16 +94,18 @@ def test_vllm_environments(tmp_path: Path) -> None:
     assert served.pop("VLLM_SERVER_DEV_MODE") == "1"  # /reset_prefix_cache
     assert served.pop("VLLM_CPU_OMP_THREADS_BIND") in ("0|1", "0|0")  # 1 CPU: both on 0
     assert served == plain
-    assert "VLLM_CPU_OMP_THREADS_BIND" not in vllm_env(VllmSpec(), tmp_path)
+    assert "VLLM_CPU_OMP_THREADS_BIND" not in vllm_env(StackSpec(), tmp_path)
     assert base_env()["HF_HUB_OFFLINE"] == "1" and base_env()["VLLM_HOST_IP"] == "127.0.0.1"
 
 
 def test_engine_cores_bind_canonical_and_served_vllm_alike(tmp_path: Path) -> None:
-    v = VllmSpec(cpu_threads_bind="0")
+    v = _cpu(cpu_threads_bind="0")
     for connector in (False, True):
         assert vllm_env(v, tmp_path, connector=connector)["VLLM_CPU_OMP_THREADS_BIND"] == "0"
-    tp2 = vllm_env(VllmSpec(cpu_threads_bind="0", tensor_parallel_size=2), tmp_path)
-    assert tp2["VLLM_CPU_OMP_THREADS_BIND"] in ("0|1", "0|0")  # TP > 1: one core per rank
+    tp2 = _cpu(cpu_threads_bind="0", tensor_parallel_size=2)
+    for connector in (False, True):  # TP > 1: one core per rank, reference and served alike
+        bind = vllm_env(tp2, tmp_path, connector=connector)["VLLM_CPU_OMP_THREADS_BIND"]
+        assert bind in ("0|1", "0|0")
 
 
 def test_tempokv_engine_leaves_the_last_core() -> None:
