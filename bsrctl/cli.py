@@ -386,25 +386,11 @@ def stack_up(
 ) -> None:
     """Start the stack a spec's `stack:` and `restore:` sections describe (W = 0) and leave
     it running."""
-    from bsrctl.settings import RestoreSettings
-    from bsrctl.specs import load_stack_section
-    from bsrctl.stack.extensions import bsr_extensions
-    from bsrctl.stack.serving import ServingStack, check_ports
+    from bsrctl.stack import standalone
 
-    def go() -> ServingStack:
+    def go() -> Any:
         reclaim_dead_runs()
-        parsed, tuning = load_stack_section(spec)
-        if parsed.kind == "attach":
-            raise BadInput(
-                "stack.kind: attach names a deployment someone else started; `stack up` starts "
-                "nothing for it (run sweep, law or failmatrix against it)"
-            )
-        if (run_dir / "stack" / "state.json").exists() and _live_state(run_dir):
-            raise BadInput(f"--run-dir: a stack is already up in {run_dir}; `bsrctl stack down`")
-        check_ports(parsed)
-        st = ServingStack(parsed, run_dir, bsr_extensions(RestoreSettings.of(tuning, 0)))
-        st.up()
-        return st
+        return standalone.stack_up(spec, run_dir)
 
     st = guarded(go)
     out.print_json(json.dumps(st.health()))
@@ -421,13 +407,6 @@ def stack_plan(
 
     plan = guarded(lambda: plan_spec(spec))
     sys.stdout.write(json.dumps(plan.to_json()) + "\n" if as_json else render(plan))
-
-
-def _live_state(run_dir: Path) -> list[int]:
-    from bsrctl.stack.process import pids_alive
-
-    state = json.loads((run_dir / "stack" / "state.json").read_text())
-    return pids_alive([p["pid"] for p in state.get("parts", {}).values() if p.get("pid")])
 
 
 @stack_app.command("status")
@@ -447,16 +426,9 @@ def stack_down(
     run_dir: Annotated[Path, typer.Option("--run-dir")] = Path("reports/stack"),
 ) -> None:
     """Stop every process the stack started, by PID (SIGTERM, then SIGKILL)."""
-    from bsrctl.stack.serving import stop_from_state
+    from bsrctl.stack.standalone import stack_down as down
 
-    state = run_dir / "stack" / "state.json"
-
-    def go() -> list[int]:
-        if not state.is_file():
-            raise BadInput(f"--run-dir: no stack state at {state}; nothing to stop")
-        return stop_from_state(state)
-
-    left = guarded(go)
+    left = guarded(lambda: down(run_dir))
     if left:
         err.print(f"still alive after SIGKILL: {left}")
         raise typer.Exit(3)

@@ -20,9 +20,8 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
-from bsrctl.errors import BadInput
 from bsrctl.settings import RestoreSettings
 
 if TYPE_CHECKING:
@@ -95,7 +94,7 @@ class TempoKVLaunch:
     """TempoKV on the serving stack: vLLM schedules with the runtime adapter (its settings
     in ``BSRCTL_TEMPOKV``, the TempoKV wire's ``AdapterEnv``), LMCache keeps staged objects
     in L1 once unpinned (``retain``) and holds read locks (the pins) longer than any
-    protection lasts. ``async_scheduling`` is vLLM's, as ``async_scheduling()`` below decides
+    protection lasts. ``async_scheduling`` is vLLM's, as ``profile.async_scheduling()`` decides
     it from the spec: the adapter's class follows it (the async one under vLLM's batch
     queue)."""
 
@@ -234,38 +233,12 @@ def write_control_file(path: str | Path, rules: list[dict]) -> None:
 #
 # bsrctl's deployments never set what turns an unset value off on CUDA (no pooling model,
 # no speculative decoding, the mp/uni executors, no pipeline parallelism), so the decision
-# below is vLLM's; passing the explicit flag (``async_scheduling_args``) makes vLLM refuse to
+# below is vLLM's; the cuda profile passes the explicit flag, so vLLM refuses to
 # start rather than silently disagree if that ever changes.
 
-Device = Literal["cpu", "cuda"]
 
 SYNC_SCHEDULER = "bsrctl.vllm_ext.scheduler.TempoKVScheduler"
 ASYNC_SCHEDULER = "bsrctl.vllm_ext.scheduler.TempoKVAsyncScheduler"
-
-
-def async_scheduling(device: Device, requested: bool | None) -> bool:
-    """vLLM's async scheduling for ``stack.device`` and ``stack.vllm.async_scheduling``
-    (None: the device's default). BadInput for what vLLM would not do: on CPU it is off."""
-    if device == "cpu":
-        if requested:
-            raise BadInput(
-                "stack.vllm.async_scheduling: true on stack.device cpu: vLLM's CPU platform "
-                "turns async scheduling off (vllm/platforms/cpu.py); leave it unset or false"
-            )
-        return False
-    if device == "cuda":
-        return True if requested is None else requested
-    raise BadInput(f"stack.device: {device!r} is neither cpu nor cuda")
-
-
-def async_scheduling_args(device: Device, requested: bool | None) -> list[str]:
-    """vLLM's flag for the decision (``--async-scheduling`` / ``--no-async-scheduling``, the
-    BooleanOptionalAction of vllm/engine/arg_utils.py:1773-1775). On CPU none: the platform
-    turns it off anyway, and the CPU command line stays as it was."""
-    on = async_scheduling(device, requested)
-    if device == "cpu":
-        return []
-    return ["--async-scheduling" if on else "--no-async-scheduling"]
 
 
 def tempokv_scheduler_cls(async_on: bool) -> str:

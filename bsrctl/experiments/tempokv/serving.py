@@ -37,6 +37,7 @@ from bsrctl.experiments.tempokv.pooled import pool, quantile, run_order
 from bsrctl.prompts import prompt_ids
 from bsrctl.settings import RestoreSettings, RestoreTuning
 from bsrctl.specs import StackSpec, resolve_registration
+from bsrctl.stack import profile
 from bsrctl.stack.bsr_client import BsrModuleClient
 from bsrctl.stack.canonical import canonical_outputs
 from bsrctl.stack.deployment import Deployment
@@ -44,7 +45,6 @@ from bsrctl.stack.extensions import (
     L2Device,
     LMCacheExtensions,
     TempoKVLaunch,
-    async_scheduling,
     odirect_allowed,
 )
 from bsrctl.stack.model import prepare_model
@@ -139,7 +139,7 @@ def deployment_for(
     odirect = odirect_allowed(run_dir / "stack" / "l2-fs")
     device = L2Device(run.l2_bandwidth_mib_s * MIB, run.l2_latency_s, odirect)
     # vLLM's scheduling as the spec's device resolves it: the adapter's class matches it
-    async_on = async_scheduling(stack.device, stack.vllm.async_scheduling)
+    async_on = profile.async_scheduling(stack)
     trace = str(run_dir / "adapter-trace.jsonl")
     tk = TempoKVLaunch(adapter, trace_path=trace, async_scheduling=async_on)
     tempokv = (tk if launch is None else launch(tk)) if with_adapter else None
