@@ -27,7 +27,6 @@ LOCK_ENV = "BSRCTL_TEST_SHM_LOCK"
 HEAVY_MARKERS = ("e2e", "mooncake", "process")
 # Tests that diff all of /dev/shm or leak segments on purpose (see the docstring).
 EXCLUSIVE = (
-    "tests/attach/",  # the operator's teardown: no new psm_/lmcache_kv_ segment at all
     "tests/e2e/test_roundtrip.py::test_demo_",  # no new unmapped segment after the run
     "tests/e2e/test_stack_cli.py::",  # the same, across `stack up` and `stack down`
     "tests/experiments/restore/test_e2e_serving_killed.py::",  # leaks until doctor
@@ -86,7 +85,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 
 
 def rank(item: pytest.Item) -> int:
-    """The run order: the operator deployment (exclusive, the longest) first while the other
+    """The run order: the operator deployment (the longest unit) first while the other
     worker runs the unit tests, then the modules that are exclusive throughout, then every
     other heavy module (the round trip's demo is exclusive, its other tests are not)."""
     path = item.nodeid.split("::")[0] + "::"

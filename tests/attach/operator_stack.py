@@ -162,6 +162,36 @@ def shm_segments() -> set[str]:
     return {n for n in os.listdir("/dev/shm") if n.startswith(("psm_", "lmcache_kv_"))}
 
 
+def group_segments(pgid: int) -> set[str]:
+    """The psm_*/lmcache_kv_* segments the part's process group maps or holds open: the
+    segments this deployment made (another deployment's, beside it under `make test`, are
+    never ours to count or remove)."""
+    prefixes = ("/dev/shm/psm_", "/dev/shm/lmcache_kv_")
+    found: set[str] = set()
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            if int((proc / "stat").read_text().rsplit(")", 1)[1].split()[2]) != pgid:
+                continue
+            paths = [
+                ln.split()[5]
+                for ln in (proc / "maps").read_text().splitlines()
+                if len(ln.split()) >= 6
+            ]
+            paths += [str(fd.readlink()) for fd in (proc / "fd").iterdir()]
+        except (OSError, ValueError, IndexError):  # gone, or not ours to read
+            continue
+        found |= {p.removeprefix("/dev/shm/") for p in paths if p.startswith(prefixes)}
+    return found
+
+
+def remember_segments(state: dict, name: str) -> None:
+    """Before a part stops: what it made goes into the state (a SIGKILLed part, or a
+    restarted one's old self, never unlinks its segment; `down` removes those)."""
+    pid = state["pids"].get(name)
+    if pid:
+        state["segments"] = sorted(set(state.get("segments", [])) | group_segments(pid))
+
+
 def shm_mapped(name: str) -> bool:
     needle = f"/dev/shm/{name}"
     for maps in Path("/proc").glob("[0-9]*/maps"):
@@ -198,7 +228,7 @@ def up(root: Path, model: str, module: bool, only_lmcache: bool) -> dict:
         "argv": {n: c["argv"] for n, c in parts.items()},
         "env": {n: c["env"] for n, c in parts.items()},
         "restarts": {"lmcache": 0, "vllm": 0},
-        "shm_before": sorted(shm_segments()),
+        "segments": [],
     }
     save(root, state)
     try:
@@ -219,6 +249,8 @@ def restart(root: Path, name: str, l2: str | None = None, without_env: str | Non
     if vllm_on:
         heartbeat_started(root, state)
     seen = unhealthy_reports(root)
+    remember_segments(state, name)
+    save(root, state)
     stop_group(state["pids"][name])
     if vllm_on:  # its connector re-registers only after a heartbeat saw the server down
         wait_unhealthy(root, seen)
@@ -292,14 +324,18 @@ def wait_registered(state: dict, timeout_s: float = 90.0) -> None:
 
 
 def down(root: Path) -> None:
-    """Stop every part, then remove the /dev/shm segments they left: a part stopped by
-    SIGKILL (or a restarted one's old self) never unlinks its segment, as tooling must know."""
+    """Stop every part, then remove the /dev/shm segments they made and left: a part stopped
+    by SIGKILL (or a restarted one's old self) never unlinks its segment, as tooling must
+    know. Only this deployment's: its state lists them."""
     state = load(root)
+    for name in ("vllm", "lmcache"):
+        remember_segments(state, name)
+    save(root, state)
     for name in ("vllm", "lmcache"):
         pid = state["pids"].get(name)
         if pid:
             stop_group(pid)
-    for seg in sorted(shm_segments() - set(state.get("shm_before", []))):
+    for seg in state["segments"]:
         if not shm_mapped(seg):
             (Path("/dev/shm") / seg).unlink(missing_ok=True)
 
