@@ -1,4 +1,4 @@
-"""How the suite runs two at a time (``make test``: pytest-xdist ``-n 2``).
+"""How the suite runs two at a time (``make test`` on >= 4 cores: pytest-xdist ``-n 2``).
 
 Work units (``scope_of``): every module is one, so its module-scoped deployment lives on one
 worker; ``tests/attach`` (one package-scoped operator deployment), the two two-host modules
