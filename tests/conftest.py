@@ -97,7 +97,11 @@ def rank(item: pytest.Item) -> int:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    items.sort(key=rank)  # stable: collection order within a rank (same on every worker)
+    # stable, the same on every worker: by rank, then a work unit's items together at its
+    # last item's place (serially too: law and sweep run last in their package, so their
+    # kept deployment, package-scoped, is not held while registration's own stack runs)
+    last = {scope_of(item.nodeid): i for i, item in enumerate(items)}
+    items.sort(key=lambda item: (rank(item), last[scope_of(item.nodeid)]))
 
 
 class _ShmLock:
