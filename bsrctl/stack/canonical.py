@@ -12,10 +12,10 @@ the prompt and max_tokens. A model without a manifest (a user's folder) is never
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from bsrctl.evidence.atomic import write_atomic
 from bsrctl.prompts import tokens_sha256
 from bsrctl.specs import MooncakeSpec, StackSpec, VllmSpec
 from bsrctl.stack import tinymodel
@@ -61,15 +61,6 @@ def cache_path(vllm: VllmSpec, model_sha: str, prompt_sha: str, max_tokens: int)
     is kept."""
     key = f"{model_sha[:16]}-{vllm_version()}-{numerics_key(vllm)}-{prompt_sha[:16]}-{max_tokens}"
     return tinymodel.default_cache_dir().parent / "canonical" / f"{key}.json"
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    """Write then rename: a run beside this one (``make test`` runs two) never reads a
-    half-written output."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 @dataclass(frozen=True)
@@ -137,7 +128,9 @@ def canonical_references(
                 found[i] = Reference(comp.output_token_ids, comp.token_logprobs)
                 if model_sha:
                     doc = {"ids": list(comp.output_token_ids), "logprobs": comp.token_logprobs}
-                    _write_atomic(paths[i], json.dumps(doc))
+                    write_atomic(
+                        paths[i], json.dumps(doc).encode()
+                    )  # two runs at once: never half a file
         finally:
             plain.down()
     return [found.get(i) or cached[i] for i in range(len(prompts))]  # type: ignore[misc]
