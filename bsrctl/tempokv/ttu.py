@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 # Load completions this close are one instant: the engine's clock lands them together, while
 # a projection derives them by subtraction (floating-point noise of ~1e-11 s).
-_SAME_S = 1e-9
+SAME_S = 1e-9
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,7 +216,7 @@ def project_with_outputs(
     waiting = snap.waiting
     i = 0
     while i < wanted:
-        budget = budget_left([s.prefill_left for s in seqs if s.ready_s <= t_s + _SAME_S], limits)
+        budget = budget_left([s.prefill_left for s in seqs if s.ready_s <= t_s + SAME_S], limits)
         while len(seqs) < limits.max_seqs and i < wanted and budget > 0:
             q = waiting[i]
             ttus[q.req_id] = t_s
@@ -273,7 +273,7 @@ def _project_queued(
         for proj in list(holding):
             if len(seqs) >= limits.max_seqs or budget <= 0:
                 break
-            if proj.ready_s <= t_s + _SAME_S:
+            if proj.ready_s <= t_s + SAME_S:
                 holding.remove(proj)
                 proj.ready_s = -math.inf
                 seqs.append(proj)
@@ -291,7 +291,7 @@ def _project_queued(
         if i >= wanted:
             break
         free = len(seqs) < limits.max_seqs
-        pending = [p.ready_s for p in holding if p.ready_s > t_s + _SAME_S]
+        pending = [p.ready_s for p in holding if p.ready_s > t_s + SAME_S]
         if not seqs:
             if not pending:
                 break  # nothing runs or loads: the rest cannot start (prompt over capacity)
@@ -314,10 +314,10 @@ def _advance(
     false, for one step or decode stretch; or a decode stretch reaches cut_s); returns
     that time."""
     while True:
-        pending = [s.ready_s for s in seqs if s.ready_s > t_s + _SAME_S]
+        pending = [s.ready_s for s in seqs if s.ready_s > t_s + SAME_S]
         if pending and limits.sync_loads:
             t_s = max(pending)  # the step waits for every load it carries
-        active = [s for s in seqs if s.ready_s <= t_s + _SAME_S]
+        active = [s for s in seqs if s.ready_s <= t_s + SAME_S]
         if not active:
             t_s = min(s.ready_s for s in seqs)
             continue
@@ -344,7 +344,7 @@ def _advance(
             step_s = cost.step_s(
                 len(active), 0, int(sum(s.ctx for s in active) + len(active) * k / 2)
             )
-            joins = [s.ready_s for s in seqs if s.ready_s > t_s + _SAME_S]
+            joins = [s.ready_s for s in seqs if s.ready_s > t_s + SAME_S]
             if cut_s is not None:
                 joins.append(cut_s)
             if joins and t_s + k * step_s > min(joins):
@@ -356,5 +356,5 @@ def _advance(
         done = [s for s in active if s.left <= 1e-9]
         for s in done:
             seqs.remove(s)
-        if done or not until_exit or (cut_s is not None and t_s >= cut_s - _SAME_S):
+        if done or not until_exit or (cut_s is not None and t_s >= cut_s - SAME_S):
             return t_s

@@ -253,6 +253,14 @@ def test_every_engine_mode_completes_within_budget(
     "async",
     8192,
 )  # fmt: skip
+# Two loads ending 4.4e-16 s apart at one step boundary: the engine's pass lands both, as the
+# projection counts them (it admitted r6 and r7 one step apart before).
+@example(
+    [(0.3, 0.14871127494100447, 2, 1), (0.3, 0.125, 4, 1), (0.0, 0.0, 2, 1), (0.0, 0.0, 3, 1),
+     (0.0, 0.0, 4, 1), (0.0, 0.0, 1, 1), (0.0, 0.0, 1, 1), (0.0, 0.0, 1, 1)],
+    "async",
+    96,
+)  # fmt: skip
 def test_every_projected_ttu_is_the_retrieval_start_when_estimates_are_exact(
     shape, loads, budget_tokens
 ):

@@ -42,6 +42,7 @@ from bsrctl.clock import Clock, Timer
 from bsrctl.tempokv.controller import Controller, RetrievalGrant
 from bsrctl.tempokv.sim.workload import Request
 from bsrctl.tempokv.ttu import (
+    SAME_S,
     CostModel,
     EngineLimits,
     EngineSnapshot,
@@ -113,16 +114,16 @@ class SimEngine:
         self._timer: Timer | None = None
         self._iterations: Timer | None = None  # the next step boundary inside a decode run
         self._wake: Timer | None = None  # an idle engine's pass, due now
+        self._transfers: dict[str, Timer] = {}  # fast tier→GPU transfers under way
 
     def _slots_free(self) -> int:
         if self.limits.queued_loads:  # loading requests wait outside the running set
             return self.limits.max_seqs - len(self.running)
-        used = len(self.running) + len(self.loading) + len(self.loaded)
-        return self.limits.max_seqs - used
+        return self.limits.max_seqs - len(self.running) - len(self.loading) - len(self.loaded)
 
     def holding(self) -> list[RequestLog]:
-        """Queued loads: requests whose retrieval has begun, not yet admitted, in request
-        order (vLLM keeps them at the head of its waiting queue)."""
+        """Queued loads: requests loading or loaded, not admitted, in request order (vLLM
+        keeps them at the head of its waiting queue)."""
         return list(self._held)
 
     # ---- inputs -------------------------------------------------------------------------
@@ -141,6 +142,12 @@ class SimEngine:
 
     # ---- the loop: one scheduling pass per step boundary ----------------------------------
     def _schedule(self) -> None:
+        # Loads ending within SAME_S of this pass land at it, as the TTU projection counts them.
+        for log in list(self.loading):
+            due = self._transfers.get(log.req.req_id)
+            if due is not None and due.at_s <= self.clock.now() + SAME_S:
+                due.cancel()
+                due.fn()
         if self.limits.queued_loads:
             self._grant_queued()
         else:
@@ -232,6 +239,7 @@ class SimEngine:
             ctl.begin_transfer(req_id)
 
         def done() -> None:
+            self._transfers.pop(req_id, None)
             if not committed:
                 ctl.end_ordinary(req_id)
             elif self.limits.release_at_first_step:
@@ -242,7 +250,7 @@ class SimEngine:
 
         transfer_s = log.req.manifest.size_bytes / self.retrieval_bytes_s
         log.transfer_end_s = self.clock.now() + transfer_s
-        self.clock.call_later(transfer_s, done)
+        self._transfers[req_id] = self.clock.call_later(transfer_s, done)
 
     def _loaded(self, log: RequestLog) -> None:
         self.loading.remove(log)
@@ -416,11 +424,8 @@ class SimEngine:
             )
             for log in (self.holding() if queued else (*self.loading, *self.loaded))
         ]
-        holding: tuple[RunningSeq, ...] = ()
-        if queued:
-            holding = tuple(pending)
-        else:
-            seqs.extend(pending)
+        holding = tuple(pending) if queued else ()  # queued loads hold no slot
+        seqs.extend(() if queued else pending)
         eta = self.controller.ready_eta_s if self.controller is not None else None
         waiting = tuple(
             QueuedSeq(
@@ -435,9 +440,8 @@ class SimEngine:
         return EngineSnapshot(now_s, busy_s, tuple(seqs), waiting, holding)
 
     def _load_left_s(self, log: RequestLog, now_s: float) -> float:
-        """Known retrieval dependency of a request holding a slot: the rest of its transfer,
-        or its pending staging / ordinary read (as the controller projects it) plus the
-        transfer. 0 once loaded."""
+        """A slot holder's known retrieval dependency: the rest of its transfer, or its pending
+        staging / ordinary read (as the controller projects it) plus the transfer; 0 loaded."""
         if log in self.loaded or self.controller is None or not log.req.manifest.objects:
             return 0.0
         if log.transfer_end_s is not None:
