@@ -55,6 +55,12 @@ class VllmSpec(Strict):
         "auto", description="vLLM --kv-cache-dtype (fp8: 1 B per element)"
     )
     max_num_seqs: int = Field(4, ge=1, description="vLLM's running slots (--max-num-seqs)")
+    connector: Literal["vllm", "lmcache"] = Field(
+        "vllm",
+        description="the LMCacheMPConnector vLLM loads: vllm, its built-in one (one KV cache "
+        "group only), or lmcache, LMCache's own (kv_connector_module_path lmcache.integration."
+        "vllm.lmcache_mp_connector; SupportsHMA: several groups, e.g. DeepSeek-V4)",
+    )
     gpus: list[Annotated[int, Field(ge=0)]] | None = Field(
         None,
         description="cuda: the GPU indices vLLM uses (CUDA_VISIBLE_DEVICES), one per TP rank; "
@@ -266,11 +272,25 @@ class TargetSpec(Strict):
         tp, chunk = self.tp_size(stack), self.chunk_tokens
         tp_field = "storage.tp_ranks" if stack == "storage" else "stack.vllm.tensor_parallel_size"
         reg = resolve_registration(self.registration, self.stack, tp, chunk, tp_field)
+        if stack == "serving":
+            check_connector(reg, self.stack.vllm)
         aux = self.aux_bytes if "aux_bytes" in self.model_fields_set else reg.aux_bytes
         return dataclasses.replace(reg, aux_bytes=aux)
 
 
 PRESETS = ("auto", "tiny-llama", "dsv4-flash")
+
+
+def check_connector(reg: Registration, vllm: VllmSpec) -> None:
+    """vLLM's built-in LMCacheMPConnector takes one KV cache group: with more it raises at the
+    first request (vllm/distributed/kv_transfer/kv_connector/v1/lmcache_mp_connector.py:77-81),
+    so a registration of several is BadInput before anything starts."""
+    if vllm.connector == "vllm" and max(reg.engine_groups, len(reg.groups)) > 1:
+        raise BadInput(
+            f"stack.vllm.connector: vllm, but {reg.model} has {reg.engine_groups} vLLM KV cache "
+            f"group(s) and {len(reg.groups)} LMCache object group(s); vLLM's built-in "
+            f"LMCacheMPConnector serves one: set stack.vllm.connector: lmcache"
+        )
 
 
 def resolve_registration(

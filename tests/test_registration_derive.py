@@ -340,12 +340,10 @@ def test_a_declared_registration_is_the_one_written(tensors, chunk, tp) -> None:
     )
 
 
-def test_deepseek_v4_under_auto_names_why_it_is_not_derived() -> None:
-    cfg = {"architectures": ["DeepseekV4ForCausalLM"], "num_hidden_layers": 43}
-    with pytest.raises(BadInput) as e:
-        derive(cfg, tp_size=2)
-    msg = str(e.value)
-    assert msg.startswith("registration: auto: DeepseekV4ForCausalLM registers per layer")
-    assert "vLLM 0.32's built-in LMCacheMPConnector serves one group" in msg
-    assert "kv_connector_module_path lmcache.integration.vllm.lmcache_mp_connector" in msg
-    assert "`registration: path/to/registration.yaml`" in msg
+def test_deepseek_v4_under_auto_is_vllms_caches() -> None:
+    """auto derives DSV4 (bsrctl.registration.dsv4; tests/registration/test_dsv4.py pins it)."""
+    cfg = json.loads((LADDERS / "models" / "DeepSeek-V4-Flash" / "config.json").read_text())
+    reg = derive(cfg, tp_size=2, name="DeepSeek-V4-Flash")
+    assert (reg.num_tensors, reg.bytes_per_chunk, reg.engine_groups) == (167, 83_436_096, 5)
+    with pytest.raises(BadInput, match="stack.vllm.kv_cache_dtype: 'bfloat16'"):
+        derive(cfg, tp_size=2, kv_cache_dtype="bfloat16")

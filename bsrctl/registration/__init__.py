@@ -80,6 +80,9 @@ class Registration:
     tp_size: int  # TP ranks that each register ``tensors``
     chunk_tokens: int  # tokens per chunk (LMCache chunk size)
     aux_bytes: int = 0  # restore-pool bytes per rank not proportional to W (paper's aux)
+    # vLLM KV cache groups (hybrid manager) the model's layers fall into; > 1 needs LMCache's
+    # own connector (stack.vllm.connector: lmcache): vLLM's built-in one serves one group
+    engine_groups: int = 1
 
     def __post_init__(self) -> None:
         known = {g.index for g in self.groups}
@@ -167,6 +170,7 @@ class Registration:
             "bytes_per_chunk": self.bytes_per_chunk,
             "bytes_per_chunk_all_ranks": self.bytes_per_chunk_all_ranks,
             "aux_bytes": self.aux_bytes,
+            "engine_groups": self.engine_groups,
             "digest": self.digest(),
         }
 
@@ -193,8 +197,8 @@ PAPER_NUM_TENSORS = 167
 def dsv4_flash_mtp_off(tp_size: int = 2, chunk_tokens: int = 256) -> Registration:
     """The paper's figure: 167 tensors, 16,408,576 bytes per 256-token chunk per rank. It is
     the paper's number (storage-stack runs at paper geometry, the report's "paper's figure"
-    line), not what vLLM 0.32 registers for DeepSeek-V4-Flash (``derive.DSV4_HYBRID``): a
-    serving deployment's registration_identity compares it with the live one.
+    line), not what vLLM 0.32 registers for DeepSeek-V4-Flash (``registration: auto``,
+    ``bsrctl.registration.dsv4``: also 167 tensors, other shapes and bytes).
 
     The paper gives the tensor count and c, not the shapes; these are illustrative shapes
     chosen to sum exactly (so W = 32 gives 500.75 MiB per rank per window, and a 1024-chunk

@@ -17,6 +17,9 @@ layer (``model.layers.{i}.self_attn.attn``):
 - KV cache dtype: ``auto`` is the model's dtype; ``fp8``/``fp8_e4m3``/``fp8_e5m2`` caches are
   stored as ``uint8`` (vLLM allocates fp8 caches as bytes), 1 B per element.
 
+- DeepSeek-V4 (``DeepseekV4ForCausalLM``): sliding-window, compressed and compressor-state
+  latents per layer, ``bsrctl.registration.dsv4``.
+
 An architecture not listed here is BadInput naming it: declare its registration in YAML.
 """
 
@@ -29,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from bsrctl.errors import BadInput
-from bsrctl.registration import GroupSpec, Registration, TensorSpec
+from bsrctl.registration import GroupSpec, Registration, TensorSpec, dsv4
 
 # Architectures whose attention is plain MHA/GQA (per layer K and V).
 FULL_ATTENTION = frozenset(
@@ -60,23 +63,6 @@ MODEL_DTYPES = {
     "bfloat16": "bfloat16",
 }
 FP8_CACHE = {"fp8", "fp8_e4m3", "fp8_e5m2"}
-# Why DeepSeek-V4 is not derived (vLLM 0.32 source): every attention layer registers a
-# sliding-window latent cache (``DeepseekV4SWACache``, v1/attention/backends/mla/
-# sparse_swa.py:116-135) and, with compress_ratios[i] > 1, a compressed latent of
-# compress_ratio tokens per state (models/deepseek_v4/attention.py:856-880) with its
-# compressor state (compressor.py:139-198); ratio-4 layers add the indexer's 132-byte-row
-# cache (attention.py:882-925) and its compressor. Those are several KV cache groups (other
-# block sizes and tokens per state), which vLLM 0.32's built-in LMCacheMPConnector refuses at
-# the first request (v1/lmcache_mp_connector.py:70-83: "only works without hybrid kv cache
-# manager"); LMCache 0.5.6's own connector (SupportsHMA, integration/vllm/
-# lmcache_mp_connector.py:535) sends each group's EngineGroupInfo.
-DSV4_HYBRID = (
-    "DeepseekV4ForCausalLM registers per layer a sliding-window latent, a compressed latent "
-    "and its compressor state, and on ratio-4 layers a 132-byte-row indexer cache, in several "
-    "KV cache groups; vLLM 0.32's built-in LMCacheMPConnector serves one group, so serve it "
-    "through LMCache's connector (kv_connector_module_path lmcache.integration.vllm."
-    "lmcache_mp_connector) and declare the registration `bsr.registration` reports"
-)
 CUSTOM_HINT = (
     "declare its registration instead: `registration: path/to/registration.yaml` "
     "(tensors with shape, dtype and group; see ladders/registrations/)"
@@ -143,8 +129,15 @@ def derive(
     LMCache's server stores it."""
     archs = list(config.get("architectures") or [])
     arch = next((a for a in archs if a in KNOWN), None)
-    if "DeepseekV4ForCausalLM" in archs:
-        raise BadInput(f"registration: auto: {DSV4_HYBRID}; {CUSTOM_HINT}")
+    if dsv4.ARCH in archs:  # its own caches and groups (bsrctl.registration.dsv4)
+        return dsv4.derive_dsv4(
+            config,
+            tp_size=tp_size,
+            chunk_tokens=chunk_tokens,
+            kv_cache_dtype=kv_cache_dtype,
+            name=name,
+            separate_object_groups=separate_object_groups,
+        )
     if arch is None:
         shown = ", ".join(archs) or f"model_type {config.get('model_type')!r}"
         raise BadInput(f"registration: auto does not know the architecture {shown}; {CUSTOM_HINT}")

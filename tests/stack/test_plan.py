@@ -86,7 +86,8 @@ def _lmcache(l1_gb: str, adapters: list[str], module: str) -> list[str]:
     return [*argv, "--server-module", module]
 
 
-def _kv() -> str:
+def _kv(module: str | None = None) -> str:
+    """The --kv-transfer-config; with ``module`` LMCache's own connector (connector: lmcache)."""
     return json.dumps({
         "kv_connector": "LMCacheMPConnector",
         "kv_role": "kv_both",
@@ -97,6 +98,7 @@ def _kv() -> str:
             "lmcache.mp.mp_transfer_mode": "lmcache_driven",
             "lmcache.mp.mq_timeout": 60.0,
         },
+        **({"kv_connector_module_path": module} if module else {}),
     })  # fmt: skip
 
 
@@ -223,7 +225,7 @@ def test_dsv4_plan_is_tp2_with_mooncake_over_rdma() -> None:
         "<vllm.port>",
         *tail,
         "--kv-transfer-config",
-        _kv(),
+        _kv("lmcache.integration.vllm.lmcache_mp_connector"),  # DSV4's 5 KV cache groups
     ]
     # no VLLM_BATCH_INVARIANT: FP8 weights and sparse MLA are outside what it covers
     cuda = {"CUDA_VISIBLE_DEVICES": "0,1", "NCCL_SOCKET_IFNAME": "lo"}
@@ -268,7 +270,9 @@ def test_dsv4_plan_is_tp2_with_mooncake_over_rdma() -> None:
     assert dict(procs["lmcache"].env) == {**base_env(), "CUDA_VISIBLE_DEVICES": "0,1"}
     f = plan.figures
     assert (f["tensor_parallel_size"], f["gpus"], f["dtype"]) == (2, [0, 1], "auto")
-    assert f["w_c_bytes_per_rank"]["32"] == 32 * f["c_bytes_per_rank"]
+    assert f["registration"] == "DeepSeek-V4-Flash"  # vLLM's caches, not the paper's preset
+    assert f["c_bytes_per_rank"] == 83_436_096
+    assert f["w_c_bytes_per_rank"]["32"] == 32 * 83_436_096 == 2_669_955_072
     assert f["gpu_memory_per_rank"]["weights_bytes"] is None  # MoE: not counted from config
 
 

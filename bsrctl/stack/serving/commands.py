@@ -152,6 +152,8 @@ def vllm_command(
             "lmcache.mp.mq_timeout": MQ_TIMEOUT_S,
         },
     }
+    if v.connector == "lmcache":  # LMCache's own, SupportsHMA (integration/vllm/...:535)
+        kv["kv_connector_module_path"] = "lmcache.integration.vllm.lmcache_mp_connector"
     if scheduler_cls is not None:
         argv += ["--scheduler-cls", scheduler_cls]
     return [*argv, *tp, "--kv-transfer-config", json.dumps(kv)]
