@@ -266,13 +266,14 @@ def test_dsv4_plan_is_tp2_with_mooncake_over_rdma() -> None:
         },
     })  # fmt: skip
     module = _module("dsv4-flash-tp2.yaml")
-    assert list(procs["lmcache"].argv) == [*NETNS, *_lmcache("1.0", [_fs(), mooncake], module)]
+    assert list(procs["lmcache"].argv) == [*NETNS, *_lmcache("16.0", [_fs(), mooncake], module)]
     assert dict(procs["lmcache"].env) == {**base_env(), "CUDA_VISIBLE_DEVICES": "0,1"}
     f = plan.figures
     assert (f["tensor_parallel_size"], f["gpus"], f["dtype"]) == (2, [0, 1], "auto")
     assert f["registration"] == "DeepSeek-V4-Flash"  # vLLM's caches, not the paper's preset
     assert f["c_bytes_per_rank"] == 83_436_096
     assert f["w_c_bytes_per_rank"]["32"] == 32 * 83_436_096 == 2_669_955_072
+    assert f["l1_size_bytes"] == 16 << 30 >= 64 * 83_436_096 * 2  # the law's W = 64, both ranks
     assert f["gpu_memory_per_rank"]["weights_bytes"] is None  # MoE: not counted from config
 
 

@@ -194,6 +194,18 @@ def check_spec(spec: ExperimentSpec, command: str) -> None:
                 f"would be N*c, not W*c); raise law.tokens to >= "
                 f"{max(too_big) * chunk} or drop those windows"
             )
+    windows = {"sweep": [spec.sweep.window_chunks] if spec.sweep else [], "law": (
+        list(spec.law.windows_chunks) if spec.law else [])}.get(command, [])  # fmt: skip
+    ranks_per_l1 = 1 if stack == "storage" else reg.tp_size  # storage: one L1 per rank
+    pool = max(windows, default=0) * reg.bytes_per_chunk * ranks_per_l1 + reg.aux_bytes
+    l1 = spec.stack.lmcache.l1_size_bytes
+    if stack != "attach" and pool > l1:  # an attached L1 is the operator's, read at run time
+        field = "sweep.window_chunks" if command == "sweep" else "law.windows_chunks"
+        raise BadInput(
+            f"{field}: W = {max(windows)} needs a restore pool of {pool} B (W x c x "
+            f"{ranks_per_l1} ranks + aux) > stack.lmcache.l1_size_bytes = {l1}; raise L1 "
+            f"or lower W"
+        )
     if command == "sweep":  # W and B are checked where they live: RestoreSettings
         try:
             spec.settings(spec.sweep.window_chunks, spec.sweep.admission_budget_chunks)
@@ -201,9 +213,7 @@ def check_spec(spec: ExperimentSpec, command: str) -> None:
             why = exc.errors()[0]["msg"].removeprefix("Value error, ")
             raise BadInput(f"sweep.admission_budget_chunks: {why} or 0") from None
     if command == "sweep" and spec.sweep.whole_plan_contrast:
-        ranks_per_l1 = 1 if stack == "storage" else reg.tp_size  # storage: one L1 per rank
         need = (max(sizes) // chunk) * reg.bytes_per_chunk * ranks_per_l1
-        l1 = spec.stack.lmcache.l1_size_bytes
         if need > l1:
             raise BadInput(
                 f"sweep.whole_plan_contrast: the largest whole plan needs {need} B of L1 > "

@@ -86,8 +86,16 @@ def test_unknown_field_lists_valid_ones(tmp_path: Path) -> None:
          ["sweep.admission_budget_chunks: admission_budget_chunks = 2 < window_chunks = 4: "
           "set B >= W or 0"]),
         ("stack: {lmcache: {l1_size_bytes: 1048576}}\n"
-         "sweep: {sizes_tokens: [8192], whole_plan_contrast: true}\n", "sweep", "storage",
+         "sweep: {sizes_tokens: [8192], window_chunks: 2, whole_plan_contrast: true}\n", "sweep",
+         "storage",
          ["sweep.whole_plan_contrast", "needs 8388608 B", "l1_size_bytes = 1048576"]),
+        ("stack: {lmcache: {l1_size_bytes: 1048576}}\n"
+         "sweep: {sizes_tokens: [4096], window_chunks: 8}\n", "sweep", "storage",
+         ["sweep.window_chunks: W = 8 needs a restore pool of 2097152 B (W x c x 1 ranks + aux)",
+          "> stack.lmcache.l1_size_bytes = 1048576; raise L1 or lower W"]),
+        ("stack: {lmcache: {l1_size_bytes: 1048576}}\n"
+         "law: {tokens: 8192, windows_chunks: [2, 4, 8]}\n", "law", "serving",
+         ["law.windows_chunks: W = 8 needs a restore pool of 2097152 B"]),
         ("registration: tiny-llama\nstorage: {tp_ranks: 4}\nsweep: {sizes_tokens: [1024]}\n",
          "sweep", "storage", ["storage.tp_ranks: tiny-llama has 2 KV heads, TP 4"]),
         ("storage: {tp_ranks: 3}\nsweep: {sizes_tokens: [1024]}\n", "sweep", "storage",
