@@ -14,7 +14,7 @@ from rich.console import Console
 from typer._click.exceptions import ClickException  # typer 0.29 vendors click
 from typer.core import TyperGroup
 
-from bsrctl import unexpected
+from bsrctl import cli_timeline, unexpected
 from bsrctl.errors import BadInput, StackFailed
 from bsrctl.evidence import Verdict, exit_code
 
@@ -433,6 +433,9 @@ def stack_down(
         err.print(f"still alive after SIGKILL: {left}")
         raise typer.Exit(3)
     out.print("stack down")
+
+
+cli_timeline.register(app, guarded)
 
 
 def main() -> None:  # pragma: no cover - console entry

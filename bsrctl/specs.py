@@ -19,6 +19,7 @@ from bsrctl.registration import Registration, dsv4_flash_mtp_off, tiny_llama_cpu
 from bsrctl.registration.tiny import TinyModelRecipe
 from bsrctl.settings import RestoreSettings, RestoreTuning
 from bsrctl.spec_io import ByteSize, Strict, describe_error, read_yaml
+from bsrctl.trace.spec import TraceSpec
 
 # vLLM --dtype when the spec sets none (bsrctl.stack.profile reads it): the CPU stack's
 # numerics are float32 (greedy outputs identical across processes, STACK-NOTES); on CUDA vLLM
@@ -181,6 +182,7 @@ class StackSpec(Strict):
     lmcache: LmcacheSpec = LmcacheSpec()
     mooncake: MooncakeSpec = MooncakeSpec()
     attach: AttachSpec | None = Field(None, description="kind attach: the running deployment")
+    trace: TraceSpec = Field(TraceSpec(), description="per-request timelines (OpenTelemetry)")
 
     @model_validator(mode="before")
     @classmethod

@@ -17,6 +17,7 @@ from bsrctl.evidence import EvidenceWriter, Verdict, merge
 from bsrctl.evidence.manifest import write_manifest
 from bsrctl.experiments.console import RunConsole, progress
 from bsrctl.report import write_summary
+from bsrctl.trace.collect import COLLECTOR
 
 Progress = Callable[[str], None]
 __all__ = ["Interrupted", "Progress", "RunConsole", "execute", "progress", "sigterm_interrupts"]
@@ -79,12 +80,14 @@ def execute(
         writer.listeners.append(console.point)
     verdict = Verdict.UNKNOWN
     try:
-        with liblogs.into(writer.run_dir), sigterm_interrupts() as guard:
-            try:
-                summary, run_checks = body(writer)
-            finally:
-                guard.disarm()
-                teardown()
+        # spans arriving meanwhile land in the run folder; timeline.json once torn down
+        with COLLECTOR.collecting(writer.run_dir):
+            with liblogs.into(writer.run_dir), sigterm_interrupts() as guard:
+                try:
+                    summary, run_checks = body(writer)
+                finally:
+                    guard.disarm()
+                    teardown()
         summary["checks"] = [c.to_json() for c in run_checks]
         run_verdict = merge(c.verdict for c in run_checks) if run_checks else None
         verdict = writer.finish(summary, run_verdict)

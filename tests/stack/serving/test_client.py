@@ -19,7 +19,9 @@ class Answers(ServingStack):
         self.ports = {"vllm.port": 1}
         self.answers, self.calls = answers, []
 
-    def _http(self, method: str, url: str, body: Any = None, timeout_s: float = 30) -> Any:
+    def _http(
+        self, method: str, url: str, body: Any = None, timeout_s: float = 30, headers: Any = None
+    ) -> Any:
         self.calls.append((method, url))
         return self.answers.pop(0) if len(self.answers) > 1 else self.answers[0]
 
@@ -53,7 +55,9 @@ class Counters(ServingStack):
         ]
         self.bodies: list[Any] = []
 
-    def _http(self, method: str, url: str, body: Any = None, timeout_s: float = 30) -> Any:
+    def _http(
+        self, method: str, url: str, body: Any = None, timeout_s: float = 30, headers: Any = None
+    ) -> Any:
         if url.endswith("/metrics"):
             return self.metric_texts.pop(0)
         self.bodies.append((url, body, timeout_s))
@@ -93,7 +97,7 @@ def test_complete_reads_the_top1_logprobs_when_vllm_sends_them(tmp_path: Path) -
         "choices": [{"token_ids": [7, 8], "logprobs": {"token_logprobs": [-0.5, -1.25]}}],
         "usage": {"prompt_tokens": 300, "prompt_tokens_details": {"cached_tokens": 0}},
     }
-    st._http = lambda m, u, b=None, t=30: (
+    st._http = lambda m, u, b=None, t=30, h=None: (
         st.metric_texts.pop(0) if u.endswith("/metrics") else reply
     )  # type: ignore[method-assign]
     assert st.complete([5, 6], max_tokens=2).token_logprobs == (-0.5, -1.25)
@@ -105,7 +109,14 @@ def test_a_vllm_gone_before_the_request_is_a_stack_failure(tmp_path: Path) -> No
             super().__init__(StackSpec(), tmp_path)
             self.ports = {"vllm.port": 1}
 
-        def _http(self, method: str, url: str, body: Any = None, timeout_s: float = 30) -> Any:
+        def _http(
+            self,
+            method: str,
+            url: str,
+            body: Any = None,
+            timeout_s: float = 30,
+            headers: Any = None,
+        ) -> Any:
             raise ConnectionRefusedError(111, "Connection refused")  # the metrics read fails
 
     with pytest.raises(StackFailed, match=r"vLLM request failed .*; vLLM process gone"):
@@ -115,7 +126,9 @@ def test_a_vllm_gone_before_the_request_is_a_stack_failure(tmp_path: Path) -> No
 class NoDetails(Counters):
     """vLLM started without --enable-prompt-tokens-details: no prompt_tokens_details."""
 
-    def _http(self, method: str, url: str, body: Any = None, timeout_s: float = 30) -> Any:
+    def _http(
+        self, method: str, url: str, body: Any = None, timeout_s: float = 30, headers: Any = None
+    ) -> Any:
         if url.endswith("/metrics"):
             return self.metric_texts.pop(0)
         return {"choices": [{"token_ids": [7]}], "usage": {"prompt_tokens": 300}}
