@@ -120,7 +120,8 @@ def compare(
     ] = None,
 ) -> None:
     """Point-by-point deltas of two runs of one spec; exit 1 when a --fail-on metric
-    regresses beyond its bound, 2 when the runs are of different kinds or specs."""
+    regresses beyond its bound (and significantly, Mann-Whitney α = 0.05, where both runs
+    have samples; the noise floor is printed), 2 when the runs differ in kind or spec."""
     from bsrctl.evidence import load_evidence
     from bsrctl.report.compare import Bound, compare, render
 
