@@ -7,15 +7,14 @@ import sys
 from collections.abc import Callable
 from importlib import import_module
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from typer._click.exceptions import ClickException  # typer 0.29 vendors click
 from typer.core import TyperGroup
 
 from bsrctl import cli_timeline, unexpected
-from bsrctl.errors import BadInput, StackFailed
+from bsrctl.cli_evidence import JsonOpt, err, evidence_app, guarded, out
 from bsrctl.evidence import Verdict, exit_code
 
 
@@ -41,17 +40,11 @@ app = typer.Typer(
 )
 stack_app = typer.Typer(no_args_is_help=True, help="Start, inspect and stop a serving stack.")
 app.add_typer(stack_app, name="stack")
-err = Console(stderr=True)
-out = Console()
-
-T = TypeVar("T")
+app.add_typer(evidence_app)  # report, runs, compare, verify, schema, export (cli_evidence)
 
 OutOpt = Annotated[Path, typer.Option("--out", help="runs land in OUT/<run_id>/")]
 QuietOpt = Annotated[
     bool, typer.Option("--quiet", help="only one line per point and the verdict (CI logs)")
-]
-JsonOpt = Annotated[
-    bool, typer.Option("--json", help="print only the evidence path and the verdict, as JSON")
 ]
 SpecArg = Annotated[Path, typer.Argument(help="YAML spec")]
 StackOpt = Annotated[
@@ -61,25 +54,6 @@ StackOpt = Annotated[
         help="serving | storage | attach | sim: this run's stack (default: the spec's stack.kind)",
     ),
 ]
-
-
-def guarded(fn: Callable[[], T]) -> T:
-    """Map bsrctl's errors to exit codes: bad input 2, stack failure 3."""
-    try:
-        return fn()
-    except BadInput as exc:
-        err.print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
-        raise typer.Exit(2) from None
-    except StackFailed as exc:
-        err.print(f"[red]stack failed:[/red] {exc}", highlight=False, soft_wrap=True)
-        if exc.log_tail:
-            err.print("--- log tail ---", highlight=False)
-            err.print(exc.log_tail, highlight=False, markup=False, soft_wrap=True)
-        raise typer.Exit(3) from None
-    except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM (experiments turn it into this)
-        err.print(f"interrupted ({exc or 'SIGINT'}): the stack was stopped; evidence kept, "
-                  f"marked complete=false", highlight=False, soft_wrap=True)  # fmt: skip
-        raise typer.Exit(3) from None
 
 
 @app.callback()
@@ -223,130 +197,6 @@ def sweep(
         return run_sweep(spec, out_dir, stack, quiet or as_json, repeat_new_salt)
 
     run_experiment(quiet, out_dir, run, as_json)
-
-
-@app.command()
-def report(
-    run_dirs: Annotated[list[Path], typer.Argument(help="reports/<run_id> ...")],
-    out_dir: Annotated[
-        Path | None,
-        typer.Option("--out", help="where report.md/.html go (default: the run's folder)"),
-    ] = None,
-) -> None:
-    """Re-render each run's summary.md from its evidence.json, then report.md and one
-    self-contained report.html (figures inline) for the runs; prints their paths."""
-    from bsrctl.evidence.manifest import add_to_manifest, write_manifest
-    from bsrctl.report import write_report, write_summary
-    from bsrctl.report.document import Written
-
-    def go() -> Written:
-        for run_dir in run_dirs:
-            if not (run_dir / "evidence.json").is_file():
-                raise BadInput(f"{run_dir}: no evidence.json; pass a folder under reports/")
-        for run_dir in run_dirs:
-            write_summary(run_dir)
-        written = write_report(run_dirs, out_dir)
-        rendered = [written.markdown, written.html, *written.figures]
-        folder = written.markdown.parent
-        if (folder / "manifest.json").is_file():  # a run's sums stay; the renderings join
-            add_to_manifest(folder, rendered)
-        else:
-            write_manifest(folder)
-        return written
-
-    written = guarded(go)
-    if written.figures_skipped:
-        err.print(f"figures skipped: {written.figures_skipped}", highlight=False)
-    out.print(f"report.md: {written.markdown}", highlight=False, soft_wrap=True)
-    out.print(f"report.html: {written.html}", highlight=False, soft_wrap=True)
-
-
-@app.command()
-def runs(
-    root: Annotated[Path, typer.Argument(help="a reports folder")] = Path("reports"),
-    kind: Annotated[str | None, typer.Option("--kind", help="only runs of this kind")] = None,
-    verdict: Annotated[
-        str | None, typer.Option("--verdict", help="only PASS, FAIL or UNKNOWN runs")
-    ] = None,
-    as_json: JsonOpt = False,
-) -> None:
-    """The runs under a reports folder, newest first: run id, kind, spec, stack, started,
-    complete, verdict."""
-    from bsrctl.report.runs import list_runs, render
-
-    def go() -> list[Any]:
-        if verdict is not None and verdict not in ("PASS", "FAIL", "UNKNOWN"):
-            raise BadInput(f"--verdict {verdict!r}: one of PASS, FAIL, UNKNOWN")
-        if not root.is_dir():
-            raise BadInput(f"{root}: no such folder; pass the --out of your runs")
-        return list_runs(root, kind, verdict)
-
-    rows = guarded(go)
-    if as_json:
-        sys.stdout.write(json.dumps([r.to_json() for r in rows]) + "\n")
-    else:
-        out.print(render(rows), end="", markup=False, highlight=False, soft_wrap=True)
-
-
-@app.command()
-def compare(
-    base: Annotated[Path, typer.Argument(help="the run to compare against (its folder)")],
-    new: Annotated[Path, typer.Argument(help="the run under test (its folder)")],
-    fail_on: Annotated[
-        list[str] | None,
-        typer.Option("--fail-on", help="METRIC:PCT, exit 1 when METRIC worsens by > PCT %"),
-    ] = None,
-) -> None:
-    """Point-by-point deltas of two runs of one spec; exit 1 when a --fail-on metric
-    regresses beyond its bound, 2 when the runs are of different kinds or specs."""
-    from bsrctl.evidence import load_evidence
-    from bsrctl.report.compare import Bound, compare, render
-
-    def go() -> Any:
-        docs = []
-        for run_dir in (base, new):
-            if not (run_dir / "evidence.json").is_file():
-                raise BadInput(f"{run_dir}: no evidence.json; pass a folder under reports/")
-            docs.append(load_evidence(run_dir / "evidence.json"))
-        try:
-            bounds = [Bound.parse(b) for b in fail_on or []]
-            return compare(docs[0], docs[1], bounds)
-        except ValueError as exc:  # Incomparable included: refusing is bad input
-            raise BadInput(str(exc)) from None
-
-    result = guarded(go)
-    out.print(render(result), end="", markup=False, highlight=False, soft_wrap=True)
-    raise typer.Exit(1 if result.regressed else 0)
-
-
-@app.command()
-def verify(run_dir: Annotated[Path, typer.Argument(help="reports/<run_id>")]) -> None:
-    """Recompute the sha256 of every file of a run folder against its manifest.json; name
-    each file that changed, appeared or vanished (exit 1), else exit 0."""
-    from bsrctl.evidence.manifest import verify as check
-
-    def go() -> Any:
-        try:
-            return check(run_dir)
-        except FileNotFoundError:
-            raise BadInput(f"{run_dir}: no manifest.json; pass a run folder") from None
-
-    res = guarded(go)
-    for label, names in (("changed", res.changed), ("appeared", res.appeared),
-                         ("vanished", res.vanished)):  # fmt: skip
-        for name in names:
-            out.print(f"{label}: {name}", markup=False, highlight=False)
-    if res.ok:
-        out.print(f"ok: {res.checked} files match manifest.json", highlight=False)
-    raise typer.Exit(0 if res.ok else 1)
-
-
-@app.command()
-def schema() -> None:
-    """The JSON Schema of evidence.json, from the models the writer validates against."""
-    from bsrctl.evidence.schema import json_schema_text
-
-    sys.stdout.write(json_schema_text())
 
 
 @app.command()

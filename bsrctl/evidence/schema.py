@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 VerdictName = Literal["PASS", "FAIL", "UNKNOWN"]
 KindName = Literal["ladder", "sweep", "law", "failmatrix", "tempokv", "roundtrip"]
@@ -28,7 +28,12 @@ class CheckDoc(BaseModel):
 
 
 class PointDoc(BaseModel):
-    """One measured point; extras per kind (rung_outcome, superseded_by, attempt, ...)."""
+    """One measured point; extras per kind (rung_outcome, superseded_by, attempt, ...).
+
+    A repeated measure keeps its median in ``measures`` (so every reader of one number keeps
+    working), its raw samples in measurement order in ``samples`` and the 95 % seeded
+    bootstrap interval of that median in ``intervals``. Evidence without repeats has neither.
+    A nested measure is named by its flattened path (``phases.fetch_s``)."""
 
     model_config = ConfigDict(extra="allow")
     id: str = Field(min_length=1)
@@ -36,6 +41,25 @@ class PointDoc(BaseModel):
     measures: dict[str, Any]
     checks: list[CheckDoc]
     verdict: VerdictName
+    samples: dict[str, list[float]] = Field(
+        default_factory=dict, description="measure -> its samples, in measurement order"
+    )
+    intervals: dict[str, tuple[float, float]] = Field(
+        default_factory=dict, description="measure -> [lo, hi] of its median (95 %)"
+    )
+
+    @model_validator(mode="after")
+    def _intervals_of_samples(self) -> PointDoc:
+        empty = sorted(k for k, v in self.samples.items() if not v)
+        if empty:
+            raise ValueError(f"samples {empty}: a repeated measure has at least one sample")
+        orphans = sorted(set(self.intervals) - set(self.samples))
+        if orphans:
+            raise ValueError(f"intervals {orphans} have no samples: an interval needs them")
+        upside = sorted(k for k, (lo, hi) in self.intervals.items() if lo > hi)
+        if upside:
+            raise ValueError(f"intervals {upside}: lo > hi")
+        return self
 
 
 class StackDoc(BaseModel):

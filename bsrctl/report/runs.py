@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+
+from bsrctl.evidence.table import runs_frame
 
 
 @dataclass(frozen=True)
@@ -23,34 +24,29 @@ class RunRow:
         return asdict(self)
 
 
-def _row(folder: Path, doc: dict[str, Any]) -> RunRow:
-    spec = doc.get("spec") or {}
-    name = spec.get("name") if isinstance(spec.get("name"), str) else None
-    return RunRow(
-        run_id=str(doc.get("run_id", folder.name)),
-        kind=str(doc.get("kind", "?")),
-        spec=name or str(doc.get("spec_sha256", ""))[:12],
-        stack=str((doc.get("stack") or {}).get("kind", "?")),
-        started_at=str(doc.get("started_at", "")),
-        complete=bool(doc.get("complete")),
-        verdict=str(doc.get("verdict", "UNKNOWN")),
-        path=str(folder),
-    )
-
-
 def list_runs(root: Path, kind: str | None = None, verdict: str | None = None) -> list[RunRow]:
     """Every run folder directly under ``root`` (a folder holding evidence.json), newest
-    first; a file that cannot be read is skipped."""
-    rows = []
-    for ev in Path(root).glob("*/evidence.json"):
-        try:
-            doc = json.loads(ev.read_text())
-        except (OSError, ValueError):
-            continue
-        row = _row(ev.parent, doc)
-        if (kind is None or row.kind == kind) and (verdict is None or row.verdict == verdict):
-            rows.append(row)
-    return sorted(rows, key=lambda r: (r.started_at, r.run_id), reverse=True)
+    first; a file that cannot be read is skipped. Read through the evidence table's run
+    columns (``evidence.table.runs_frame``), filtered and sorted there."""
+    df = runs_frame(Path(root))
+    if kind is not None:
+        df = df[df["kind"] == kind]
+    if verdict is not None:
+        df = df[df["run_verdict"] == verdict]
+    df = df.sort_values(["started_at", "run_id"], ascending=False, kind="stable")
+    return [
+        RunRow(
+            run_id=r.run_id,
+            kind=r.kind,
+            spec=r.spec_name or r.spec_sha256[:12],
+            stack=r.stack_kind,
+            started_at=r.started_at,
+            complete=bool(r.complete),
+            verdict=r.run_verdict,
+            path=r.path,
+        )
+        for r in df.itertuples(index=False)
+    ]
 
 
 def render(rows: list[RunRow]) -> str:
