@@ -23,6 +23,18 @@ DATA = Path(__file__).resolve().parents[1] / "data" / "registration"
 CONFIGS = ["gqa-llama", "deepseek-v2-lite", "gemma2-sliding", "mistral-sliding"]
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _inspect_in_process():
+    """vLLM inspects a model class in a fresh interpreter (model_executor/models/registry.py:
+    1078-1081: to keep CUDA out of the caller); on CPU the same ``_ModelInfo`` comes from this
+    process at once instead of ~20 s of imports per architecture on a cold cache."""
+    from vllm.model_executor.models import registry
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(registry, "_run_in_subprocess", lambda fn: fn())
+        yield
+
+
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("models")
