@@ -13,7 +13,7 @@ import typer
 from typer._click.exceptions import ClickException  # typer 0.29 vendors click
 from typer.core import TyperGroup
 
-from bsrctl import cli_timeline, unexpected
+from bsrctl import cli_fleet, cli_timeline, unexpected
 from bsrctl.cli_evidence import JsonOpt, err, evidence_app, guarded, out
 from bsrctl.evidence import Verdict, exit_code
 
@@ -286,6 +286,7 @@ def stack_down(
 
 
 cli_timeline.register(app, guarded)
+cli_fleet.register(app, guarded)  # fleet render | matrix | run | report
 
 
 def main() -> None:  # pragma: no cover - console entry

@@ -66,7 +66,7 @@ def test_every_layer_contract_is_kept() -> None:
         (
             "typer-only-in-cli",
             "source_modules",
-            {"bsrctl.cli", "bsrctl.cli_timeline", "bsrctl.cli_evidence"},
+            {"bsrctl.cli", "bsrctl.cli_timeline", "bsrctl.cli_evidence", "bsrctl.cli_fleet"},
         ),
         ("clock-bottom", "forbidden_modules", {"bsrctl.clock"}),
         (

@@ -56,7 +56,12 @@ def test_the_workflows_pass_actionlint() -> None:
             "steps.runn.outputs.verdict",
             'property "runn" is not defined',
         ),
-        ("nightly-gpu.yml", "[self-hosted, linux, gpu]", "[self-hosted, linux, tpu]", '"tpu"'),
+        (
+            "nightly-gpu.yml",
+            "fromJSON(needs.nodes.outputs.matrix)",
+            "fromJSON(needs.node.outputs.matrix)",
+            'property "node" is not defined',
+        ),
         ("ci.yml", "if-no-files-found: ignore", "if-no-file-found: ignore", "if-no-file-found"),
         ("ci.yml", "timeout-minutes: 120", "timeout-minutes: soon", "timeout-minutes"),
     ],
@@ -97,23 +102,36 @@ def test_ci_runs_the_readme_test_command_on_every_push() -> None:
     assert "self-hosted" not in str(job["runs-on"])  # a CPU runner
 
 
-def test_nightly_gpu_runs_the_nodes_spec_uploads_and_gates() -> None:
+def test_nightly_gpu_is_a_matrix_of_the_nodes_file_then_one_merge() -> None:
     doc = load("nightly-gpu.yml")
     assert "schedule" in doc["on"]
-    (job,) = doc["jobs"].values()
-    assert job["runs-on"] == ["self-hosted", "linux", "gpu"]
-    text = steps_text(doc)
+    assert list(doc["jobs"]) == ["nodes", "qualify", "merge"]
+    assert "vars.BSRCTL_NODES" in doc["env"]["NODES_FILE"]
+    nodes, job, merge = doc["jobs"].values()
+    assert 'bsrctl fleet matrix "$NODES_FILE"' in steps_text({"jobs": {"n": nodes}})
+    assert job["strategy"] == {
+        "fail-fast": False, "matrix": "${{ fromJSON(needs.nodes.outputs.matrix) }}"}  # fmt: skip
+    assert job["runs-on"] == "${{ matrix.runs_on }}"  # each node's own runner labels
+    assert "matrix.spec" in job["env"]["SPEC"] and job["env"]["NODE"] == "${{ matrix.node }}"
+    text = steps_text({"jobs": {"q": job}})
     assert "'.[gpu,dev]'" in text  # the gpu extra
-    assert "vars.BSRCTL_NODE_SPEC" in job["env"]["SPEC"]
     assert '"$COMMAND" "$SPEC" --stack serving' in text and "--json" in text
-    assert 'test "$VERDICT" = PASS' in text
-    # the gate is a script the tests execute (tests/report/test_nightly_gate.py)
-    assert 'bash .github/scripts/nightly-gate.sh baseline "$RUN_DIR"' in text
-    assert "bench/restore_gpu.py" in text
+    assert '"$OUT/node.json"' in text  # names the node in its artifact
+    assert 'test "$VERDICT" = PASS' in text and "bench/restore_gpu.py" in text
     uploads = [s for s in job["steps"] if str(s.get("uses", "")).startswith("actions/upload")]
-    assert [u["with"]["name"] for u in uploads] == ["run-${{ github.run_id }}", "last-good"]
-    # the folder above the run: upload-artifact keeps a directory's contents, so the run's
-    # own folder (br-*) survives only when its parent is uploaded
-    assert all(u["with"]["path"] == "${{ env.OUT }}" for u in uploads)
+    assert [(u["with"]["name"], u["with"]["path"]) for u in uploads] == [
+        ("node-${{ matrix.node }}", "${{ env.OUT }}")]  # fmt: skip
     assert job["env"]["OUT"] == "reports/nightly"
-    assert "gh run download" in text and "--name last-good" in text
+    # the merge runs whatever the nodes did, and is a script the tests execute
+    assert merge["needs"] == ["nodes", "qualify"] and merge["if"].startswith("always()")
+    mtext = steps_text({"jobs": {"m": merge}})
+    assert "--pattern 'node-*' --dir baseline" in mtext
+    (down,) = [s for s in merge["steps"] if str(s.get("uses", "")).startswith("actions/download")]
+    assert down["with"] == {"pattern": "node-*", "path": "nodes"}
+    assert merge_step()["run"] == "bash .github/scripts/fleet-merge.sh nodes baseline fleet-report"
+
+
+def merge_step() -> dict:
+    (step,) = [s for s in load("nightly-gpu.yml")["jobs"]["merge"]["steps"]
+               if s.get("name") == "Fleet report, gated"]  # fmt: skip
+    return step
