@@ -125,7 +125,9 @@ def test_nightly_gpu_is_a_matrix_of_the_nodes_file_then_one_merge() -> None:
     # the merge runs whatever the nodes did, and is a script the tests execute
     assert merge["needs"] == ["nodes", "qualify"] and merge["if"].startswith("always()")
     mtext = steps_text({"jobs": {"m": merge}})
-    assert "--pattern 'node-*' --dir baseline" in mtext
+    # every earlier night's node artifacts, then each node's own newest PASS as its baseline
+    assert "--pattern 'node-*' --dir \"candidates/$id\"" in mtext
+    assert "bash .github/scripts/last-good-per-node.sh candidates baseline" in mtext
     (down,) = [s for s in merge["steps"] if str(s.get("uses", "")).startswith("actions/download")]
     assert down["with"] == {"pattern": "node-*", "path": "nodes"}
     assert merge_step()["run"] == "bash .github/scripts/fleet-merge.sh nodes baseline fleet-report"

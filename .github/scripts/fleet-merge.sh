@@ -6,7 +6,8 @@
 #
 # NODES_DIR holds one folder per node as download-artifact leaves artifacts named node-*
 # (NODES_DIR/node-NAME/: the node's br-* run folder and node.json, naming the node);
-# BASELINE the same shape from the last successful night (absent on a first night). With
+# BASELINE the same shape, each node's own last good run (last-good-per-node.sh; a node
+# without one, or no BASELINE at all, is a first night). With
 # NODES_FILE set, a node of that file that uploaded nothing is MISSING, and fails. Exit
 # codes are `bsrctl fleet report`'s: 0 every node PASS and no regression, 1 a non-PASS or
 # missing node or a regression, 2 bad input (runs of different specs, a bound on a metric

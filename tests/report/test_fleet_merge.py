@@ -79,3 +79,47 @@ def test_a_node_that_regressed_against_last_night_fails_and_is_named(tmp_path: P
 def test_nothing_uploaded_fails(tmp_path: Path) -> None:
     res = merge(tmp_path)
     assert res.returncode == 1 and "no node uploaded a run" in res.stderr
+
+
+def last_good(cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["bash", str(ROOT / ".github" / "scripts" / "last-good-per-node.sh"), "candidates",
+         "baseline"], cwd=cwd, capture_output=True, text=True, timeout=60,
+        env={"PATH": "/usr/bin:/bin"},
+    )  # fmt: skip
+
+
+def test_each_node_gets_its_own_last_good_run_from_earlier_nights(tmp_path: Path) -> None:
+    """Night 12 (the newest): h200-a PASS, h200-b FAIL; night 9: h200-b PASS (slow),
+    h200-c PASS; night 3: h200-a PASS. Each node's baseline is its newest PASS: a from 12,
+    b from 9 (12 failed), c from 9; the older a of night 3 is never taken."""
+    cand = tmp_path / "candidates"
+    artifact(cand / "12", "h200-a", restore_s=0.011)
+    artifact(cand / "12", "h200-b", verdict="FAIL")
+    artifact(cand / "9", "h200-b", restore_s=0.05)
+    artifact(cand / "9", "h200-c", restore_s=0.013)
+    artifact(cand / "3", "h200-a", restore_s=0.5)
+    res = last_good(tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.splitlines() == [
+        "h200-a: last good run from night 12",
+        "h200-b: last good run from night 9",
+        "h200-c: last good run from night 9",
+    ]
+    got = {
+        p.parent.parent.name: json.loads(p.read_text())["points"][0]["measures"]["restore_s"]
+        for p in (tmp_path / "baseline").glob("node-*/br-*/evidence.json")
+    }
+    assert got == {"node-h200-a": 0.011, "node-h200-b": 0.05, "node-h200-c": 0.013}
+    # the gate over those: h200-b now runs at 0.01 against its 0.05 (faster, no regression)
+    for n in ("h200-a", "h200-b", "h200-c"):
+        artifact(tmp_path / "nodes", n, restore_s=0.01)
+    merged = merge(tmp_path, **STORAGE)
+    assert merged.returncode == 0, merged.stdout + merged.stderr
+    assert "first night" not in merged.stdout
+
+
+def test_no_earlier_night_is_a_first_night(tmp_path: Path) -> None:
+    res = last_good(tmp_path)
+    assert (res.returncode, res.stdout) == (0, "")
+    assert list((tmp_path / "baseline").iterdir()) == []
