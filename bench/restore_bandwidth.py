@@ -31,6 +31,11 @@ keys, and the time from retrieve start to the first window installed, with the p
 phases (fetch, wait, install, sync). The Mooncake worker also compares the adapter's
 load_workers (batches in flight per rank) 1 and 2 at B = W and B = 2W.
 
+Evidence: a ``bench`` run under --evidence (default reports/): a point per tier, size and
+mode with every round's pass seconds and time to the first window as samples (median, 95 %
+interval), the median pass's rate and the staging peak (``peak_identical`` FAILs when it
+moves between rounds); its folder is printed before the last lines.
+
 Last line: ``fs: bsr/best-raw=X.XX bsr/whole-plan=Y.YY mooncake: bsr/best-raw=Z.ZZ
 peak_bytes=N`` at the largest size and the first W, B = 2W; N is that run's staging peak
 per rank (B·c exactly when the restore pool is flat).
@@ -47,12 +52,19 @@ import logging
 import os
 import sys
 import time
+from pathlib import Path
+from typing import Any
 
+from bandwidth.common import TierResult
 from bandwidth.fs import fs_tier
 from bandwidth.mooncake import mooncake_tier
 from bandwidth.mooncake_worker import mooncake_worker
 from bandwidth.stacks import registration
-from bandwidth.summary import goal_label, last_line
+from bandwidth.summary import goal_label, last_line, tier_points
+
+from bsrctl.evidence import EvidenceWriter
+from bsrctl.evidence.verdict import Check
+from bsrctl.experiments.bench import run_bench
 
 
 def say(line: str) -> None:
@@ -107,6 +119,7 @@ def main() -> int:
         default=[1, 2],
         help="Mooncake load_workers values compared at the first W (none: skip)",
     )
+    ap.add_argument("--evidence", default="reports", help="the bench run goes under here")
     ap.add_argument("--mooncake-worker", default="", help=argparse.SUPPRESS)
     args = ap.parse_args()
     logging.disable(logging.WARNING)
@@ -119,8 +132,21 @@ def main() -> int:
         f"W {args.windows}; null destination; reads O_DIRECT; {os.cpu_count()} CPUs"
     )
     t0 = time.monotonic()
-    fs = [fs_tier(args, t, say) for t in args.tokens] if "fs" in args.tiers else []
-    mc = mooncake_tier(args, say) if "mooncake" in args.tiers else []
+    fs: list[TierResult] = []
+    mc: list[TierResult] = []
+
+    def body(writer: EvidenceWriter) -> tuple[dict[str, Any], list[Check]]:
+        if "fs" in args.tiers:
+            fs.extend(fs_tier(args, t, say) for t in args.tokens)
+        if "mooncake" in args.tiers:
+            mc.extend(mooncake_tier(args, say))
+        for point in tier_points("fs", fs) + tier_points("mooncake", mc):
+            writer.add_point(point)
+        return {"last_line": last_line(fs, mc, args.windows[0])}, []
+
+    stack = {"kind": "storage", "registration": reg.to_dict()}
+    verdict, run_dir = run_bench("restore_bandwidth", Path(args.evidence), vars(args), stack, body)
+    say(f"# evidence {run_dir} ({verdict})")
     w = args.windows[0]
     goal = f"{goal_label(w)} at {max(args.tokens)} tokens"
     say(f"# total {time.monotonic() - t0:.0f}s; goal rows: {goal}")

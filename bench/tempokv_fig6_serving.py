@@ -23,7 +23,9 @@ sets the workload and the shaped L2; the rates replace its interval (requests pe
 same prompts. Every output is checked against them; any that differs (or a request that did not
 finish) is printed as FAILURE and the exit status is 1. The table gives, per rate, the median
 over repeats of each arm's p95 TTFT and tok/s, the median of the per-repeat ratios and their
-min–max. Nothing is tuned here: it prints what the stack gives."""
+min–max; then each rate's claims (throughput >= LMCache's, p95 <= LMCache's) judged on the
+paired repeats' 95 % interval: PASS, FAIL or UNKNOWN with the interval. Nothing is tuned
+here: it prints what the stack gives."""
 
 from __future__ import annotations
 
@@ -42,6 +44,7 @@ import yaml
 
 from bsrctl.errors import StackFailed
 from bsrctl.experiments.tempokv import calls
+from bsrctl.experiments.tempokv.expectations import ordering_claim
 from bsrctl.experiments.tempokv.serving import (
     _arrivals,
     _p95,
@@ -202,6 +205,24 @@ def table(
     return lines
 
 
+def claims(
+    rates: Sequence[float], cells: list[dict[str, dict[float, Cell]]], arm: str = "tempokv"
+) -> list[str]:
+    """The paper's Figure 6 claims per rate, judged on the paired repeats (repeat k of both
+    arms; ``expectations.ordering_claim``): ``arm``'s throughput >= LMCache's and its p95
+    TTFT <= LMCache's, each PASS / FAIL / UNKNOWN with the ratio's 95 % interval."""
+    out = []
+    for rate in rates:
+        lm = [c["lmcache"][rate] for c in cells]
+        tk = [c[arm][rate] for c in cells]
+        for what, claim, key in (("tput", "a>=b", "tok_s"), ("p95", "a<=b", "p95_s")):
+            name = f"{what} {arm}/lmcache @{rate:g}"
+            a, b = [getattr(c, key) for c in tk], [getattr(c, key) for c in lm]
+            got = ordering_claim(name, what, a, b, claim, name)
+            out.append(f"claim {got.detail}")
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=3, help="runs of both arms (≥ 1)")
@@ -256,6 +277,8 @@ def main() -> int:
     for extra in arms[len(ARMS) :]:
         print()
         print("\n".join(table(rates, cells, extra)))
+    print()
+    print("\n".join(claims(rates, cells)))
     print(f"\nmedians over {ns.repeats} repeats, {run.num_requests} requests per cell; shaped L2 "
           f"{run.l2_bandwidth_mib_s} MiB/s (O_DIRECT {odirect}), budget "
           f"{run.budget_mib} MiB, run dir {run_dir}")  # fmt: skip

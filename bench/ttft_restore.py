@@ -1,7 +1,7 @@
 """TTFT restored from the FS L2 at W = 0, 4, 16 against recomputing, on the serving stack.
 
     PYTHONPATH=$PWD .venv/bin/python bench/ttft_restore.py [--tokens 16384] [--repeat 5]
-        [--spec ladders/cpu-e1.yaml] [--out DIR]
+        [--spec ladders/cpu-e1.yaml] [--out DIR] [--evidence reports]
 
 The serving target of ``make demo`` (``make_target(spec, ...)``: vLLM CPU with the
 tiny Llama, LMCache MP server with the BSR module, FS L2), one deployment. The prompt is
@@ -15,6 +15,11 @@ FS L2 can serve. TTFT is vLLM's own histogram delta. Medians over --repeat round
 
 Per BSR point it also prints where the retrieve's time went, per window (the core's
 always-on timings, from the module's outcome records): fetch, wait, install, sync.
+
+Evidence: a ``bench`` run under --evidence (``bsrctl.experiments.bench``): a point per mode
+with every round's TTFT, restore time and first-window time as samples (median and 95 %
+interval), the restore-pool peaks (``peak_identical`` FAILs when they move between rounds);
+``bsrctl report | compare | verify`` take it. Its folder is printed before the table.
 
 Last line: ``ttft W=4/whole-plan=A.AA W=16/whole-plan=B.BB whole-plan/recompute=C.CC`` with
 B = 2W (the line before it gives the same ratios at B = W).
@@ -31,21 +36,25 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bsrctl.evidence.verdict import Check, Point, check
+from bsrctl.experiments.bench import SEED, bench_point, run_bench
 from bsrctl.experiments.restore.spec import ExperimentSpec
 from bsrctl.prompts import prompt_ids
 from bsrctl.spec_io import read_yaml
 from bsrctl.stack.bsr_client import outcomes_since
 from bsrctl.stack.selector import make_target
 from bsrctl.stack.target import Prompt
+from bsrctl.stats import paired_ratio_ci
 
 MODES = ((0, 0), (4, 4), (4, 8), (16, 16), (16, 32))  # (W, B): B = W and pipelined B = 2W
 
 
-def phases(outcomes: list[Any]) -> str:
-    """Per-window means (ms) over every BSR outcome of one request (both ranks)."""
+def phases(outcomes: list[Any]) -> tuple[str, float | None]:
+    """Per-window means (ms) over every BSR outcome of one request (both ranks), and the
+    seconds from retrieve start to the first window installed (None: no BSR window)."""
     ws = [w for o in outcomes if o.mode == "bsr" for w in (o.window_phases or ())]
     if not ws:
-        return ""
+        return "", None
     n = len(ws)
 
     def mean(k: str) -> float:
@@ -56,7 +65,33 @@ def phases(outcomes: list[Any]) -> str:
         f"windows={n} fetch {mean('fetch_s'):.2f} wait {mean('wait_s'):.2f} "
         f"install {mean('install_s'):.2f} sync {mean('sync_s'):.2f} "
         f"admit {mean('admit_wait_s'):.2f} ms/window; first window in {1000 * first:.1f} ms"
-    )
+    ), first
+
+
+def points(
+    labels: dict[tuple[int, int], str], tokens: int, runs: dict[str, dict[str, list[Any]]]
+) -> tuple[list[Point], dict[str, str]]:
+    """The bench's evidence: a point per mode (samples in round order), and each BSR mode's
+    TTFT / the whole plan's over the paired rounds, with its 95 % interval (the summary)."""
+    out = []
+    for (w, b), k in [*labels.items(), ((-1, 0), "recompute")]:
+        r = runs[k]
+        peaks = sorted(set(r["peak"]), key=str)
+        checks = [check("peak_identical", len(peaks) == 1, f"restore-pool peak per round "
+                        f"{r['peak']} B")] if r["peak"] else []  # fmt: skip
+        firsts = [x for x in r["first_s"] if x is not None]
+        samples = {"ttft_s": r["ttft_s"], "restore_s": r["restore_s"], "first_window_s": firsts}
+        samples = {name: v for name, v in samples.items() if v}  # what this mode measured
+        measures = {"restore_pool_peak_bytes": peaks[0] if len(peaks) == 1 else None}
+        params = {"tokens": tokens, "window_chunks": max(w, 0), "budget_chunks": b, "mode": k}
+        out.append(bench_point(f"ttft/{k}", params, samples, measures, checks))
+    whole = runs["W=0"]["ttft_s"]
+    ratios = {
+        k: paired_ratio_ci(runs[k]["ttft_s"], whole, SEED).text(4)
+        for (w, _b), k in labels.items()
+        if w
+    }
+    return out, ratios
 
 
 def main() -> int:
@@ -67,7 +102,8 @@ def main() -> int:
     ap.add_argument(
         "--load-concurrency", type=int, default=0, help="FS loads per rank (0: the spec's)"
     )
-    ap.add_argument("--out", type=Path, default=None, help="run folder (default: a temp dir)")
+    ap.add_argument("--out", type=Path, default=None, help="stack folder (default: a temp dir)")
+    ap.add_argument("--evidence", type=Path, default=Path("reports"), help="bench run under here")
     args = ap.parse_args()
     logging.disable(logging.WARNING)
     spec = ExperimentSpec.model_validate(read_yaml(args.spec))
@@ -89,16 +125,21 @@ def main() -> int:
     target: Any = make_target(spec, run_dir)
     prompt = Prompt(f"{spec.salt}-ttft", args.tokens)
     labels = {(w, b): f"W={w}" + (f" B={b}" if w else "") for w, b in MODES}
-    ttft: dict[str, list[float]] = {k: [] for k in labels.values()}
-    ttft["recompute"] = []
-    restore_s: dict[str, list[float]] = {k: [] for k in labels.values()}
-    notes: dict[str, list[str]] = {k: [] for k in labels.values()}
+    keys = ("ttft_s", "restore_s", "first_s", "peak", "note")
+    runs: dict[str, dict[str, list[Any]]] = {
+        k: {f: [] for f in keys} for k in [*labels.values(), "recompute"]
+    }
+    ttft = {k: r["ttft_s"] for k, r in runs.items()}
+    restore_s = {k: r["restore_s"] for k, r in runs.items() if k != "recompute"}
+    notes = {k: r["note"] for k, r in runs.items() if k != "recompute"}
     t0 = time.monotonic()
-    try:
+
+    def body(_w: Any) -> tuple[dict[str, Any], list[Check]]:
         from bsrctl.stack.model import prepare_model
 
         target.vocab = prepare_model(spec.stack.vllm).vocab
         target.deploy(spec.stack.lmcache.l1_size_bytes, spec.settings(4))
+        _w.set_stack(target.describe())
         target.store([prompt])
         print(
             f"# serving stack up and {args.tokens} tokens stored in "
@@ -118,11 +159,13 @@ def main() -> int:
                         f"W={w}: cached {m.cached_tokens}/{m.expected_cached_tokens} tokens, "
                         f"failures {m.restore_failures}"
                     )
-                ttft[labels[w, b]].append(m.ttft_s or 0.0)
-                restore_s[labels[w, b]].append(m.restore_s or 0.0)
-                notes[labels[w, b]].append(
-                    phases(outcomes_since(before.recent_outcomes, after.recent_outcomes))
-                )
+                run = runs[labels[w, b]]
+                run["ttft_s"].append(m.ttft_s or 0.0)
+                run["restore_s"].append(m.restore_s or 0.0)
+                run["peak"].append(m.restore_pool_peak_bytes)
+                note, first = phases(outcomes_since(before.recent_outcomes, after.recent_outcomes))
+                run["note"].append(note)
+                run["first_s"].append(first)
             ids = prompt_ids(f"{spec.salt}-recompute-{r}", args.tokens, target.vocab)
             target.client.forget(wait_s=120.0)
             target.stack.forget_local()
@@ -130,10 +173,20 @@ def main() -> int:
             if comp.cached_tokens:
                 raise SystemExit(f"recompute prompt hit {comp.cached_tokens} cached tokens")
             ttft["recompute"].append(comp.ttft_s)
-    finally:
+        pts, ratios = points(labels, args.tokens, runs)
+        for p in pts:
+            _w.add_point(p)
+        return {"tokens": args.tokens, "rounds": args.repeat, "ttft_vs_whole_plan": ratios}, []
+
+    def teardown() -> None:
         target.teardown()
         if tmp is not None:
             tmp.cleanup()
+
+    verdict, evidence = run_bench(
+        "ttft_restore", args.evidence, vars(args), {"kind": "serving"}, body, teardown
+    )
+    print(f"# evidence {evidence} ({verdict})", flush=True)
     print(f"{'mode':12} {'ttft s':>8} {'restore s':>9}  runs ttft s")
     med = {k: statistics.median(v) for k, v in ttft.items()}
     for k, v in ttft.items():

@@ -79,6 +79,9 @@ class TierResult:
     best_raw: float  # bytes/s of the best baseline (raw readers or store client)
     best_raw_label: str
     lookup: Lookup
+    # every round's pass of each mode, in measurement order: label -> measure -> values
+    # (pass_s, first_window_s, peak_bytes): the evidence's samples
+    samples: dict[str, dict[str, list[float]]] = field(default_factory=dict)
 
     @property
     def rate(self) -> dict[str, float]:
@@ -92,10 +95,19 @@ class TierResult:
         return next(r for r in self.rows if r.label == label)
 
     @classmethod
-    def of(cls, tokens: int, rows: list[Row], baseline: str, lookup: Lookup) -> TierResult:
-        """The best baseline is the fastest row whose label starts with ``baseline``."""
+    def of(
+        cls,
+        tokens: int,
+        rows: list[Row],
+        baseline: str,
+        lookup: Lookup,
+        rounds: Rounds | None = None,
+    ) -> TierResult:
+        """The best baseline is the fastest row whose label starts with ``baseline``; the
+        samples are ``rounds``' passes."""
         best = max((r.rate, r.label) for r in rows if r.label.startswith(baseline))
-        return cls(tokens, tuple(rows), best[0], best[1], lookup)
+        samples = rounds.samples() if rounds is not None else {}
+        return cls(tokens, tuple(rows), best[0], best[1], lookup, samples)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -108,6 +120,7 @@ class TierResult:
             best_raw=doc["best_raw"],
             best_raw_label=doc["best_raw_label"],
             lookup=Lookup(**doc["lookup"]),
+            samples=doc.get("samples", {}),
         )
 
 
@@ -136,6 +149,19 @@ class Rounds:
         for r in range(repeat):
             for label in self.order(r, repeat):
                 self.runs[label].append(fns[label]())
+
+    def samples(self) -> dict[str, dict[str, list[float]]]:
+        """Every pass of each mode in measurement order: seconds, and where measured the
+        time to the first installed window and the staging peak."""
+        out: dict[str, dict[str, list[float]]] = {}
+        for label, runs in self.runs.items():
+            doc = {"pass_s": [r.s for r in runs]}
+            for name, key in (("first_window_s", "first_s"), ("peak_bytes", "peak")):
+                vals = [getattr(r, key) for r in runs]
+                if vals and all(v is not None for v in vals):
+                    doc[name] = [float(v) for v in vals]
+            out[label] = doc
+        return out
 
     def median(self, label: str) -> Sample:
         """The run of median seconds (its other fields kept together)."""

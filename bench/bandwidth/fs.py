@@ -107,7 +107,7 @@ def fs_tier(args: argparse.Namespace, tokens: int, say: Say) -> TierResult:
         for s in stacks:
             s.teardown()
         root_ctx.cleanup()
-    res = TierResult.of(tokens, table(say, rounds), "raw", look)
+    res = TierResult.of(tokens, table(say, rounds), "raw", look, rounds)
     if not whole_ok:
         say(
             f"# whole plan not run: {reg.tp_size} x {whole_l1 / GIB:.1f} GiB of L1 does not "

@@ -163,7 +163,7 @@ def mooncake_worker(args: argparse.Namespace, say: Say) -> int:
         rounds.run(args.repeat)
         say(f"# {args.repeat} rounds of {len(rounds.modes)} modes in {time.monotonic() - t0:.0f}s")
         look = lookup_rounds(stack, max(5, args.repeat))
-        res = TierResult.of(tokens, table(say, rounds), "client", look)
+        res = TierResult.of(tokens, table(say, rounds), "client", look, rounds)
         say(f"# best client baseline: {res.best_raw_label} {res.best_raw / GIB:.2f} GiB/s")
         say(
             f"# lookup of the whole prefix: probe-only {1000 * look.probe_s:.2f} ms, "

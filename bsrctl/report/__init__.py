@@ -27,6 +27,7 @@ RENDERERS = {
     "roundtrip": "restore",
     "failmatrix": "failmatrix",
     "tempokv": "tempokv",
+    "bench": "bench",
 }
 
 

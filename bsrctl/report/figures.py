@@ -70,6 +70,16 @@ def _series(points: list[dict[str, Any]], key: str) -> dict[int, list[tuple[int,
     return {w: sorted(v) for w, v in out.items()}
 
 
+def _intervals(points: list[dict[str, Any]], key: str) -> dict[tuple[int, int], list[float]]:
+    """(W, tokens) -> [lo, hi] of the measure's median, where the point has samples."""
+    out = {}
+    for p in points:
+        prm, iv = p.get("params") or {}, (p.get("intervals") or {}).get(key)
+        if iv and "salt" not in prm and prm.get("window_chunks") is not None:
+            out[(prm["window_chunks"], prm["tokens"])] = iv
+    return out
+
+
 def sweep_plots(doc: dict[str, Any]) -> list[Plot]:
     pts = doc.get("points", [])
     reg = (doc.get("stack") or {}).get("registration") or {}
@@ -94,8 +104,16 @@ def sweep_plots(doc: dict[str, Any]) -> list[Plot]:
         title = " and ".join(t for _, t in present).capitalize() + " vs prefix length"
         fig, axes = _new(doc, title, panels=len(present))
         for ax, (key, label) in zip(axes, present, strict=True):
+            bars = _intervals(pts, key)
             for w, xy in sorted(_series(pts, key).items(), reverse=True):
-                ax.plot([x for x, _ in xy], [y * 1000 for _, y in xy], marker="o", label=f"W = {w}")
+                xs, ys = [x for x, _ in xy], [y * 1000 for _, y in xy]
+                ivs = [bars.get((w, x)) for x in xs]
+                if all(iv is not None for iv in ivs):  # medians with their 95 % intervals
+                    err = [[y - iv[0] * 1000 for y, iv in zip(ys, ivs, strict=True)],
+                           [iv[1] * 1000 - y for y, iv in zip(ys, ivs, strict=True)]]  # fmt: skip
+                    ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, label=f"W = {w}")
+                else:
+                    ax.plot(xs, ys, marker="o", label=f"W = {w}")
             ax.set(xlabel="prefix tokens N", ylabel=f"{label} (ms)", title=label)
             ax.set_ylim(bottom=0)
             ax.grid(alpha=0.3)

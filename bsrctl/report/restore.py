@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from bsrctl.report.claims import claims, claims_table
-from bsrctl.report.units import header, mib, ms, size, span, table
+from bsrctl.report.units import header, mib, ms, ms_ci, size, span, table
 
 
 def render(doc: dict[str, Any]) -> str:
@@ -52,6 +52,9 @@ def _points_table(doc: dict[str, Any]) -> list[str]:
             "W·c + aux", "cached / expected tok", "TTFT", "restore", "restored"]  # fmt: skip
     if ladder:
         head.append("rung outcome")
+    repeated = any(p.get("samples") for p in doc["points"])
+    if repeated:  # timed columns are medians [95 % CI] over the point's repeats
+        head.append("repeats")
     rows = []
     for p in doc["points"]:
         m, prm = p.get("measures") or {}, p.get("params") or {}
@@ -67,12 +70,14 @@ def _points_table(doc: dict[str, Any]) -> list[str]:
             mib(m.get("restore_pool_peak_bytes")),
             mib(m.get("rws_bound_bytes") or None),
             "" if cached is None else f"{cached} / {'' if expected is None else expected}",
-            ms(m.get("ttft_s")),
-            ms(m.get("restore_s")),
+            ms_ci(p, "ttft_s"),
+            ms_ci(p, "restore_s"),
             mib(m.get("bytes_restored")),
         ]
         if ladder:
             row.append(str(p.get("rung_outcome", "")))
+        if repeated:
+            row.append(str(p.get("repeats", 1)))
         rows.append(row)
     return table(head, rows)
 
@@ -121,7 +126,28 @@ def _sweep(doc: dict[str, Any]) -> list[str]:
                 f"{sizes} tokens."
             )
     out.append(_tokens_glance([p for p in doc.get("points", []) if p.get("measures")]))
+    out += _timed_glance(doc, by_w)
+    return out
+
+
+def _timed_glance(doc: dict[str, Any], by_w: dict[int, list[dict[str, Any]]]) -> list[str]:
+    """TTFT and restore time: per point median [95 % CI] where the points have samples,
+    else the span per W; then W against the whole plan per size (the sweep's summary)."""
+    out = []
+    repeats = max((p.get("repeats", 1) for pts in by_w.values() for p in pts), default=1)
     for label, key in (("TTFT", "ttft_s"), ("Restore time", "restore_s")):
+        if repeats > 1:
+            parts = [
+                f"N = {p['params']['tokens']} W = {w} {ms_ci(p, key)}"
+                for w, pts in sorted(by_w.items(), reverse=True)
+                for p in pts
+                if p["measures"].get(key) is not None
+            ]
+            if parts:
+                out.append(
+                    f"{label}, median [95 % CI] over {repeats} repeats: " + "; ".join(parts) + "."
+                )
+            continue
         parts = [
             f"{span([p['measures'].get(key) for p in pts], ms)} at W = {w}"
             for w, pts in sorted(by_w.items(), reverse=True)
@@ -129,6 +155,17 @@ def _sweep(doc: dict[str, Any]) -> list[str]:
         ]
         if parts:
             out.append(f"{label}: " + "; ".join(parts) + ".")
+    ratios = (doc.get("summary") or {}).get("whole_plan_ratio_by_tokens") or {}
+    for n, r in ratios.items():
+        if r.get("ratio") is None:
+            continue
+        iv = r.get("interval")
+        ci = f" [{iv[0]:.3f}, {iv[1]:.3f}]" if iv else " (1 repeat: no interval)"
+        judged = f", claim ≤ {r['bound']:g}: {r['verdict']}" if r.get("judged") else ""
+        out.append(
+            f"{r['metric']} W / whole plan at N = {n}: {r['ratio']:.3f}{ci} over "
+            f"{r['repeats']} paired repeats{judged}."
+        )
     return out
 
 

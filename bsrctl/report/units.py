@@ -19,6 +19,16 @@ def ms(seconds: float | None) -> str:
     return "" if seconds is None else f"{seconds * 1000:.1f} ms"
 
 
+def ms_ci(point: dict[str, Any], key: str) -> str:
+    """A point's timed measure in ms: the median and its 95 % interval where the point has
+    samples ("12.1 ms [11.4, 13.0]"), else its one value."""
+    value = (point.get("measures") or {}).get(key)
+    iv = (point.get("intervals") or {}).get(key)
+    if value is None or not iv:
+        return ms(value)
+    return f"{value * 1000:.1f} ms [{iv[0] * 1000:.1f}, {iv[1] * 1000:.1f}]"
+
+
 def size(n: int) -> str:
     """A rung or an L1: 2 GiB, 4 MiB, 512 KiB."""
     for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):

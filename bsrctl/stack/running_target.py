@@ -166,14 +166,16 @@ class RunningTarget(OnDeployment):
 
     def measure(self, prompt: Prompt, window_chunks: int, cold: bool = True) -> RestoreMeasures:
         """One restore point. `cold`: first compute and store the prefix on these engines
-        (False when an earlier deployment of the run stored it into the shared L2)."""
+        (False when an earlier deployment of the run stored it into the shared L2, or an
+        earlier repeat of the point on this deployment did)."""
         st, c = self.stack, self.client
         tokens = prompt.tokens
         ids = prompt_ids(prompt.salt, tokens, self.vocab)
         if cold:
             self.on_phase("seed")
         seed = self._seed(ids) if cold else self.seeded.get(prompt)
-        if cold:
+        if cold and seed is not None:  # a repeat of this point restores it without reseeding
+            self.seeded[prompt] = seed
             self.stored[prompt] = self.live_geometry()
         self._set_window(window_chunks)
         self.on_phase("forget")

@@ -126,3 +126,20 @@ def test_every_arm_deploys_through_the_serving_runs_path(tmp_path: Path) -> None
     )
     local = fig6.arm_deployment(spec, fig6.LOCAL_ARM, tmp_path / "l").stack.extensions.tempokv
     assert local == fig6.in_process(adapter.tempokv)
+
+
+def test_claims_are_judged_on_the_paired_repeats() -> None:
+    def cell(p95: float, tok: float) -> object:
+        return fig6.Cell(p95, tok, 10, 10, "")
+
+    cells = [
+        {"lmcache": {8.0: cell(1.0, 100.0)}, "tempokv": {8.0: cell(0.8, 130.0)}},
+        {"lmcache": {8.0: cell(1.1, 90.0)}, "tempokv": {8.0: cell(1.4, 120.0)}},
+        {"lmcache": {8.0: cell(1.0, 100.0)}, "tempokv": {8.0: cell(0.9, 125.0)}},
+        {"lmcache": {8.0: cell(1.2, 95.0)}, "tempokv": {8.0: cell(1.0, 120.0)}},
+    ]
+    tput, p95 = fig6.claims([8.0], cells)
+    assert tput.startswith("claim tput tempokv/lmcache @8: PASS, claim a/b >= 1: a/b median ")
+    assert "over 4 paired repeats lies on the claimed side" in tput
+    assert p95.startswith("claim p95 tempokv/lmcache @8: UNKNOWN, claim a/b <= 1: ")
+    assert "straddles 1" in p95  # ratios .8 1.27 .9 .83: one repeat the other way

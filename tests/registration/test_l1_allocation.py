@@ -97,6 +97,7 @@ sweep:
   sizes_tokens: [1024, 2048, 4096]
   window_chunks: 2
   whole_plan_contrast: true
+  repeats: 1  # one measurement per point, as before repeats (default 5)
 """
 
 TWO_GROUP_INLINE = """

@@ -22,6 +22,7 @@ sweep:
   sizes_tokens: [4096, 8192]
   window_chunks: 2
   whole_plan_contrast: false
+  repeats: 1  # this test is the single-sample gate (bound only); default 5 since repeats
 """
 DELAY = {"rules": [{"action": "delay", "phase": "load", "delay_s": 0.1}]}
 GATE = ["--fail-on", "restore_s:400", "--fail-on", "restore_pool_peak_bytes:0"]

@@ -19,13 +19,14 @@ Each rung point carries the acceptance checks as measured, plus ``rung_outcome``
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from bsrctl.errors import StackFailed
 from bsrctl.evidence import EvidenceWriter, Point, Verdict, merge
 from bsrctl.evidence.verdict import Check, check
-from bsrctl.experiments.restore.acceptance import judge
+from bsrctl.experiments.restore.repeats import repeated_point
 from bsrctl.experiments.restore.spec import ExperimentSpec, load_experiment
 from bsrctl.experiments.run import Progress, execute, progress
 from bsrctl.specs import stack_selection
@@ -81,24 +82,28 @@ class _Ladder:
 
     def measure(self, tokens: int, rung: int, pid: str, attempt: int) -> tuple[Point, str]:
         params = {"tokens": tokens, "window_chunks": 0, "l1_capacity_bytes": rung}
-        extra: dict[str, Any] = {"attempt": attempt}
+        lad = self.spec.ladder
+        assert lad is not None
+        ms: list[RestoreMeasures] = []
         try:
             self.target.deploy(rung, self.spec.settings(0))
             if attempt == 1 and not self.w.doc["stack"].get("registration"):
                 self.w.set_stack({**self.target.describe(), **self.selection})
-            m = self.target.measure(Prompt(self.spec.salt, tokens), 0, cold=False)
+            for k in range(lad.warmup_rounds + lad.repeats):  # back to back on this rung
+                m = self.target.measure(Prompt(self.spec.salt, tokens), 0, cold=False)
+                if k >= lad.warmup_rounds:
+                    ms.append(m)
         except (StackFailed, OSError, RuntimeError, TimeoutError) as exc:
             # Not a capacity answer (engine unhealthy, timeout, L1 not allocatable): UNKNOWN.
             why = f"{type(exc).__name__}: {exc}"
-            m = RestoreMeasures(
+            ms = [RestoreMeasures(
                 tokens, 0, rung, healthy=None, health_detail=f"stack failed: {why}", error=why
-            )
+            )]  # fmt: skip
         finally:
             self.target.teardown()
-        checks = judge(m, self.stack)
-        outcome = rung_outcome(checks)
-        point = Point(pid, params, m.to_json(), checks, {**extra, "rung_outcome": outcome})
-        return point, outcome
+        point = repeated_point(pid, params, ms, self.stack, attempt=attempt)
+        outcome = rung_outcome(point.checks)
+        return replace(point, extra={**point.extra, "rung_outcome": outcome}), outcome
 
     def memory_point(self, tokens: int, rung: int, detail: str) -> Point:
         params = {"tokens": tokens, "window_chunks": 0, "l1_capacity_bytes": rung}

@@ -1,7 +1,9 @@
 """`bsrctl law`: one prefix size, W over a list (default 8, 16, 32, 64) on one deployment;
 least-squares fit of the restore-pool peak against W. PASS only when the slope is within
 ``law.slope_tolerance`` (1%) of the registration's bytes per chunk c and R² >= ``law.min_r2``
-(0.999). The fit is exact (rational arithmetic); the fitted slope is printed."""
+(0.999). The fit is exact (rational arithmetic); the fitted slope is printed. Each W is
+measured ``law.repeats`` times in rotated rounds (default 1: the fit is of bytes, which
+``repeats_identical`` holds equal across repeats)."""
 
 from __future__ import annotations
 
@@ -11,13 +13,13 @@ from typing import Any
 
 from bsrctl.evidence import EvidenceWriter, Verdict
 from bsrctl.evidence.verdict import Check, check
-from bsrctl.experiments.restore.acceptance import restore_point
+from bsrctl.experiments.restore.repeats import repeated_point, round_note, rounds
 from bsrctl.experiments.restore.spec import load_experiment
 from bsrctl.experiments.run import execute, progress
 from bsrctl.specs import stack_selection
 from bsrctl.stack.deployment import Deployment
 from bsrctl.stack.selector import make_target
-from bsrctl.stack.target import Prompt
+from bsrctl.stack.target import Prompt, RestoreMeasures
 
 
 def fit_line(xs: list[int], ys: list[int]) -> tuple[Fraction, Fraction, float | None]:
@@ -92,14 +94,25 @@ def run_law(
         say(f"deploying: L1 {target.l1_bytes(l1)} B, W = {first}")
         target.deploy(l1, spec.settings(first))
         w.set_stack({**target.describe(), **selection})
-        peaks: list[int | None] = []
-        for win in law.windows_chunks:
-            say(f"N = {law.tokens} tokens, W = {win}")
-            m = target.measure(prompt, win)
-            say.step("check")
-            params = {"tokens": law.tokens, "window_chunks": win, "l1_capacity_bytes": l1}
-            w.add_point(restore_point(f"n{law.tokens}-w{win}", params, m, stack))
-            peaks.append(m.restore_pool_peak_bytes)
+        wins = list(law.windows_chunks)
+        measured: list[list[RestoreMeasures]] = [[] for _ in wins]
+        seeded: set[int] = set()  # serving: each W's first measurement seeds, as it always did
+        for rnd, order in rounds(len(wins), law.repeats, law.warmup_rounds):
+            for i in order:
+                win = wins[i]
+                say(f"N = {law.tokens} tokens, W = {win}{round_note(rnd, law.repeats)}")
+                m = target.measure(prompt, win, cold=i not in seeded)
+                seeded.add(i)
+                say.step("check")
+                if rnd < 0:
+                    continue
+                measured[i].append(m)
+                if rnd == law.repeats - 1:
+                    params = {"tokens": law.tokens, "window_chunks": win, "l1_capacity_bytes": l1}
+                    pid = f"n{law.tokens}-w{win}"
+                    w.add_point(repeated_point(pid, params, measured[i], stack))
+        w.points.sort(key=lambda p: p["params"]["window_chunks"])  # W order, not rotated
+        peaks: list[int | None] = [ms[0].restore_pool_peak_bytes for ms in measured]
         c, fit = law_check(
             list(law.windows_chunks), peaks, reg.bytes_per_chunk, law.slope_tolerance, law.min_r2
         )

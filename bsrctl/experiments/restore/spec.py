@@ -16,6 +16,15 @@ Layout (every field optional except the section the command needs)::
     sweep:  {sizes_tokens, window_chunks, ...}     # `bsrctl sweep`  (W fixed, L1 fixed)
     law:    {tokens, windows_chunks}               # `bsrctl law`    (one size, W varies)
 
+Every section takes ``repeats`` and ``warmup`` (``Repeated``, below: their one home):
+each timed measure of a point is measured ``repeats`` times in rotated rounds, after
+``warmup`` discarded rounds. Defaults per command: sweep 5 repeats (its timings are the
+figures the paper's E1 and the whole-plan contrast compare; 5 is the fewest for which a
+Mann-Whitney U test can reach p < 0.05 with room: 2/C(10,5) = 0.008, and 4 per side only
+0.029), law 1 and ladder 1 (their verdicts are byte figures, exact in one measurement; a
+ladder rung is a fresh deployment each). ``warmup`` defaults to 1 round when repeats > 1
+(each arm's first touch, the prefix seeded and the caches cold, is never a sample), else 0.
+
 The chunk size is ``stack.lmcache.chunk_size`` and the sweep/law L1 is
 ``stack.lmcache.l1_size_bytes`` on both stacks; each command names its window once (ladder 0,
 ``sweep.window_chunks``, each of ``law.windows_chunks``). Byte sizes take integers or
@@ -45,12 +54,48 @@ def _increasing(name: str, values: list[int]) -> list[int]:
     return values
 
 
-class LadderSpec(Strict):
-    """Whole-plan path (W = 0): raise L1 through the rungs until full-prefix reuse passes."""
+SWEEP_REPEATS = 5  # see the module doc: the fewest a Mann-Whitney U test decides with room
+
+
+def _repeats(default: int, why: str) -> Any:
+    return Field(
+        default,
+        ge=1,
+        description=f"measurements of every timed measure of a point (default {default}: "
+        f"{why}); rounds visit the points in an order rotated by one each round, so drift "
+        f"hits every point alike; byte measures must be identical across them",
+    )
+
+
+def _warmup() -> Any:
+    return Field(
+        None,
+        ge=0,
+        description="rounds run first and discarded (default: 1 when repeats > 1, else 0)",
+    )
+
+
+class Repeated:
+    """``repeats`` and ``warmup`` of a section (module doc); each section declares the two
+    fields last, with ``_repeats`` and ``_warmup``, so its own fields lead its listing."""
+
+    @property
+    def warmup_rounds(self) -> int:
+        warmup, repeats = getattr(self, "warmup", None), int(getattr(self, "repeats", 1))
+        if warmup is not None:
+            return int(warmup)
+        return 1 if repeats > 1 else 0
+
+
+class LadderSpec(Repeated, Strict):
+    """Whole-plan path (W = 0): raise L1 through the rungs until full-prefix reuse passes.
+    A rung's repeats run back to back on its own deployment (one rung is one deployment)."""
 
     sizes_tokens: list[Annotated[int, Field(gt=0)]]
     rungs_bytes: list[ByteSize]
     redo_unknown: bool = Field(True, description="redo once a rung that failed for no capacity")
+    repeats: int = _repeats(1, "a rung's verdict is bytes and capacity, exact at once")
+    warmup: int | None = _warmup()
 
     @field_validator("sizes_tokens", "rungs_bytes")
     @classmethod
@@ -58,7 +103,7 @@ class LadderSpec(Strict):
         return _increasing(info.field_name, v)
 
 
-class SweepSpec(Strict):
+class SweepSpec(Repeated, Strict):
     """One deployment, W fixed, L1 fixed: the prefix size varies (the paper's E1)."""
 
     sizes_tokens: list[Annotated[int, Field(gt=0)]]
@@ -67,6 +112,17 @@ class SweepSpec(Strict):
     whole_plan_contrast: bool = Field(
         False, description="also run each size at W = 0 on the same engines (needs L1 to fit)"
     )
+    whole_plan_max_ratio: float | None = Field(
+        None,
+        gt=0,
+        description="with whole_plan_contrast: the claim W's TTFT (storage: restore time) / "
+        "the whole plan's <= this, judged per size on the paired repeats' interval (PASS, "
+        "FAIL, UNKNOWN); unset: the ratio and its interval are reported, not judged",
+    )
+    repeats: int = _repeats(
+        SWEEP_REPEATS, "the fewest for which a Mann-Whitney U test reaches p < 0.05 with room"
+    )
+    warmup: int | None = _warmup()
 
     @field_validator("sizes_tokens")
     @classmethod
@@ -74,13 +130,15 @@ class SweepSpec(Strict):
         return _increasing("sizes_tokens", v)
 
 
-class LawSpec(Strict):
+class LawSpec(Repeated, Strict):
     """One prefix size, W over a list: fit the restore-pool peak against W."""
 
     tokens: int = Field(gt=0)
     windows_chunks: list[Annotated[int, Field(gt=0)]] = [8, 16, 32, 64]
     slope_tolerance: float = Field(0.01, gt=0, description="|slope - c| <= this * c")
     min_r2: float = Field(0.999, gt=0, le=1)
+    repeats: int = _repeats(1, "the law is a byte fit, exact at once")
+    warmup: int | None = _warmup()
 
     @field_validator("windows_chunks")
     @classmethod

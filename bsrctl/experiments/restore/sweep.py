@@ -3,7 +3,10 @@ paper's E1). All points in one evidence block, run id br-e1-<12 hex>; no engine 
 
 With ``sweep.whole_plan_contrast`` each size also runs at W = 0 on the same engines (the
 window is switched at run time), so one run shows a flat restore pool for W > 0 and a
-growing one for W = 0. ``repeat_new_salt`` reruns the largest size with a fresh salt.
+growing one for W = 0, and W's TTFT (storage: restore time) against the whole plan's per
+size, as the ratio over paired repeats with its interval (``sweep.whole_plan_max_ratio``
+judges it). Each point is measured ``sweep.repeats`` times in rotated rounds
+(``repeats.rounds``). ``repeat_new_salt`` reruns the largest size once with a fresh salt.
 """
 
 from __future__ import annotations
@@ -12,15 +15,17 @@ import secrets
 from pathlib import Path
 from typing import Any
 
+from bsrctl import stats
 from bsrctl.evidence import EvidenceWriter, Verdict
 from bsrctl.evidence.verdict import Check, check
 from bsrctl.experiments.restore.acceptance import restore_point
+from bsrctl.experiments.restore.repeats import SEED, repeated_point, round_note, rounds
 from bsrctl.experiments.restore.spec import ExperimentSpec, load_experiment
 from bsrctl.experiments.run import execute, progress
 from bsrctl.specs import stack_selection
 from bsrctl.stack.deployment import Deployment
 from bsrctl.stack.selector import make_target
-from bsrctl.stack.target import Prompt
+from bsrctl.stack.target import Prompt, RestoreMeasures
 
 
 def run_sweep(
@@ -43,8 +48,9 @@ def run_sweep(
     writer = EvidenceWriter(out_dir, "sweep", raw, spec.salt, selection)
     target = make_target(spec, writer.run_dir, deployment)
     windows = [sw.window_chunks] + ([0] if sw.whole_plan_contrast and sw.window_chunks else [])
+    arms = [(n, win) for n in sw.sizes_tokens for win in windows]
     say.watch(target)
-    say.expect(len(sw.sizes_tokens) * len(windows) + (1 if new_salt else 0))
+    say.expect(len(arms) + (1 if new_salt else 0))  # points (a point: all its repeats)
 
     def body(w: EvidenceWriter) -> tuple[dict[str, Any], list[Check]]:
         prompts = [Prompt(spec.salt, n) for n in sw.sizes_tokens]
@@ -56,12 +62,23 @@ def run_sweep(
         say(f"deploying: L1 {target.l1_bytes(l1)} B, W = {sw.window_chunks}")
         target.deploy(l1, spec.settings(sw.window_chunks, sw.admission_budget_chunks))
         w.set_stack({**target.describe(), **selection})
-        for n in sw.sizes_tokens:
-            for win in windows:
-                say(f"N = {n} tokens, W = {win}")
-                m = target.measure(Prompt(spec.salt, n), win)
+        measured: list[list[RestoreMeasures]] = [[] for _ in arms]
+        seeded: set[int] = set()  # serving: an arm's first measurement seeds its prefix
+        for rnd, order in rounds(len(arms), sw.repeats, sw.warmup_rounds):
+            for i in order:
+                n, win = arms[i]
+                say(f"N = {n} tokens, W = {win}{round_note(rnd, sw.repeats)}")
+                m = target.measure(Prompt(spec.salt, n), win, cold=i not in seeded)
+                seeded.add(i)
                 say.step("check")
-                w.add_point(restore_point(f"n{n}-w{win}", _params(n, win, l1), m, kind))
+                if rnd < 0:
+                    continue  # warm-up: discarded
+                measured[i].append(m)
+                if rnd == sw.repeats - 1:  # the point's last repeat: on disk now
+                    pid = f"n{n}-w{win}"
+                    w.add_point(repeated_point(pid, _params(n, win, l1), measured[i], kind))
+        by_id = {f"n{n}-w{win}": k for k, (n, win) in enumerate(arms)}
+        w.points.sort(key=lambda p: by_id.get(p["id"], len(arms)))  # arm order, not rotated
         if new_salt:
             n = sw.sizes_tokens[-1]
             target.forget_salt_files()  # bound disk: the old salt's files are not reused
@@ -130,6 +147,9 @@ def summarize(
         summary["whole_plan_peak_grows"] = grows
         if w:
             checks.append(check("whole_plan_grows_with_n", grows, f"W = 0 peaks by size: {wp}"))
+            ratios, judged = whole_plan_ratios(main, whole, stack, sw.whole_plan_max_ratio)
+            summary["whole_plan_ratio_by_tokens"] = ratios
+            checks += judged
     repeat = [p for p in points if "salt" in p["params"]]
     if repeat:
         r = repeat[-1]
@@ -139,3 +159,51 @@ def summarize(
             "restore_pool_peak_bytes": r["measures"].get("restore_pool_peak_bytes"),
         }
     return summary, checks
+
+
+def _samples(point: dict[str, Any], metric: str) -> list[float] | None:
+    """A point's samples of ``metric`` (its one value when measured once); None: missing."""
+    got = (point.get("samples") or {}).get(metric)
+    if got:
+        return [float(v) for v in got]
+    one = point["measures"].get(metric)
+    return None if one is None else [float(one)]
+
+
+def whole_plan_ratios(
+    windowed: list[dict[str, Any]],
+    whole: list[dict[str, Any]],
+    stack: str,
+    bound: float | None,
+) -> tuple[dict[int, dict[str, Any]], list[Check]]:
+    """Per size: W's TTFT (storage, which has no model: restore time) / the whole plan's,
+    over the paired repeats (round i of both), its interval and the verdict of the claim
+    ratio <= ``bound`` (1 when unset); a run check per size only when ``bound`` is set."""
+    metric = "restore_s" if stack == "storage" else "ttft_s"
+    zero = {p["params"]["tokens"]: p for p in whole}
+    out: dict[int, dict[str, Any]] = {}
+    checks: list[Check] = []
+    for p in windowed:
+        n = p["params"]["tokens"]
+        a, b = _samples(p, metric), (_samples(zero[n], metric) if n in zero else None)
+        name = f"whole_plan_ratio_n{n}"
+        if a is None or b is None or len(a) != len(b) or 0.0 in b:
+            row = {"metric": metric, "verdict": "UNKNOWN", "detail": f"{metric} not paired"}
+        else:
+            o = stats.ordering_verdict(a, b, "a<=b", "ratio", SEED, bound)
+            iv = o.interval
+            row = {
+                "metric": metric,
+                "ratio": iv.estimate,
+                "interval": iv.as_list() if iv.testable else None,
+                "repeats": iv.n,
+                "bound": o.threshold,
+                "judged": bound is not None,
+                "verdict": o.verdict,
+                "repeats_to_decide": o.repeats_needed,
+                "detail": f"{metric} W/whole plan at N = {n}: {o.detail}",
+            }
+        out[n] = row
+        if bound is not None:
+            checks.append(Check(name, Verdict(row["verdict"]), row["detail"]))
+    return out, checks

@@ -2,13 +2,21 @@
 expects of it: `reproduce` (the claim must hold) or `deviation` (it is known not to hold,
 for the stated reason). The check passes when the expectation holds. A declared deviation
 that reproduces is an unexpected pass: it fails the run and says the spec needs correcting,
-so a model that improves cannot hide behind an old deviation."""
+so a model that improves cannot hide behind an old deviation.
+
+A claim that orders two arms measured in the same repeats (``ordering_claim``) is decided by
+``bsrctl.stats.ordering_verdict``: the 95 % interval of the paired per-repeat ratio (a
+difference where the other arm measured a zero) on the claimed side reproduces, on the
+other side does not, straddling it (or one repeat) could not tell, and the detail names the
+interval and about how many repeats would decide it. The expectation is applied on top."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from bsrctl import stats
 from bsrctl.evidence import Verdict
 from bsrctl.tempokv.spec import Expectation
 
@@ -21,6 +29,32 @@ class Claim:
     kind: str  # the paper.CLAIMS key
     reproduced: bool | None
     detail: str
+
+
+REPRODUCE = Expectation(expect="reproduce")
+ORDERING_SEED = 0  # the bootstrap's: the same repeats give the same interval every time
+
+
+def ordering_claim(
+    name: str,
+    kind: str,
+    a: Sequence[float],
+    b: Sequence[float],
+    claim: str,
+    what: str,
+    threshold: float | None = None,
+) -> Claim:
+    """``claim`` (``a<b``, ``a>=b``, ...) of arm a against arm b over paired repeats
+    (module doc); ``what`` says what a and b are, the interval follows it."""
+    try:
+        zero = any(y == 0 for y in b)
+        o = stats.ordering_verdict(
+            a, b, claim, "diff" if zero else "ratio", ORDERING_SEED, threshold
+        )
+    except ValueError as exc:  # a missing or non-finite repeat: nothing to decide
+        return Claim(name, kind, None, f"{what}: {exc}")
+    reproduced = {"PASS": True, "FAIL": False}.get(o.verdict)
+    return Claim(name, kind, reproduced, f"{what}: {o.verdict}, {o.detail}")
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,7 +13,10 @@ interval.
 Per policy: every output against the canonical one (a connector-less vLLM), protected bytes
 sampled from the locked objects against the budget, C integrated from those samples (byte·s
 per request), p95 TTFT (client side, streamed), output throughput, and the TTR estimate at
-each commitment against the measured time to stage-ready.
+each commitment against the measured time to stage-ready. The run's two orderings (C below
+Immediate's, p95 TTFT below Demand's) are decided on the policies' paired repeats (the
+interval of the per-repeat ratio: ``expectations.ordering_claim``), so ``serving.repeats``
+of 1 reads UNKNOWN ("cannot test significance"), never a PASS from one sample.
 """
 
 from __future__ import annotations
@@ -32,7 +35,13 @@ from bsrctl.evidence.verdict import Point, check
 from bsrctl.experiments.run import Progress
 from bsrctl.experiments.tempokv import calls
 from bsrctl.experiments.tempokv.adapter_cost import adapter_cost, read_trace
-from bsrctl.experiments.tempokv.expectations import JudgedCheck
+from bsrctl.experiments.tempokv.expectations import (
+    REPRODUCE,
+    Claim,
+    JudgedCheck,
+    judge,
+    ordering_claim,
+)
 from bsrctl.experiments.tempokv.pooled import pool, quantile, run_order
 from bsrctl.prompts import prompt_ids
 from bsrctl.settings import RestoreSettings, RestoreTuning
@@ -371,48 +380,35 @@ def _measure(
     return measures
 
 
-def _judged(name: str, held: list[bool], pooled: bool, detail: str, claim: str) -> JudgedCheck:
-    """Judged on the pooled values; the per-repeat outcomes go in the detail."""
-    verdict = Verdict.PASS if pooled else Verdict.FAIL
-    outcome = "reproduces" if pooled else "does not reproduce"
-    per = ", ".join("held" if h else "failed" for h in held)
-    detail = f"{detail}; per repeat: {per} ({sum(held)}/{len(held)})"
-    return JudgedCheck(name, verdict, detail, claim, "reproduce", None, outcome)
-
-
-def _below(rows: dict[str, dict[str, Any]], a: str, b: str, key: str) -> tuple[list[bool], bool]:
-    """Whether `a`'s measure is below `b`'s in each repeat, and pooled."""
+def _ordered(
+    rows: dict[str, dict[str, Any]], name: str, a: str, b: str, key: str, claim: str
+) -> JudgedCheck:
+    """``a``'s measure below ``b``'s, decided on the paired repeats' interval
+    (``expectations.ordering_claim``); the pooled values and each repeat's outcome beside."""
     per_a, per_b = rows[a]["per_repeat"][key], rows[b]["per_repeat"][key]
-    return [x < y for x, y in zip(per_a, per_b, strict=True)], rows[a][key] < rows[b][key]
+    held = [x < y for x, y in zip(per_a, per_b, strict=True)]
+    per = ", ".join("held" if h else "failed" for h in held)
+    what = (f"{a} {key} {rows[a][key]} vs {b} {rows[b][key]} pooled over "
+            f"{rows[a]['requests']} requests; a = {a}, b = {b}")  # fmt: skip
+    c = ordering_claim(name, name, per_a, per_b, "a<b", what)
+    c = Claim(
+        c.name, c.kind, c.reproduced, f"{c.detail}; per repeat: {per} ({sum(held)}/{len(held)})"
+    )
+    return judge(c, REPRODUCE, claim)
+
+
+C_CLAIM = "Fig. 4: TempoKV's protected byte-time C below Immediate's"
+P95_CLAIM = "Fig. 4: TempoKV's p95 TTFT below Demand's"
 
 
 def _run_checks(rows: dict[str, dict[str, Any]]) -> list[JudgedCheck]:
     out = []
-    tk, imm, dem = rows.get("tempokv"), rows.get("immediate"), rows.get("demand")
-    if tk and imm:
-        held, pooled = _below(rows, "tempokv", "immediate", "c_mib_s_per_req")
-        out.append(
-            _judged(
-                "c_below_immediate",
-                held,
-                pooled,
-                f"TempoKV C {tk['c_mib_s_per_req']} vs Immediate {imm['c_mib_s_per_req']} "
-                f"MiB·s/req over {tk['requests']} requests",
-                "Fig. 4: TempoKV's protected byte-time C below Immediate's",
-            )
-        )
-    if tk and dem:
-        held, pooled = _below(rows, "tempokv", "demand", "p95_ttft_s")
-        out.append(
-            _judged(
-                "p95_below_demand",
-                held,
-                pooled,
-                f"TempoKV p95 TTFT {tk['p95_ttft_s']} s vs Demand {dem['p95_ttft_s']} s "
-                f"over {tk['requests']} requests",
-                "Fig. 4: TempoKV's p95 TTFT below Demand's",
-            )
-        )
+    if "tempokv" in rows and "immediate" in rows:
+        key = "c_mib_s_per_req"
+        out.append(_ordered(rows, "c_below_immediate", "tempokv", "immediate", key, C_CLAIM))
+    if "tempokv" in rows and "demand" in rows:
+        key = "p95_ttft_s"
+        out.append(_ordered(rows, "p95_below_demand", "tempokv", "demand", key, P95_CLAIM))
     return out
 
 

@@ -30,7 +30,7 @@ def qwen_sweep(tmp_path_factory: pytest.TempPathFactory):
     doc["stack"]["vllm"]["model"] = str(tinymodel.build(tinymodel.TINY_QWEN3))
     doc["registration"] = "auto"
     doc["salt"] = "bsrctl-qwen3-auto"
-    doc["sweep"] = {"sizes_tokens": [1024, 2048], "window_chunks": 2}
+    doc["sweep"] = {"sizes_tokens": [1024, 2048], "window_chunks": 2, "repeats": 1}  # cost kept
     spec = out.parent / "qwen3-sweep.yaml"
     spec.write_text(yaml.safe_dump(doc))
     verdict = run_sweep(spec, out, "serving", quiet=True)

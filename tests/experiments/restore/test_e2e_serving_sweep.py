@@ -57,6 +57,15 @@ def test_restore_pool_flat_for_w2_and_growing_for_w0(sweep) -> None:
     }
     s = doc["summary"]
     assert s["peak_identical_across_sizes"] and s["whole_plan_peak_grows"]
+    # cpu-smoke keeps one measurement per point (repeats: 1): no samples, and BSR's TTFT
+    # against the whole plan is reported from one pair, not judged
+    assert all("samples" not in p and "intervals" not in p for p in doc["points"])
+    for n, r in s["whole_plan_ratio_by_tokens"].items():
+        pts = {p["id"]: p["measures"] for p in doc["points"]}
+        ratio = pts[f"n{n}-w2"]["ttft_s"] / pts[f"n{n}-w0"]["ttft_s"]
+        assert (r["metric"], r["repeats"], r["interval"], r["judged"]) == ("ttft_s", 1, None, False)
+        assert r["ratio"] == ratio and r["verdict"] == "UNKNOWN"  # median of one a/b
+        assert "cannot test significance" in r["detail"]
 
 
 def test_one_deployment_and_nothing_left_behind(sweep, smoke_stack) -> None:

@@ -140,7 +140,7 @@ def test_store_with_one_registration_restore_declaring_another(tmp_path: Path) -
     root = tmp_path / "storage"
     base = yaml.safe_load(SMALL.format(tp=1, root=root, salt="t-reg"))
     base["storage"]["keep_files"] = True
-    base["sweep"] = {"sizes_tokens": [1024], "window_chunks": 2}
+    base["sweep"] = {"sizes_tokens": [1024], "window_chunks": 2, "repeats": 1}
     base.pop("ladder", None), base.pop("law", None)
     first = tmp_path / "a.yaml"
     first.write_text(yaml.safe_dump(base))
