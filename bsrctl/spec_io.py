@@ -45,8 +45,13 @@ def read_yaml(path: Path) -> dict[str, Any]:
         raise BadInput(f"spec file {path} does not exist; pass the path of a YAML spec")
     try:
         doc = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        raise BadInput(f"{path}: not valid YAML ({exc}); fix the syntax") from None
+    except yaml.YAMLError as exc:  # its text spans lines: one line, where and what
+        mark = getattr(exc, "problem_mark", None)
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        what = getattr(exc, "problem", None) or " ".join(str(exc).split())
+        raise BadInput(f"{path}: not valid YAML{at} ({what}); fix the syntax") from None
+    except UnicodeDecodeError:
+        raise BadInput(f"{path}: not valid YAML (not UTF-8 text); fix the encoding") from None
     if not isinstance(doc, dict):
         raise BadInput(f"{path}: the top level must be a mapping of fields")
     return doc
@@ -62,7 +67,15 @@ def describe_error(model: type[BaseModel], exc: ValidationError) -> str:
         return f"{where}: unknown field; valid fields here: {valid}"
     if err["type"] == "literal_error":
         return f"{where}: {err['msg']}"
-    return f"{where}: {err['msg']} (got {err.get('input')!r})"
+    if err["type"] == "value_error" and not err["loc"]:  # a model rule: its message names
+        return str((err.get("ctx") or {}).get("error", err["msg"]))  # the fields, no input
+    return f"{where}: {err['msg']} (got {_short(err.get('input'))})"
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    """A value as the message quotes it: a whole section would drown the line."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[: limit - 3]}..."
 
 
 def _submodel(model: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel] | None:

@@ -165,6 +165,12 @@ class AttachSpec(Strict):
         None, pattern=r"^[^/:\s]+:[0-9]+$", description="HOST:PORT of the Mooncake master"
     )
     connect_timeout_s: float = Field(10.0, gt=0, description="an endpoint must answer within")
+    control_token_env: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+        description="the environment variable holding the server module's control token "
+        "(the operator sets the token; mutating bsr.* calls carry it)",
+    )
     vllm_log: Path | None = Field(
         None,
         description="vLLM's log on this host: failure cells count its KV-load recoveries "
@@ -194,7 +200,7 @@ class StackSpec(Strict):
             return data
         device = data.get("device", "cpu")
         vllm = data.get("vllm", {})
-        if device not in DEFAULT_DTYPE:
+        if not isinstance(device, str) or device not in DEFAULT_DTYPE:
             return data  # the Literal check names it
         if isinstance(vllm, VllmSpec) and "dtype" not in vllm.model_fields_set:
             vllm = vllm.model_copy(update={"dtype": DEFAULT_DTYPE[device]})

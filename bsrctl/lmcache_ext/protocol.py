@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from bsrctl.control_token import REFUSED
 from bsrctl.lmcache_ext.protocol_base import (  # noqa: F401 - the readers, and re-exported
     ProtocolError,
     Reply,
@@ -328,6 +329,35 @@ class HoldsReply(Reply):
     error: str = _f(_str)
 
 
+# ---- a mutating method refused (bsrctl.control_token) ------------------------------------
+
+
+@dataclass(frozen=True)
+class RefusedReply(Reply):
+    """Any mutating method called without the server's control token (or with a wrong one):
+    nothing was changed. ``refused`` is always ``"control token"``."""
+
+    WHAT: ClassVar[str] = "refused"
+
+    ok: bool = _f(_bool)  # always false (a generic reader sees a failure)
+    method: str = _f(_str)
+    refused: str = _f(_str)
+    error: str = _f(_str)  # names the method and what is wrong with the token
+
+    def __post_init__(self) -> None:
+        if self.ok or self.refused != REFUSED:
+            raise ProtocolError(f"{self.WHAT}: ok is false and refused is {REFUSED!r}")
+
+    @classmethod
+    def of(cls, method: str, error: str) -> RefusedReply:
+        return cls(False, method, REFUSED, error)
+
+    @staticmethod
+    def is_refusal(raw: Any) -> bool:
+        """Whether a reply is a refusal (read it with ``from_json``)."""
+        return isinstance(raw, dict) and raw.get("refused") == REFUSED
+
+
 __all__ = [
     "SCHEMA",
     "ConfigureReply",
@@ -339,6 +369,7 @@ __all__ = [
     "PeakReply",
     "ProtocolError",
     "ReadbackTotals",
+    "RefusedReply",
     "Reply",
     "ResetPeakReply",
     "RestoreOutcomeSummary",

@@ -10,6 +10,7 @@ does not answer is a StackFailed naming it (exit 3), never a hang.
 
 from __future__ import annotations
 
+import os
 import shlex
 import socket
 import subprocess
@@ -102,6 +103,19 @@ class AttachedStack(ServingClient):
     def model_name(self) -> str:
         return self._model_name
 
+    @property
+    def control_token(self) -> str | None:  # type: ignore[override]
+        """The operator's token, read from the variable the spec names (None: unset)."""
+        env = self.at.control_token_env
+        return (os.environ.get(env) or None) if env else None
+
+    @property
+    def control_token_source(self) -> str:  # type: ignore[override]
+        env = self.at.control_token_env
+        if env is None:
+            return "nowhere (stack.attach.control_token_env is not set)"
+        return f"${env} (stack.attach.control_token_env)"
+
     def endpoints(self) -> dict[str, str | None]:
         return {
             "vllm_url": self.vllm_url,
@@ -173,6 +187,8 @@ class AttachedStack(ServingClient):
             self._reset_route_status(), self._probe_usage(), self.lmcache_status(),
             self.lmcache_mq_url,
         )  # fmt: skip
+        token = prerequisites.control_token_missing(self.at.control_token_env)
+        lacking += [token] if token else []
         if lacking:
             raise StackFailed(prerequisites.message(lacking))
         self.check_geometry()

@@ -9,7 +9,10 @@ same types): ``peak()`` (the gauge's restore-pool peak per rank, L1 usage), ``re
 ``status()``, ``markers()``, ``forget(wait_s)`` (empty L1, waiting for write-throughs),
 ``configure(window_chunks=...)`` (W at run time, same engines).
 
-Every call is bounded; a failed call, or a reply of another shape, raises StackFailed.
+A mutating call carries the stack's control token (``bsrctl.control_token``: a launched
+stack's own, an attached one's from ``stack.attach.control_token_env``); a refusal raises
+StackFailed naming where the token comes from. Every call is bounded; a failed call, or a
+reply of another shape, raises StackFailed.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import time
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
+from bsrctl.control_token import sealed
 from bsrctl.errors import StackFailed
 from bsrctl.lmcache_ext.protocol import (
     ConfigureReply,
@@ -27,6 +31,7 @@ from bsrctl.lmcache_ext.protocol import (
     MarkersReply,
     PeakReply,
     ProtocolError,
+    RefusedReply,
     RegistrationReply,
     Reply,
     ResetPeakReply,
@@ -34,6 +39,7 @@ from bsrctl.lmcache_ext.protocol import (
     StatusReply,
 )
 from bsrctl.stack.netns import maybe_inside
+from bsrctl.stack.prerequisites import control_token_refused
 from bsrctl.stack.serving import ServingClient
 
 R = TypeVar("R", bound=Reply)
@@ -62,7 +68,8 @@ class BsrModuleClient:
     def call(self, method: str, payload: dict[str, Any] | None = None) -> dict[str, Any]:
         from lmcache.v1.multiprocess.protocols.server_module import ServerModuleCallRequest
 
-        req = ServerModuleCallRequest(method=method, payload=json.dumps(payload or {}).encode())
+        body = sealed(method, payload, self.stack.control_token)
+        req = ServerModuleCallRequest(method=method, payload=json.dumps(body).encode())
         try:
             resp = self._connect().server_module_call(req).result(timeout=self.timeout_s)
         except Exception as exc:
@@ -74,7 +81,14 @@ class BsrModuleClient:
             ) from None
         if not resp.success:
             raise StackFailed(f"LMCache {method} answered an error: {resp.error}")
-        return json.loads(resp.payload)
+        out = json.loads(resp.payload)
+        if RefusedReply.is_refusal(out):
+            try:
+                error = RefusedReply.from_json(out).error
+            except ProtocolError as exc:
+                error = str(exc)
+            raise StackFailed(control_token_refused(error, self.stack.control_token_source))
+        return out
 
     def _typed(self, method: str, reply: type[R], payload: dict[str, Any] | None = None) -> R:
         """One call read back as its typed reply: a key renamed on either side is a

@@ -105,7 +105,8 @@ def processes(stack: StackSpec, settings: RestoreSettings) -> tuple[Launch, ...]
         if two:
             params["local_hostname"] = SERVING_ADDR
     ext = bsr_extensions(settings)
-    slots = Slots(ports, RUN / "stack", model_dir, prefix, params)
+    # the launched stack's token is drawn at start: a plan shows where it goes, not a value
+    slots = Slots(ports, RUN / "stack", model_dir, prefix, params, control_token="<control-token>")
     out += [lmcache_launch(stack, ext, slots, lm.l1_size_bytes), vllm_launch(stack, ext, slots)]
     return tuple(out)
 
@@ -171,11 +172,14 @@ def _weights_per_rank(stack: StackSpec) -> int | None:
     dtype = v.dtype if v.dtype != "auto" else str(cfg.get("torch_dtype") or "bfloat16")
     if dtype not in DTYPE_BYTES:
         return None
-    h, layers = int(cfg["hidden_size"]), int(cfg["num_hidden_layers"])
-    heads = int(cfg["num_attention_heads"])
-    kv = int(cfg.get("num_key_value_heads") or heads)
-    hd = int(cfg.get("head_dim") or h // heads)
-    vocab, inter = int(cfg["vocab_size"]), int(cfg["intermediate_size"])
+    try:  # the tiny recipe's config has no vocab (trained at build): not counted, no crash
+        h, layers = int(cfg["hidden_size"]), int(cfg["num_hidden_layers"])
+        heads = int(cfg["num_attention_heads"])
+        kv = int(cfg.get("num_key_value_heads") or heads)
+        hd = int(cfg.get("head_dim") or h // heads)
+        vocab, inter = int(cfg["vocab_size"]), int(cfg["intermediate_size"])
+    except (KeyError, TypeError, ValueError, ZeroDivisionError):
+        return None
     per_layer = h * hd * (2 * heads + 2 * kv) + 3 * h * inter  # q, o, k, v; gate, up, down
     heads_out = 1 if cfg.get("tie_word_embeddings") else 2
     split = layers * per_layer + heads_out * vocab * h
@@ -188,8 +192,8 @@ def _windows(doc: Mapping[str, Any]) -> list[int]:
     """Every W the spec writes (sweep.window_chunks, law.windows_chunks), sorted."""
     sweep, law = doc.get("sweep"), doc.get("law")
     ws = [sweep.get("window_chunks")] if isinstance(sweep, dict) else []
-    ws += law.get("windows_chunks") or [] if isinstance(law, dict) else []
-    return sorted({w for w in ws if isinstance(w, int) and w > 0})
+    ws += _items(law.get("windows_chunks")) if isinstance(law, dict) else []
+    return sorted(set(_counts(ws)))
 
 
 def _sizes(doc: Mapping[str, Any]) -> list[int]:
@@ -197,11 +201,21 @@ def _sizes(doc: Mapping[str, Any]) -> list[int]:
     got: list[Any] = []
     for section in ("ladder", "sweep"):
         part = doc.get(section) or {}
-        got += part.get("sizes_tokens", []) if isinstance(part, dict) else []
+        got += _items(part.get("sizes_tokens")) if isinstance(part, dict) else []
     law = doc.get("law") or {}
     got += [law.get("tokens")] if isinstance(law, dict) else []
     got += [doc.get("prompt_tokens")]  # the round trip's
-    return [n for n in got if isinstance(n, int) and n > 0]
+    return _counts(got)
+
+
+def _items(value: Any) -> list[Any]:
+    """A raw section's list (the plan reads sections it does not validate: anything else
+    is no list of figures, never a crash)."""
+    return list(value) if isinstance(value, list) else []
+
+
+def _counts(values: list[Any]) -> list[int]:
+    return [n for n in values if isinstance(n, int) and not isinstance(n, bool) and n > 0]
 
 
 def plan_spec(path: Path) -> Plan:

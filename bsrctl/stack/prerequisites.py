@@ -2,6 +2,10 @@
 front from what its servers answer, with the exact flag or variable to add when missing.
 
 - the BSR server module in ``lmcache server`` (its status under ``bsr`` in ``/status``);
+- the control token: ``stack.attach.control_token_env`` names a variable set in bsrctl's
+  environment (the token the operator gave the server module, ``bsrctl.control_token``);
+  a server that refuses it answers "control token ..." and the run stops (exit 3) naming
+  the variable;
 - ``VLLM_SERVER_DEV_MODE=1`` in vLLM's environment: vLLM 0.32 registers
   ``/reset_prefix_cache`` only then (vllm/entrypoints/launchers/api_server/routers.py:40-43,
   vllm/entrypoints/serve/dev/cache/api_router.py:20). The route takes POST only, so a GET
@@ -43,6 +47,32 @@ ENGINE_MODE = (
     "in --kv-transfer-config (its connector registered engine-driven, the CPU default; BSR's "
     "windows are copied by the server)"
 )
+
+
+def control_token_refused(error: str, source: str) -> str:
+    """The StackFailed text when the server refuses a mutating call: the server's reason
+    and where bsrctl's token comes from (the variable to set)."""
+    return (
+        f"LMCache server module: {error}; bsrctl's token comes from {source}: set it to the "
+        "token the operator gave the server module ($BSRCTL_CONTROL_TOKEN in its environment)"
+    )
+
+
+def control_token_missing(env: str | None) -> str:
+    """'' when bsrctl has a token to send, else the line naming the variable to set."""
+    import os
+
+    if env is None:
+        return (
+            "bsrctl: set stack.attach.control_token_env to the variable holding the server "
+            "module's control token (its mutating methods refuse a caller without it)"
+        )
+    if not os.environ.get(env):
+        return (
+            f"bsrctl: ${env} (stack.attach.control_token_env) is not set in bsrctl's "
+            "environment: export the server module's control token there"
+        )
+    return ""
 
 
 def no_registration(lmcache_url: str) -> str:

@@ -6,11 +6,14 @@ waits only when asked (an arrival's claim, bounded), for its own reply to be bac
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
+
+from bsrctl.control_token import CONTROL_TOKEN_ENV, sealed
 
 
 class Transport(Protocol):
@@ -49,9 +52,17 @@ class ServerModuleTransport:
     """``server_module_call`` on every LMCache server the connector talks to (one here);
     futures are polled, never waited on, from the scheduler thread."""
 
-    def __init__(self, clients: list[Any], make_request: Callable[[str, bytes], Any]) -> None:
+    def __init__(
+        self,
+        clients: list[Any],
+        make_request: Callable[[str, bytes], Any],
+        token: str | None = None,
+    ) -> None:
         self._clients = clients
         self._make = make_request
+        # tempokv.update is mutating: it carries the server module's control token, which a
+        # launched stack gives vLLM in $BSRCTL_CONTROL_TOKEN (bsrctl.control_token)
+        self._token = token if token is not None else os.environ.get(CONTROL_TOKEN_ENV)
         self._inflight: list[tuple[str, Any]] = []
         self.errors = 0
 
@@ -66,7 +77,7 @@ class ServerModuleTransport:
         return cls(list(clients.values()), ServerModuleCallRequest)
 
     def send(self, method: str, payload: dict[str, Any], wait_s: float = 0.0) -> bool:
-        body = json.dumps(payload).encode()
+        body = json.dumps(sealed(method, payload, self._token)).encode()
         futs = [client.server_module_call(self._make(method, body)) for client in self._clients]
         self._inflight.extend((method, f) for f in futs)
         if wait_s <= 0:

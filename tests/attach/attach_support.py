@@ -17,6 +17,16 @@ SCRIPT = HERE / "operator_stack.py"
 SMOKE = HERE.parents[1] / "ladders" / "cpu-smoke.yaml"
 MARK = "BSRCTL_OPERATOR_DEPLOYMENT"
 RUN_MARK = "BSRCTL_ATTACH_TEST_RUN"
+TOKEN_ENV = "BSRCTL_ATTACH_TOKEN"  # bsrctl's side: the variable stack.attach names
+
+
+def readme_token() -> str:
+    """The control token the README's `lmcache server` line gives the server module."""
+    from operator_stack import readme_block
+
+    words = readme_block("lmcache")
+    (token,) = [w.split("=", 1)[1] for w in words if w.startswith("BSRCTL_CONTROL_TOKEN=")]
+    return token
 
 
 def operator(*args: str, timeout: float = 400) -> str:
@@ -61,6 +71,7 @@ class Deployment:
             "vllm_url": f"http://127.0.0.1:{p['vllm']}",
             "lmcache_url": f"tcp://127.0.0.1:{p['lmcache']}",
             "lmcache_http_port": p["lmcache_http"],
+            "control_token_env": TOKEN_ENV,  # run_bsrctl sets it to the README's token
             **over,
         }
         return "  attach: " + json.dumps(doc) + "\n"
@@ -76,7 +87,7 @@ class Deployment:
 def run_bsrctl(*args: str, timeout: float = 600) -> tuple[subprocess.CompletedProcess[str], str]:
     """bsrctl as a process, its environment marked: whatever it starts carries the mark."""
     mark = uuid.uuid4().hex
-    env = {**os.environ, RUN_MARK: mark}
+    env = {**os.environ, RUN_MARK: mark, TOKEN_ENV: readme_token()}
     res = subprocess.run(
         [sys.executable, "-m", "bsrctl.cli", *args],
         capture_output=True, text=True, timeout=timeout, env=env,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import http.server
 import json
+import os
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -84,16 +85,26 @@ def fake_deployment(ans: Answers) -> Iterator[int]:
     """The port of a fake vLLM + LMCache answering `ans`."""
     srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _handler(ans))
     threading.Thread(target=srv.serve_forever, daemon=True).start()
+    before = os.environ.get(FAKE_TOKEN_ENV)
+    os.environ[FAKE_TOKEN_ENV] = "fake-token"  # bsrctl has a token to send
     try:
         yield int(srv.server_address[1])
     finally:
+        if before is None:
+            os.environ.pop(FAKE_TOKEN_ENV, None)
+        else:
+            os.environ[FAKE_TOKEN_ENV] = before
         srv.shutdown()
         srv.server_close()
 
 
-def attach_section(port: int) -> str:
+FAKE_TOKEN_ENV = "BSRCTL_FAKE_CONTROL_TOKEN"  # set by fake_deployment while it runs
+
+
+def attach_section(port: int, token_env: str | None = FAKE_TOKEN_ENV) -> str:
     return (
         f"  attach:\n    vllm_url: http://127.0.0.1:{port}\n"
         f"    lmcache_url: tcp://127.0.0.1:{port}\n    lmcache_http_port: {port}\n"
         "    connect_timeout_s: 2\n"
+        + (f"    control_token_env: {token_env}\n" if token_env else "")
     )

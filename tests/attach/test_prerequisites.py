@@ -11,7 +11,13 @@ import pytest
 from typer.testing import CliRunner
 
 sys.path.insert(0, str(Path(__file__).parent))
-from fake_deployment import USAGE_OK, Answers, attach_section, fake_deployment  # noqa: E402
+from fake_deployment import (  # noqa: E402
+    FAKE_TOKEN_ENV,
+    USAGE_OK,
+    Answers,
+    attach_section,
+    fake_deployment,
+)
 
 from bsrctl.cli import app  # noqa: E402
 from bsrctl.stack import prerequisites as pre  # noqa: E402
@@ -25,10 +31,13 @@ def sweep(tmp_path: Path, ans: Answers) -> tuple[int, list[str]]:
     return code, lines
 
 
-def sweep_on(tmp_path: Path, ans: Answers) -> tuple[int, list[str], int]:
+def sweep_on(
+    tmp_path: Path, ans: Answers, token_env: str | None = FAKE_TOKEN_ENV
+) -> tuple[int, list[str], int]:
     with fake_deployment(ans) as port:
+        section = attach_section(port, token_env)
         text = SMOKE.read_text().replace(
-            "stack:\n  kind: serving\n", f"stack:\n  kind: attach\n{attach_section(port)}"
+            "stack:\n  kind: serving\n", f"stack:\n  kind: attach\n{section}"
         )
         spec = tmp_path / "spec.yaml"
         spec.write_text(text)
@@ -104,3 +113,18 @@ def test_a_deployment_with_every_prerequisite_names_none() -> None:
     auto = {**STATUS_OK, "registered_non_cuda_instance_ids": []}
     assert pre.missing(405, USAGE_OK, auto, "tcp://h:1") == []
     assert pre.dev_mode_line(None) == ""  # no answer is the /health probe's to report
+
+
+@pytest.mark.parametrize("token_env", [None, "BSRCTL_UNSET_TOKEN_VAR"], ids=["unnamed", "unset"])
+def test_no_control_token_is_exit_3_naming_the_variable(tmp_path: Path, token_env) -> None:
+    """Every mutating bsr.* call would be refused: stopped before anything is measured."""
+    code, lines, _ = sweep_on(tmp_path, Answers(), token_env)
+    assert code == 3, lines
+    assert lines[-2:] == [HEAD.format(n=1), f"  - {pre.control_token_missing(token_env)}"]
+    want = (
+        "$BSRCTL_UNSET_TOKEN_VAR (stack.attach.control_token_env)"
+        if token_env
+        else ("set stack.attach.control_token_env")
+    )
+    assert want in lines[-1]
+    assert not any("Traceback" in ln for ln in lines)

@@ -9,6 +9,7 @@ the expected value is computed from the spec's settings at W = 0; everything els
 from __future__ import annotations
 
 import json
+import re
 import sys
 from contextlib import nullcontext
 from pathlib import Path
@@ -30,6 +31,9 @@ from bsrctl.stack.plan import Plan, plan_spec
 from bsrctl.stack.process import Supervised
 from bsrctl.stack.serving import ServingStack
 from bsrctl.stack.serving.commands import VENV_BIN, base_env
+
+# the launched server module's control token: in LMCache's environment, never its argv
+TOKEN = {"BSRCTL_CONTROL_TOKEN": "<control-token>"}
 
 ROOT = Path(__file__).resolve().parents[2]
 PY = sys.executable
@@ -131,7 +135,7 @@ def test_cpu_e1_plan_is_the_cpu_stack() -> None:
         "VLLM_CACHE_ROOT": "<run>/canonical/stack/vllm-cache",
     }
     assert list(lm.argv) == _lmcache("0.0625", [_fs()], _module("cpu-e1.yaml"))
-    assert dict(lm.env) == base_env()
+    assert dict(lm.env) == {**base_env(), **TOKEN}
     assert list(vllm.argv) == [*head, "--port", "<vllm.port>", *tail, "--kv-transfer-config", _kv()]
     assert dict(vllm.env) == {
         **base_env(),
@@ -182,7 +186,7 @@ def test_gpu_1x_plan_is_a_cuda_deployment() -> None:
         assert "--enforce-eager" not in p.argv
         assert not [k for k in p.env if k.startswith("VLLM_CPU_")]
     assert list(lm.argv) == _lmcache("24.0", [_fs()], _module("gpu-1x.yaml"))
-    assert dict(lm.env) == {**base_env(), "CUDA_VISIBLE_DEVICES": "0"}
+    assert dict(lm.env) == {**base_env(), "CUDA_VISIBLE_DEVICES": "0", **TOKEN}
     f = plan.figures
     assert (f["registration"], f["dtype"], f["gpus"]) == ("Llama-3.1-8B-Instruct", "auto", [0])
     assert f["c_bytes_per_rank"] == 33_554_432  # 32 x 2 x 8 x 128 x 2 B x 256 tokens
@@ -267,7 +271,7 @@ def test_dsv4_plan_is_tp2_with_mooncake_over_rdma() -> None:
     })  # fmt: skip
     module = _module("dsv4-flash-tp2.yaml")
     assert list(procs["lmcache"].argv) == [*NETNS, *_lmcache("16.0", [_fs(), mooncake], module)]
-    assert dict(procs["lmcache"].env) == {**base_env(), "CUDA_VISIBLE_DEVICES": "0,1"}
+    assert dict(procs["lmcache"].env) == {**base_env(), "CUDA_VISIBLE_DEVICES": "0,1", **TOKEN}
     f = plan.figures
     assert (f["tensor_parallel_size"], f["gpus"], f["dtype"]) == (2, [0, 1], "auto")
     assert f["registration"] == "DeepSeek-V4-Flash"  # vLLM's caches, not the paper's preset
@@ -304,6 +308,8 @@ def test_the_stack_starts_what_the_plan_prints(
     monkeypatch.setattr(Supervised, "wait_healthy", lambda self, *a, **k: None)
     monkeypatch.setattr("bsrctl.stack.serving.stack.maybe_inside", lambda ns: nullcontext())
     st = ServingStack(spec.stack, tmp_path, bsr_extensions(spec.settings(0)))
+    assert re.fullmatch("[0-9a-f]{64}", st.control_token or "")  # its own, drawn per stack
+    st.control_token = "<control-token>"  # the plan's placeholder for it
     monkeypatch.setattr(st, "_launch", started.append)
     st.ports = {k: f"<{k}>" for k in ("lmcache.port", "lmcache.http_port", "vllm.port")}  # type: ignore[misc]
     argv = plan["vllm"].argv

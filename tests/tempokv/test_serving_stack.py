@@ -138,6 +138,8 @@ def launches(stack: ServingStack, monkeypatch: pytest.MonkeyPatch) -> dict[str, 
     monkeypatch.setattr(Supervised, "wait_healthy", lambda *_a, **_k: None)  # fmt: skip
     stack.model_dir = Path("/models/tiny")
     stack.ports = {"lmcache.port": 6555, "lmcache.http_port": 6556, "vllm.port": 6557}
+    assert stack.control_token  # each stack draws its own: the comparison fixes it
+    stack.control_token = "<control-token>"
     stack.start_lmcache()
     stack.start_vllm()
     return seen
@@ -160,6 +162,9 @@ def test_the_deployment_launches_the_argv_and_env_the_stack_did(
     assert ("--l2-prefetch-policy" in lm_argv) is with_adapter
     assert ("--scheduler-cls" in v_argv) is with_adapter
     assert ("BSRCTL_TEMPOKV" in v_env) is with_adapter
+    # the adapter's tempokv.update calls are mutating: its vLLM holds the stack's token
+    assert (v_env.get("BSRCTL_CONTROL_TOKEN") == "<control-token>") is with_adapter
+    assert _lm_env["BSRCTL_CONTROL_TOKEN"] == "<control-token>"
     assert dep.stack.dir == tmp_path / "stack" and dep.stack.spec == serving.stack_spec(
         spec.serving
     )

@@ -191,3 +191,21 @@ def test_the_adapter_settings_travel_as_the_launch_wrote_them(monkeypatch) -> No
     )
     monkeypatch.delenv(scheduler.ENV)
     assert scheduler._config() == wire.AdapterEnv(None, "record", None)  # the recorder alone
+
+
+def test_a_mutating_send_carries_the_control_token(monkeypatch) -> None:
+    """tempokv.update is mutating: it carries the token a launched stack gives vLLM in
+    $BSRCTL_CONTROL_TOKEN; a read-only method carries none."""
+    monkeypatch.setenv("BSRCTL_CONTROL_TOKEN", "tok")
+    client = Client()
+    t = ServerModuleTransport([client], ServerModuleCallRequest)
+    t.send("tempokv.update", {"order": []})
+    t.send("tempokv.status", {})
+    assert [json.loads(c.payload) for c in client.calls] == [
+        {"order": [], "control_token": "tok"},
+        {},
+    ]
+    monkeypatch.delenv("BSRCTL_CONTROL_TOKEN")
+    bare = Client()
+    ServerModuleTransport([bare], ServerModuleCallRequest).send("tempokv.update", {"order": []})
+    assert [json.loads(c.payload) for c in bare.calls] == [{"order": []}]

@@ -10,12 +10,12 @@ adapter whose ``control_path`` names it. No lmcache import here.
 from __future__ import annotations
 
 import json
+import os
 import threading
 import weakref
 from pathlib import Path
 from typing import Any, Protocol
 
-from bsrctl.evidence.atomic import write_atomic
 from bsrctl.lmcache_ext.faults.rules import FaultRule, parse_rules, rules_of_control_doc
 
 
@@ -90,10 +90,26 @@ def handle_control(payload: bytes) -> bytes:
         return json.dumps({"ok": False, "error": f"{type(exc).__name__}: {exc}"}).encode()
 
 
+CONTROL_FILE_MODE = 0o600  # whoever can write it arms faults in the server: its owner only
+
+
 def write_control_file(path: str | Path, rules: list[dict]) -> None:
-    """Atomically (re)write a control file; the adapter re-arms for the next task submitted."""
+    """Atomically (re)write a control file, mode 0600 whatever the umask (a temp file created
+    with that mode, then renamed over the old one); the adapter re-arms for the next task
+    submitted."""
     parse_rules(rules)  # refuse to write what the adapter would reject
-    write_atomic(Path(path), json.dumps({"rules": rules}).encode())
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}-{os.getpid()}-{threading.get_ident()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, CONTROL_FILE_MODE)
+    try:
+        os.fchmod(fd, CONTROL_FILE_MODE)  # O_CREAT's mode is masked by the umask: no wider
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(json.dumps({"rules": rules}).encode())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 class ControlFile:

@@ -33,7 +33,11 @@ No handler lets an exception escape (a raising handler hangs vLLM for the messag
 timeout): every error fails closed.
 
 Extra methods, reachable through ``server_module_call`` (UTF-8 JSON object in, JSON object
-out; an empty payload means ``{}``):
+out; an empty payload means ``{}``). The mutating ones (``bsr.reset_peak``, ``bsr.forget``,
+``bsr.configure``, ``bsr.fault``, ``tempokv.configure``, ``tempokv.update``) run only when the
+payload carries ``"control_token"`` equal to the server's (``$BSRCTL_CONTROL_TOKEN`` or
+``"control_token"`` in the config; none set: all refused), else answer
+``protocol.RefusedReply``; see ``bsrctl.control_token`` and ``server.guard``:
 
 - ``bsr.peak`` ``{}`` -> ``{"restore_pool_peak_bytes_by_rank": {"0": int, ...},
   "restore_pool_peak_bytes": int, "restore_pool_level_bytes_by_rank": {...},

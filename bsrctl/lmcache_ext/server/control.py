@@ -1,7 +1,9 @@
 """The ``bsr.*`` methods (``server_module_call``: UTF-8 JSON object in, JSON object out).
 
 Every reply is a ``bsrctl.lmcache_ext.protocol`` type sent as its ``to_json()``.
-``bsr.fault`` is answered by whatever registered the ``bsr.fault`` control extension in this
+``bsr.reset_peak``, ``bsr.forget``, ``bsr.configure`` and ``bsr.fault`` change the server:
+they run only for a caller holding the control token (``server.guard``); the others answer
+anyone. ``bsr.fault`` is answered by whatever registered the ``bsr.fault`` control extension in this
 process (the fault-injecting L2 adapter does, when LMCache loads it); this package never
 imports it.
 """
@@ -25,6 +27,7 @@ from bsrctl.lmcache_ext.protocol import (
     StatusReply,
 )
 from bsrctl.lmcache_ext.server.config import ServerConfigError
+from bsrctl.lmcache_ext.server.guard import mutating
 from bsrctl.lmcache_ext.server.holds import l2_holds
 from bsrctl.lmcache_ext.server.layout import live_registrations
 from bsrctl.lmcache_ext.server.state import ModuleState
@@ -94,7 +97,7 @@ class ControlHandlers(ModuleState):
     def bsr_peak(self, payload: bytes) -> bytes:
         return _json(self.peak().to_json())
 
-    @server_module_handler("bsr.reset_peak")
+    @mutating("bsr.reset_peak")
     def bsr_reset_peak(self, payload: bytes) -> bytes:
         before = self.peak()
         self.gauge.reset()
@@ -105,7 +108,7 @@ class ControlHandlers(ModuleState):
             self.restorer.budget.reset_peak()
         return _json(ResetPeakReply(before, self.peak()).to_json())
 
-    @server_module_handler("bsr.forget")
+    @mutating("bsr.forget")
     def bsr_forget(self, payload: bytes) -> bytes:
         """Drop every unlocked L1 object so the next load comes from L2.
 
@@ -130,7 +133,7 @@ class ControlHandlers(ModuleState):
         waited = round(max(0.0, wait_s - (deadline - time.monotonic())), 3)
         return _json(ForgetReply(before, after, force, waited).to_json())
 
-    @server_module_handler("bsr.configure")
+    @mutating("bsr.configure")
     def bsr_configure(self, payload: bytes) -> bytes:
         """Change W / B / timeouts at run time (refused while a window is in flight).
 
@@ -145,7 +148,7 @@ class ControlHandlers(ModuleState):
             reply = ConfigureReply(False, self.config.model_dump(), str(e))
         return _json(reply.to_json())
 
-    @server_module_handler("bsr.fault")
+    @mutating("bsr.fault")
     def bsr_fault(self, payload: bytes) -> bytes:
         """Arm/clear/read rules of bsrctl's fault-injecting L2 adapter in this process."""
         handler = extensions.control_handler("bsr.fault")

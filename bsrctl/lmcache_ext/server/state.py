@@ -7,6 +7,7 @@ restorer (rebuilt on ``bsr.configure``), the process-wide gauge and force-local 
 
 from __future__ import annotations
 
+import os
 import threading
 from collections import Counter, deque
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -22,6 +23,7 @@ from lmcache.v1.multiprocess.modules.lmcache_driven_transfer import (
 )
 from lmcache.v1.multiprocess.modules.lookup import LookupModule
 
+from bsrctl.control_token import CONTROL_TOKEN_ENV, CONTROL_TOKEN_KEY, server_token
 from bsrctl.lmcache_ext.mp_storage import ServerRestoreStorage
 from bsrctl.lmcache_ext.protocol import LastProbe, RestoreOutcomeSummary
 from bsrctl.lmcache_ext.server.config import ServerConfigError, ServerModuleConfig
@@ -58,7 +60,17 @@ class ModuleState:
 
     def __init__(self, build_ctx: ExtServerModuleBuildContext) -> None:
         self._ctx = build_ctx.server_context
-        self.config = ServerModuleConfig.parse(build_ctx.config)
+        raw = dict(build_ctx.config or {})
+        try:  # the token is not a setting: never in bsr.status's config, never configurable
+            self._control_token = server_token(
+                raw.pop(CONTROL_TOKEN_KEY, None), os.environ.get(CONTROL_TOKEN_ENV)
+            )
+        except ValueError as exc:
+            raise ServerConfigError(f"bsr server module: {exc}") from None
+        if self._control_token is None:
+            log.warning("bsr server module: no control token set ($%s): mutating bsr.* and "
+                        "tempokv.* methods are refused", CONTROL_TOKEN_ENV)  # fmt: skip
+        self.config = ServerModuleConfig.parse(raw)
         lookup_mod = next((m for m in build_ctx.modules if isinstance(m, LookupModule)), None)
         self._transfer_mod = next(
             (m for m in build_ctx.modules if isinstance(m, LMCacheDrivenTransferModule)), None

@@ -1,6 +1,7 @@
 """TempoKV inside the server module: the ``tempokv.*`` methods and the retrieval hooks.
 Every payload is a record of the TempoKV wire (``bsrctl.tempokv.wire``), read with
-``from_json`` (a missing or unknown key is refused, naming it):
+``from_json`` (a missing or unknown key is refused, naming it); ``tempokv.configure`` and
+``tempokv.update`` run only for a caller holding the control token (``server.guard``):
 
 - ``tempokv.configure`` ``ConfigureRequest`` -> ``ConfigureReply``: (re)start the
   controller and provider (``bsrctl.lmcache_ext.tempokv_live.LiveTempo``) over this
@@ -33,6 +34,7 @@ from lmcache.v1.multiprocess.custom_types import IPCCacheServerKey
 from lmcache.v1.multiprocess.ext_server_module import server_module_handler
 
 from bsrctl.lmcache_ext.mp_storage import ServerRestoreStorage
+from bsrctl.lmcache_ext.server.guard import mutating
 from bsrctl.lmcache_ext.server.state import Mode, ModuleState, log
 from bsrctl.lmcache_ext.tempokv_device import LiveObject
 from bsrctl.lmcache_ext.tempokv_live import LiveConfig, LiveTempo
@@ -61,7 +63,7 @@ class TempoKVHandlers(ModuleState):
         if not hasattr(self, "_tempo_held"):
             self._tempo_held = {}
 
-    @server_module_handler(wire.CONFIGURE)
+    @mutating(wire.CONFIGURE)
     def tempokv_configure(self, payload: bytes) -> bytes:
         self._tempo_init()
         try:
@@ -97,7 +99,7 @@ class TempoKVHandlers(ModuleState):
                  json.dumps(status.observed_stock_reads.to_json(), sort_keys=True))  # fmt: skip
         return _json(status.to_json())
 
-    @server_module_handler(wire.UPDATE)
+    @mutating(wire.UPDATE)
     def tempokv_update(self, payload: bytes) -> bytes:
         req = wire.UpdateRequest.from_json(_payload(payload))
         tempo = self._tempo

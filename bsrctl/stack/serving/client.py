@@ -48,6 +48,10 @@ class ServingClient:
     ns: NetNamespace | None
     parts: dict[str, Supervised]
     model_dir: Path | None
+    # the token mutating bsr.* / tempokv.* calls carry (bsrctl.control_token), and where it
+    # comes from, for the message when the server refuses it
+    control_token: str | None = None
+    control_token_source: str = "the launched stack's own token"
 
     @property
     def vllm_url(self) -> str:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from bsrctl.control_token import CONTROL_TOKEN_ENV
 from bsrctl.specs import LmcacheSpec, StackSpec
 from bsrctl.stack.profile import profile_of
 
@@ -55,6 +56,7 @@ class Slots:
     prefix: tuple[str, ...] = ()
     mooncake_params: Mapping[str, Any] | None = field(default=None)
     otlp: str | None = None  # the trace receiver's OTLP/gRPC target (None: tracing off)
+    control_token: str | None = None  # the server module's (a plan: a placeholder)
 
 
 def base_env() -> dict[str, str]:
@@ -211,7 +213,7 @@ def lmcache_launch(
         prefetch_policy="retain" if tk is not None else None,
         read_ttl_s=tk.read_ttl_s if tk is not None else None,
     )
-    env = {**base_env(), **profile_of(stack).lmcache_env}
+    env = {**base_env(), **profile_of(stack).lmcache_env, **token_env(slots)}
     if ext.server_module.pythonpath:  # a server module from outside the installed package
         env["PYTHONPATH"] = ext.server_module.server_pythonpath(os.environ.get("PYTHONPATH"))
     return with_tracing(Launch("lmcache", (*slots.prefix, *argv), env), slots.otlp)
@@ -229,9 +231,14 @@ def vllm_launch(stack: StackSpec, ext: LMCacheExtensions | None, slots: Slots) -
         scheduler_cls=tk.scheduler_cls if tk is not None else None,
     )
     env = vllm_env(stack, slots.stack_dir / "vllm-cache")
-    if tk is not None:
-        env.update(tk.vllm_env())
+    if tk is not None:  # its tempokv.update calls are mutating: they carry the token
+        env.update(tk.vllm_env(), **token_env(slots))
     return with_tracing(Launch("vllm", (*slots.prefix, *argv), env), slots.otlp)
+
+
+def token_env(slots: Slots) -> dict[str, str]:
+    """The control token, in the environment (never on a command line: ``ps`` shows those)."""
+    return {CONTROL_TOKEN_ENV: slots.control_token} if slots.control_token else {}
 
 
 def with_tracing(launch: Launch, endpoint: str | None) -> Launch:

@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from bsrctl.control_token import new_token
 from bsrctl.errors import BadInput, StackFailed
 from bsrctl.specs import StackSpec
 from bsrctl.stack import shm_ledger, tinymodel
@@ -69,6 +70,9 @@ class ServingStack(ServingClient):
         self.shm_key = f"serving-{os.getpid()}-{id(self):x}"
         self.shm_named: set[str] = set()
         self.otlp: Endpoints | None = None  # the trace receiver, held between up and down
+        # The server module's control token: its own per stack, to LMCache (and TempoKV's
+        # vLLM) in the environment, to bsrctl's bsr.* client through this attribute.
+        self.control_token: str | None = new_token()
 
     def _launch(self, part: Supervised) -> None:
         key = "vllm" if part.name.startswith("vllm") else part.name
@@ -192,6 +196,7 @@ class ServingStack(ServingClient):
         return Slots(
             self.ports, self.dir, self.model_dir, tuple(self._prefix()), self._mooncake_params(),
             otlp=self.otlp.grpc if self.otlp is not None else None,
+            control_token=self.control_token,
         )  # fmt: skip
 
     def _trace_up(self) -> None:

@@ -29,10 +29,16 @@ from bsrctl.lmcache_ext.server import build_server_modules
 from bsrctl.restore.plan import confirm_plan
 from bsrctl.restore.types import RestoreRequest, RowId, RowKeys, Window
 
+TOKEN = "in-process-control-token"  # every InProcessServer's unless a test sets its own
 CHUNK = 16  # tokens per chunk
 MODEL = "bsr-unit-model"
 LAYOUT = MemoryLayoutDesc(shapes=[torch.Size([2, 2, CHUNK, 64])], dtypes=[torch.float32])
 C_BYTES = 2 * 2 * CHUNK * 64 * 4  # one chunk of the single row (rank 0, group 0)
+
+
+def authed(body: dict[str, Any] | None = None, token: str = TOKEN) -> bytes:
+    """A mutating method's payload carrying the control token."""
+    return json.dumps({**(body or {}), "control_token": token}).encode()
 
 
 class InProcessServer:
@@ -70,7 +76,7 @@ class InProcessServer:
             mp_config=None,  # type: ignore[arg-type]
             coordinator_config=None,  # type: ignore[arg-type]
             modules=(self.lookup_mod, self.transfer_mod),
-            config=config,
+            config={"control_token": TOKEN, **config},
         )
         self.module = build_server_modules(build)
 
@@ -107,7 +113,7 @@ class InProcessServer:
         return len(list(self.l2_dir.glob("*.data")))
 
     def forget(self) -> None:
-        out = json.loads(self.module.bsr_forget(b'{"wait_s": 10}'))
+        out = json.loads(self.module.bsr_forget(authed({"wait_s": 10})))
         assert out["l1_used_bytes_after"] == 0, out
 
     def lookup(self, tokens: list[int], rid: str) -> int:

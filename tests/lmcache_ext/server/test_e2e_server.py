@@ -22,6 +22,7 @@ pytest.importorskip("lmcache")
 from bsr_inprocess import private_dir  # noqa: E402
 from lmcache.v1.multiprocess.custom_types import IPCCacheServerKey  # noqa: E402
 
+from bsrctl.control_token import CONTROL_TOKEN_ENV, new_token, sealed  # noqa: E402
 from bsrctl.stack.serving.vllm_cache import vllm_cache_root  # noqa: E402
 
 # ---------------------------------------------------------------------------------------
@@ -104,7 +105,9 @@ class _Stack:
             "--l2-adapter", json.dumps(l2_adapter),
             "--server-module", json.dumps(module),
         ]  # fmt: skip
-        self.server = Supervised("lmcache", self.server_argv, root / "lmcache.log", env=env)
+        self.token = new_token()  # the server module's control token, as a launch draws it
+        server_env = {**env, CONTROL_TOKEN_ENV: self.token}
+        self.server = Supervised("lmcache", self.server_argv, root / "lmcache.log", env=server_env)
         kv = {
             "kv_connector": "LMCacheMPConnector",
             "kv_role": "kv_both",
@@ -167,13 +170,18 @@ class _Stack:
 
     # ---- server_module_call --------------------------------------------------------------
 
-    def call(self, method: str, payload: dict | None = None, timeout_s: float = 60.0) -> dict:
+    def call(
+        self, method: str, payload: dict | None = None, timeout_s: float = 60.0, token: Any = ...
+    ) -> dict:
+        """A ``server_module_call``; mutating methods carry the token (``token``: another,
+        or None for none)."""
         from lmcache.v1.multiprocess.protocols.server_module import ServerModuleCallRequest
         from lmcache.v1.multiprocess.transport.factory import RequestClientFactory
 
         if self._client is None:
             self._client = RequestClientFactory.create(f"tcp://127.0.0.1:{self.mq_port}")
-        req = ServerModuleCallRequest(method=method, payload=json.dumps(payload or {}).encode())
+        body = sealed(method, payload, self.token if token is ... else token)
+        req = ServerModuleCallRequest(method=method, payload=json.dumps(body).encode())
         resp = self._client.server_module_call(req).result(timeout=timeout_s)
         assert resp.success, f"{method}: {resp.error}"
         return json.loads(resp.payload)
@@ -374,6 +382,12 @@ def test_e2e_rpc_probe_only_lookup_and_force_local(bsr_e2e) -> None:
     from lmcache.v1.multiprocess.transport.factory import RequestClientFactory
 
     env, s = bsr_e2e, bsr_e2e.stack
+    # the control token over the real RPC: a stranger is refused and nothing changes
+    w_before = s.call("bsr.status")["effective_window_chunks"]
+    for token in (None, "x" * len(s.token), "wrong"):
+        got = s.call("bsr.configure", {"window_chunks": 2 if w_before != 2 else 1}, token=token)
+        assert got["refused"] == "control token" and got["method"] == "bsr.configure", got
+    assert s.call("bsr.status")["effective_window_chunks"] == w_before
     assert s.call("bsr.configure", {"window_chunks": 2})["ok"]
     _forget(s)
     probe = s.call("bsr.status")["last_probe"]

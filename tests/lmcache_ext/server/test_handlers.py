@@ -15,6 +15,7 @@ from bsr_inprocess import (  # noqa: E402
     CHUNK,
     MODEL,
     VerifyingDestination,
+    authed,
     make_tokens,
     restore,
 )
@@ -60,7 +61,7 @@ def test_windows_restore_byte_exact_with_peak_exactly_w_chunks(bsr_sm_server, w:
     server = bsr_sm_server(8 * C_BYTES, window_chunks=w)
     tokens = make_tokens(12, salt=w)
     payloads = server.seed(tokens)
-    server.module.bsr_reset_peak(b"")
+    server.module.bsr_reset_peak(authed())
     dest = VerifyingDestination(payloads)
     outcome = restore(server, tokens, f"r-w{w}", dest)
     assert outcome.ok, outcome.detail
@@ -75,7 +76,7 @@ def test_budget_2w_pipelines_two_windows_within_b(bsr_sm_server) -> None:
     server = bsr_sm_server(8 * C_BYTES, window_chunks=2, admission_budget_chunks=4)
     tokens = make_tokens(12, salt=11)
     payloads = server.seed(tokens)
-    server.module.bsr_reset_peak(b"")
+    server.module.bsr_reset_peak(authed())
     dest = VerifyingDestination(payloads)
     outcome = restore(server, tokens, "r-pipe", dest)
     assert outcome.ok, outcome.detail
@@ -171,9 +172,9 @@ def test_stall_guard_refuses_installs_after_a_process_stall() -> None:
 
 def test_configure_switches_window_at_run_time(bsr_sm_server) -> None:
     server = bsr_sm_server(8 * C_BYTES, window_chunks=2)
-    out = json.loads(server.module.bsr_configure(json.dumps({"window_chunks": 4}).encode()))
+    out = json.loads(server.module.bsr_configure(authed({"window_chunks": 4})))
     assert out["ok"] and server.module.window_chunks == 4
-    out = json.loads(server.module.bsr_configure(b'{"admission_budget_chunks": 1}'))
+    out = json.loads(server.module.bsr_configure(authed({"admission_budget_chunks": 1})))
     assert not out["ok"] and "B >= W" in out["error"]
     assert server.module.window_chunks == 4
 
@@ -186,12 +187,12 @@ def test_configure_is_refused_while_a_retrieve_is_inside_arestore(bsr_sm_server)
     old = module.restorer
     with module._lock:
         module._restoring = 1  # as retrieve() holds it between taking and leaving restore()
-    out = json.loads(module.bsr_configure(json.dumps({"window_chunks": 4}).encode()))
+    out = json.loads(module.bsr_configure(authed({"window_chunks": 4})))
     assert not out["ok"] and out["error"] == "1 retrieve(s) in flight: retry when idle"
     assert module.restorer is old and module.window_chunks == 2
     with module._lock:
         module._restoring = 0
-    out = json.loads(module.bsr_configure(json.dumps({"window_chunks": 4}).encode()))
+    out = json.loads(module.bsr_configure(authed({"window_chunks": 4})))
     assert out["ok"] and module.restorer is not old and module.window_chunks == 4
 
 
@@ -216,11 +217,11 @@ def test_every_bsr_reply_parses_as_its_protocol_type_byte_for_byte(bsr_sm_server
     key = IPCCacheServerKey(MODEL, 1, 0, tuple(toks), 0, 4 * CHUNK, "r-proto")
     m._after_restore(key, outcome, 0.5)  # what a failed windowed retrieve records
     for method, kind in REPLY_TYPES.items():
-        raw = getattr(m, method)(b"")
+        raw = getattr(m, method)(authed() if method in ("bsr_reset_peak", "bsr_forget") else b"")
         parsed = kind.from_json(json.loads(raw))
         assert json.dumps(parsed.to_json(), sort_keys=True).encode() == raw, method
-    for payload in (b'{"window_chunks": 4}', b'{"admission_budget_chunks": 1}'):
-        raw = m.bsr_configure(payload)
+    for payload in ({"window_chunks": 4}, {"admission_budget_chunks": 1}):
+        raw = m.bsr_configure(authed(payload))
         reply = ConfigureReply.from_json(json.loads(raw))
         assert json.dumps(reply.to_json(), sort_keys=True).encode() == raw
     assert not reply.ok and "B >= W" in (reply.error or "")
@@ -238,7 +239,7 @@ def test_a_key_renamed_in_the_servers_output_fails_from_json(bsr_sm_server) -> N
     raw["peak"]["l1_used_peak"] = raw["peak"].pop("l1_used_peak_bytes")
     with pytest.raises(ProtocolError, match=r"missing keys \['l1_used_peak_bytes'\]"):
         StatusReply.from_json(raw)
-    forget = json.loads(server.module.bsr_forget(b""))
+    forget = json.loads(server.module.bsr_forget(authed()))
     forget["l1_after"] = forget.pop("l1_used_bytes_after")
     with pytest.raises(ProtocolError, match="unexpected keys"):
         ForgetReply.from_json(forget)
@@ -246,10 +247,10 @@ def test_a_key_renamed_in_the_servers_output_fails_from_json(bsr_sm_server) -> N
 
 def test_bsr_fault_dispatches_through_the_extension_registry(bsr_sm_server, monkeypatch) -> None:
     server = bsr_sm_server(8 * C_BYTES, window_chunks=2)
-    listed = json.loads(server.module.bsr_fault(b'{"op": "list"}'))
+    listed = json.loads(server.module.bsr_fault(authed({"op": "list"})))
     assert listed["ok"] and server.fault_name in listed["names"]
     monkeypatch.setattr(extensions, "_handlers", {})  # no fault adapter in this process
-    assert json.loads(server.module.bsr_fault(b'{"op": "list"}')) == {
+    assert json.loads(server.module.bsr_fault(authed({"op": "list"}))) == {
         "ok": False,
         "error": "fault adapter unavailable: none loaded in this server process",
     }

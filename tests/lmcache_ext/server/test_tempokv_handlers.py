@@ -15,9 +15,10 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from bsr_inprocess import C_BYTES, CHUNK, MODEL
+from bsr_inprocess import C_BYTES, CHUNK, MODEL, TOKEN
 from lmcache.v1.multiprocess.custom_types import IPCCacheServerKey
 
+from bsrctl.control_token import sealed
 from bsrctl.prompts import prompt_ids
 from bsrctl.tempokv import wire
 from bsrctl.tempokv.kv import Manifest
@@ -31,7 +32,7 @@ def call(server, method: str, payload: dict) -> dict:
         "tempokv.update": server.module.tempokv_update,
         "tempokv.status": server.module.tempokv_status,
     }[method]
-    return json.loads(handler(json.dumps(payload).encode()))
+    return json.loads(handler(json.dumps(sealed(method, payload, TOKEN)).encode()))
 
 
 def hit(tokens: list[int]) -> wire.Hit:
