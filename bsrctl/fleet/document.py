@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import Any
 
 from bsrctl.fleet.report import CUTOFF, FleetReport, Spread
-from bsrctl.report.compare import _value, regression_line
-from bsrctl.report.document import _html
-from bsrctl.report.figures import Plot, _svg, available
+from bsrctl.report.compare import fmt, regression_line
+from bsrctl.report.document import html_page
+from bsrctl.report.figures import Plot, available, svg
 
 RULE = (
     f"robust z = 0.6745 (x − median) / MAD across nodes, outlier where |z| > {CUTOFF} "
@@ -28,8 +28,8 @@ class FleetWritten:
 
 def outlier_lines(fr: FleetReport) -> list[str]:
     return [
-        f"- OUTLIER {o.node}: {o.metric} at {o.point} ({o.kind}): {_value(o.metric, o.value)}, "
-        f"fleet median {_value(o.metric, o.median)}, z = {o.score:+.1f}"
+        f"- OUTLIER {o.node}: {o.metric} at {o.point} ({o.kind}): {fmt(o.metric, o.value)}, "
+        f"fleet median {fmt(o.metric, o.median)}, z = {o.score:+.1f}"
         for o in fr.outliers
     ]
 
@@ -51,10 +51,10 @@ def baseline_lines(fr: FleetReport) -> list[str]:
 def _spread_row(s: Spread) -> str:
     x = [v for _, v in s.values]
     named = ", ".join(o.node for o in s.outliers) or "–"
-    mad = _value(s.metric, s.mad) if s.mad else "0"
+    mad = fmt(s.metric, s.mad) if s.mad else "0"
     return (
-        f"| {s.point} | {_value(s.metric, s.median)} | {mad} | {_value(s.metric, min(x))} | "
-        f"{_value(s.metric, max(x))} | {len(x)} | {named} |"
+        f"| {s.point} | {fmt(s.metric, s.median)} | {mad} | {fmt(s.metric, min(x))} | "
+        f"{fmt(s.metric, max(x))} | {len(x)} | {named} |"
     )
 
 
@@ -111,7 +111,7 @@ def spread_plot(kind: str, metric: str, rows: list[Spread], nodes: tuple[str, ..
     ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
     fig.subplots_adjust(bottom=0.2)
-    return Plot(f"fleet-{kind}-{metric}", title, _svg(fig))
+    return Plot(f"fleet-{kind}-{metric}", title, svg(fig))
 
 
 def write(fr: FleetReport, out: Path) -> FleetWritten:
@@ -132,5 +132,5 @@ def write(fr: FleetReport, out: Path) -> FleetWritten:
     md, page = out / "report.md", out / "report.html"
     md.write_text(text)
     docs: list[dict[str, Any]] = [r.doc for r in fr.runs]
-    page.write_text(_html(text, docs, {"fleet": plots}))
+    page.write_text(html_page(text, docs, {"fleet": plots}))
     return FleetWritten(md, page, tuple(out / rel for _, rel in plots))

@@ -189,7 +189,8 @@ def _order(metric: str) -> tuple[int, str]:
     return (KEY_METRICS.index(metric) if metric in KEY_METRICS else len(KEY_METRICS), metric)
 
 
-def _value(metric: str, v: float) -> str:
+def fmt(metric: str, v: float) -> str:
+    """A metric's value as reports show it (seconds in ms, bytes in MiB)."""
     if metric.endswith("_s"):
         return f"{v * 1000:.1f} ms"
     if "bytes" in metric:
@@ -209,8 +210,8 @@ def regression_line(d: Delta, b: Bound) -> str:
     """Names the metric, the point and the delta; where both runs have samples, the shift's
     significance and the noise floor too (single samples keep the bound-only line)."""
     line = (
-        f"REGRESSION {d.metric} at {d.point}: {_value(d.metric, d.base)} → "
-        f"{_value(d.metric, d.new)} ({_pct(d.change_pct)}), worse by {_pct(d.worse_pct)} > "
+        f"REGRESSION {d.metric} at {d.point}: {fmt(d.metric, d.base)} → "
+        f"{fmt(d.metric, d.new)} ({_pct(d.change_pct)}), worse by {_pct(d.worse_pct)} > "
         f"bound {b.pct:g}%"
     )
     return f"{line}; {_significance(d)}" if d.testable else line
@@ -250,7 +251,7 @@ def render(c: Comparison) -> str:
         "|---|---|---|---|---|---|---|---|",
     ]
     lines += [
-        f"| {d.point} | {d.metric} | {_value(d.metric, d.base)} | {_value(d.metric, d.new)} | "
+        f"| {d.point} | {d.metric} | {fmt(d.metric, d.base)} | {fmt(d.metric, d.new)} | "
         f"{_pct(d.change_pct)} | {' | '.join(_interval(d))} |"
         for d in c.deltas
     ]

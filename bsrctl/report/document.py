@@ -83,7 +83,9 @@ def _markdown(docs: list[dict[str, Any]], figures: dict[str, list[tuple[Plot, st
     return "\n".join(lines).rstrip("\n") + "\n"
 
 
-def _html(text: str, docs: list[dict[str, Any]], figures: dict[str, list[tuple[Plot, str]]]) -> str:
+def html_page(
+    text: str, docs: list[dict[str, Any]], figures: dict[str, list[tuple[Plot, str]]]
+) -> str:
     from markdown_it import MarkdownIt
 
     inline = {rel: plot for fl in figures.values() for plot, rel in fl}
@@ -121,5 +123,5 @@ def write_report(run_dirs: Sequence[Path], out_dir: Path | None = None) -> Writt
     text = _markdown(docs, figures)
     md, page = out / "report.md", out / "report.html"
     md.write_text(text)
-    page.write_text(_html(text, docs, figures))
+    page.write_text(html_page(text, docs, figures))
     return Written(md, page, tuple(paths), skipped)

@@ -32,7 +32,7 @@ class Plot:
     svg: str  # the <svg> element, no XML prolog
 
 
-def _new(doc: dict[str, Any], title: str, panels: int = 1, width: float = 7.5) -> Any:
+def new_fig(doc: dict[str, Any], title: str, panels: int = 1, width: float = 7.5) -> Any:
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(width, 4.6 if panels == 1 else 4.9))
@@ -44,7 +44,7 @@ def _new(doc: dict[str, Any], title: str, panels: int = 1, width: float = 7.5) -
     return fig, list(axes)
 
 
-def _svg(fig: Any) -> str:
+def svg(fig: Any) -> str:
     import matplotlib
 
     buf = io.StringIO()
@@ -86,7 +86,7 @@ def sweep_plots(doc: dict[str, Any]) -> list[Plot]:
     out = []
     peaks = _series(pts, "restore_pool_peak_bytes")
     if peaks:
-        fig, (ax,) = _new(doc, "Restore-pool peak vs prefix length")
+        fig, (ax,) = new_fig(doc, "Restore-pool peak vs prefix length")
         for w, xy in sorted(peaks.items(), reverse=True):
             label = f"W = {w} (BSR)" if w else "W = 0 (whole plan)"
             ax.plot([x for x, _ in xy], [y / MIB for _, y in xy], marker="o", label=label)
@@ -97,12 +97,12 @@ def sweep_plots(doc: dict[str, Any]) -> list[Plot]:
         ax.set_ylim(bottom=0)
         ax.grid(alpha=0.3)
         ax.legend()
-        out.append(Plot("peak-vs-tokens", "Restore-pool peak vs prefix length", _svg(fig)))
+        out.append(Plot("peak-vs-tokens", "Restore-pool peak vs prefix length", svg(fig)))
     times = [("ttft_s", "TTFT"), ("restore_s", "restore time")]
     present = [(k, t) for k, t in times if _series(pts, k)]
     if present:
         title = " and ".join(t for _, t in present).capitalize() + " vs prefix length"
-        fig, axes = _new(doc, title, panels=len(present))
+        fig, axes = new_fig(doc, title, panels=len(present))
         for ax, (key, label) in zip(axes, present, strict=True):
             bars = _intervals(pts, key)
             for w, xy in sorted(_series(pts, key).items(), reverse=True):
@@ -118,7 +118,7 @@ def sweep_plots(doc: dict[str, Any]) -> list[Plot]:
             ax.set_ylim(bottom=0)
             ax.grid(alpha=0.3)
             ax.legend()
-        out.append(Plot("times-vs-tokens", title, _svg(fig)))
+        out.append(Plot("times-vs-tokens", title, svg(fig)))
     return out
 
 
@@ -128,7 +128,7 @@ def law_plots(doc: dict[str, Any]) -> list[Plot]:
         return []
     ws, peaks = fit["windows_chunks"], fit["restore_pool_peak_bytes"]
     c = fit["bytes_per_chunk"]
-    fig, (ax,) = _new(doc, "Capacity law: restore-pool peak vs W")
+    fig, (ax,) = new_fig(doc, "Capacity law: restore-pool peak vs W")
     ax.plot(ws, [p / MIB for p in peaks], "o", ms=7, label="measured peak")
     top = max(ws)
     slope, icpt = fit["slope_bytes_per_chunk"], fit["intercept_bytes"]
@@ -138,7 +138,7 @@ def law_plots(doc: dict[str, Any]) -> list[Plot]:
     ax.set(xlabel="window W (chunks)", ylabel="restore-pool peak (MiB)")
     ax.grid(alpha=0.3)
     ax.legend()
-    return [Plot("capacity-law", "Capacity law: restore-pool peak vs W", _svg(fig))]
+    return [Plot("capacity-law", "Capacity law: restore-pool peak vs W", svg(fig))]
 
 
 def ladder_plots(doc: dict[str, Any]) -> list[Plot]:
@@ -147,7 +147,7 @@ def ladder_plots(doc: dict[str, Any]) -> list[Plot]:
         return []
     sizes = sorted({p["params"]["tokens"] for p in pts})
     rungs = sorted({p["params"]["l1_capacity_bytes"] for p in pts})
-    fig, (ax,) = _new(doc, "Whole-plan ladder: L1 rungs passed and failed per prefix size")
+    fig, (ax,) = new_fig(doc, "Whole-plan ladder: L1 rungs passed and failed per prefix size")
     for outcome, colour in OUTCOME_COLOUR.items():
         xy = [
             (rungs.index(p["params"]["l1_capacity_bytes"]), sizes.index(p["params"]["tokens"]))
@@ -164,7 +164,7 @@ def ladder_plots(doc: dict[str, Any]) -> list[Plot]:
     ax.set_ylim(-0.7, len(sizes) - 0.3)
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1))
     fig.subplots_adjust(right=0.8)
-    return [Plot("ladder", "Whole-plan ladder", _svg(fig))]
+    return [Plot("ladder", "Whole-plan ladder", svg(fig))]
 
 
 def failmatrix_plots(doc: dict[str, Any]) -> list[Plot]:
@@ -180,7 +180,7 @@ def failmatrix_plots(doc: dict[str, Any]) -> list[Plot]:
         for p in pts
     ]
     height = max(4.6, 1.8 + 0.32 * len(pts))
-    fig, (ax,) = _new(doc, "Failure matrix: cells × checks")
+    fig, (ax,) = new_fig(doc, "Failure matrix: cells × checks")
     fig.set_size_inches(7.5 + 0.25 * len(names), height)
     cmap = ListedColormap([VERDICT_COLOUR[v] for v in order])
     ax.imshow(grid, cmap=cmap, vmin=0, vmax=len(order) - 1, aspect="auto")
@@ -192,7 +192,7 @@ def failmatrix_plots(doc: dict[str, Any]) -> list[Plot]:
             if order[v]:
                 ax.text(j, i, order[v][0], ha="center", va="center", fontsize=7, color="white")
     fig.subplots_adjust(left=0.25, bottom=0.3)
-    return [Plot("failmatrix", "Failure matrix: cells × checks", _svg(fig))]
+    return [Plot("failmatrix", "Failure matrix: cells × checks", svg(fig))]
 
 
 def tempokv_plots(doc: dict[str, Any]) -> list[Plot]:
@@ -200,7 +200,7 @@ def tempokv_plots(doc: dict[str, Any]) -> list[Plot]:
     cells = summary.get("cells") if summary.get("experiment") == "policies" else None
     if not cells:
         return []
-    fig, axes = _new(doc, "TempoKV: staging cost C vs p95 TTFT, per policy", panels=len(cells),
+    fig, axes = new_fig(doc, "TempoKV: staging cost C vs p95 TTFT, per policy", panels=len(cells),
                      width=max(7.5, 3.6 * len(cells)))  # fmt: skip
     for ax, cell in zip(axes, cells, strict=True):
         for policy, m in cell["policies"].items():
@@ -214,7 +214,7 @@ def tempokv_plots(doc: dict[str, Any]) -> list[Plot]:
         ax.set(xlabel="C (GiB·s / request)", ylabel="p95 TTFT (s)")
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=6)
-    return [Plot("tempokv-c-vs-p95", "TempoKV: C vs p95 TTFT per policy", _svg(fig))]
+    return [Plot("tempokv-c-vs-p95", "TempoKV: C vs p95 TTFT per policy", svg(fig))]
 
 
 PLOTS: dict[str, Callable[[dict[str, Any]], list[Plot]]] = {

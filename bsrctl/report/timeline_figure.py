@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from bsrctl.report.figures import Plot, _new, _svg
+from bsrctl.report.figures import Plot, new_fig, svg
 from bsrctl.trace.timeline import slowest, spans_of
 
 COLOURS = {"bsrctl": "#1565c0", "bsrctl.server": "#2e7d32", "lmcache": "#6a1b9a",
@@ -22,7 +22,7 @@ def timeline_plots(run_dir: Path, doc: dict[str, Any], top: int = 3) -> list[Plo
     paths = slowest(spans_of(records), top)
     if not paths:
         return []
-    fig, (ax,) = _new(doc, f"Slowest {len(paths)} request(s): where the TTFT went")
+    fig, (ax,) = new_fig(doc, f"Slowest {len(paths)} request(s): where the TTFT went")
     seen: set[str] = set()
     for row, p in enumerate(paths):
         for ph in p.phases:
@@ -39,4 +39,4 @@ def timeline_plots(run_dir: Path, doc: dict[str, Any], top: int = 3) -> list[Plo
     ax.set_xlabel("ms from client send (critical path; faded: time inside a span, untraced)")
     ax.tick_params(axis="y", labelsize=7)
     ax.legend(fontsize=7, loc="lower right")
-    return [Plot("timeline", "Slowest requests' timelines (critical path)", _svg(fig))]
+    return [Plot("timeline", "Slowest requests' timelines (critical path)", svg(fig))]
