@@ -103,9 +103,15 @@ def _cpu(v: VllmSpec) -> DeviceProfile:
         env["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(
             str(i % (os.cpu_count() or 1)) for i in range(tp)
         )
-    elif v.cpu_threads_bind is not None:
-        # canonical and served vLLM alike: a different thread count may change float sums
-        env["VLLM_CPU_OMP_THREADS_BIND"] = v.cpu_threads_bind
+    else:
+        # One rank: the worker inside the engine-core process (vLLM's UniProcExecutor), as vLLM
+        # runs TP 1 on a GPU. The CPU platform otherwise forces the mp executor, whose worker
+        # is one more spawned interpreter (vllm/platforms/cpu.py:333-341, spawn at :409): 18 s
+        # of every start here (51 -> 33 s, the same greedy ids). Served and reference alike.
+        env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        if v.cpu_threads_bind is not None:
+            # canonical and served vLLM alike: a different thread count may change float sums
+            env["VLLM_CPU_OMP_THREADS_BIND"] = v.cpu_threads_bind
     return DeviceProfile("cpu", flags, env, {})
 
 

@@ -132,6 +132,7 @@ def test_cpu_e1_plan_is_the_cpu_stack() -> None:
     assert dict(ref.env) == {
         **base_env(),
         "VLLM_CPU_KVCACHE_SPACE": "1",
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
         "VLLM_CACHE_ROOT": "<run>/canonical/stack/vllm-cache",
     }
     assert list(lm.argv) == _lmcache("0.0625", [_fs()], _module("cpu-e1.yaml"))
@@ -140,6 +141,7 @@ def test_cpu_e1_plan_is_the_cpu_stack() -> None:
     assert dict(vllm.env) == {
         **base_env(),
         "VLLM_CPU_KVCACHE_SPACE": "1",
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
         "VLLM_CACHE_ROOT": "<run>/stack/vllm-cache",
         "VLLM_SERVER_DEV_MODE": "1",
     }

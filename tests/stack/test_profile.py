@@ -4,6 +4,7 @@ loopback; Mooncake's transport from the spec."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -34,7 +35,10 @@ def test_cpu_profile_is_the_cpu_stack_as_before() -> None:
     assert numerics_key(stack.vllm) == "float32-kvauto-tp1-len20480"
     p = profile.profile_of(stack)
     assert (p.device, p.vllm_flags) == ("cpu", ("--enforce-eager",))
-    assert dict(p.vllm_env) == {"VLLM_CPU_KVCACHE_SPACE": "1"}
+    assert dict(p.vllm_env) == {
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+    }
     assert dict(p.lmcache_env) == {}
     assert (profile.enforce_eager(stack), profile.async_scheduling(stack)) == (True, False)
 
@@ -44,8 +48,19 @@ def test_cpu_eager_can_be_turned_off_and_binds_cores_per_rank() -> None:
     assert profile.profile_of(off).vllm_flags == ()
     assert dict(profile.profile_of(off).vllm_env) == {
         "VLLM_CPU_KVCACHE_SPACE": "1",
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
         "VLLM_CPU_OMP_THREADS_BIND": "0",
     }
+
+
+def test_cpu_one_rank_runs_its_worker_in_the_engine_core_two_ranks_keep_the_mp_executor() -> None:
+    one = dict(profile.profile_of(StackSpec()).vllm_env)
+    two = dict(profile.profile_of(StackSpec(vllm=VllmSpec(tensor_parallel_size=2))).vllm_env)
+    assert one["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"  # vLLM's UniProcExecutor, as on a GPU
+    assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in two  # one spawned worker per rank
+    assert two["VLLM_CPU_OMP_THREADS_BIND"] == "|".join(
+        str(i % (os.cpu_count() or 1)) for i in range(2)
+    )
 
 
 def test_cuda_profile_defaults() -> None:

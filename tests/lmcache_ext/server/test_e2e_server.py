@@ -129,6 +129,8 @@ class _Stack:
         if tp > 1:
             self.vllm_argv += ["--tensor-parallel-size", str(tp)]
             vllm_env["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(str(i) for i in range(tp))
+        else:  # as bsrctl launches one rank (stack/profile.py): the worker in the engine core
+            vllm_env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         self.vllm = Supervised("vllm", self.vllm_argv, root / "vllm.log", env=vllm_env)
         self._client: Any = None
         self._segments: set[str] = set()
