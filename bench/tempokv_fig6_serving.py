@@ -19,10 +19,12 @@ Per repeat both arms run every rate, in alternating order between repeats (AB, B
 so drift over the run hits both; an arm is stack up, documents seeded into L2, then every rate
 (L1 and vLLM's prefix cache forget before each cell), stack down. The spec's `serving` section
 sets the workload and the shaped L2; the rates replace its interval (requests per second =
-1 / interval). Canonical outputs (a connector-less vLLM) are computed once: both arms send the
-same prompts. Every output is checked against them; any that differs (or a request that did not
-finish) is printed as FAILURE and the exit status is 1. The table gives, per rate, the median
-over repeats of each arm's p95 TTFT and tok/s, the median of the per-repeat ratios and their
+1 / interval; `--arrivals poisson`, `--turns N` and `--slo-ttft-s S` set the spec's arrival
+process, documents reused across turns and the goodput SLO, which adds a goodput claim).
+Canonical outputs (a connector-less vLLM) are computed once: both arms send the same prompts.
+Every output is checked against them; any that differs (or a request that did not finish)
+is printed as FAILURE and the exit status is 1. The table gives, per rate, the median over
+repeats of each arm's p95 TTFT and tok/s, the median of the per-repeat ratios and their
 min–max; then each rate's claims (throughput >= LMCache's, p95 <= LMCache's) judged on the
 paired repeats' 95 % interval: PASS, FAIL or UNKNOWN with the interval. Nothing is tuned
 here: it prints what the stack gives."""
@@ -41,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from pydantic import ValidationError
 
 from bsrctl.errors import StackFailed
 from bsrctl.experiments.tempokv import calls
@@ -52,8 +55,10 @@ from bsrctl.experiments.tempokv.serving import (
     prepare,
     seed_documents,
 )
+from bsrctl.spec_io import describe_error
 from bsrctl.stack.deployment import Deployment
 from bsrctl.stack.extensions import TempoKVLaunch, odirect_allowed
+from bsrctl.tempokv.serving_workload import goodput
 from bsrctl.tempokv.spec import TempoKVSpec
 
 # the shipped serving workload (ladders/tempokv-serving.yaml: one slot, 12 documents, shaped
@@ -100,6 +105,7 @@ class Cell:
     canonical: int
     requests: int
     controller: str  # what tempokv.status said after the cell ("" for the baseline)
+    goodput: float = math.nan  # share of requests with TTFT <= serving.slo_ttft_s (NaN: none)
 
 
 def in_process(tk: TempoKVLaunch) -> TempoKVLaunch:
@@ -156,13 +162,20 @@ def run_arm(
                 r is not None and r.output_token_ids == c
                 for r, c in zip(res, prep.canonical, strict=True)
             )
+            slo = run.slo_ttft_s
+            good = math.nan
+            if slo is not None:
+                all_ttfts = [None if r is None else r.first_token_s - r.sent_s for r in res]
+                good = goodput(all_ttfts, slo, span).share
             cell = Cell(
-                _p95(ttfts), toks / span if span > 0 else math.nan, same, len(res), controller
-            )
+                _p95(ttfts), toks / span if span > 0 else math.nan, same, len(res), controller,
+                good,
+            )  # fmt: skip
             out[rate] = cell
             print(
                 f"repeat {rep} {arm:7} rate {rate:g} rps: p95 TTFT {cell.p95_s:.3f}s "
                 f"{cell.tok_s:.1f} tok/s {same}/{len(res)} canonical"
+                + (f" goodput {good:.2f}" if slo is not None else "")
                 + (f" | {controller}" if controller else ""),
                 flush=True,
             )
@@ -215,12 +228,32 @@ def claims(
     for rate in rates:
         lm = [c["lmcache"][rate] for c in cells]
         tk = [c[arm][rate] for c in cells]
-        for what, claim, key in (("tput", "a>=b", "tok_s"), ("p95", "a<=b", "p95_s")):
+        keys = [("tput", "a>=b", "tok_s"), ("p95", "a<=b", "p95_s")]
+        if not any(math.isnan(c.goodput) for c in lm + tk):
+            keys.append(("goodput", "a>=b", "goodput"))
+        for what, claim, key in keys:
             name = f"{what} {arm}/lmcache @{rate:g}"
             a, b = [getattr(c, key) for c in tk], [getattr(c, key) for c in lm]
             got = ordering_claim(name, what, a, b, claim, name)
             out.append(f"claim {got.detail}")
     return out
+
+
+def workload_overrides(doc: dict[str, Any], ns: argparse.Namespace) -> dict[str, Any]:
+    """The spec with the command line's workload flags in its `serving:` section (validated
+    with the rest: a bad value exits 2 naming the field)."""
+    serving = dict(doc.get("serving") or {})
+    arrivals = dict(serving.get("arrivals") or {})
+    for flag, key in (("arrivals", "process"), ("burstiness", "burstiness"),
+                      ("arrival_seed", "seed")):  # fmt: skip
+        if getattr(ns, flag) is not None:
+            arrivals[key] = getattr(ns, flag)
+    if arrivals:
+        serving["arrivals"] = arrivals
+    for flag in ("turns", "slo_ttft_s"):
+        if getattr(ns, flag) is not None:
+            serving[flag] = getattr(ns, flag)
+    return {**doc, "serving": serving}
 
 
 def main() -> int:
@@ -237,6 +270,11 @@ def main() -> int:
         action="store_true",
         help="a fourth arm: the adapter with no server call and no trace (controller off)",
     )
+    ap.add_argument("--arrivals", choices=("fixed", "poisson"), help="serving.arrivals.process")
+    ap.add_argument("--burstiness", type=float, help="serving.arrivals.burstiness (1: Poisson)")
+    ap.add_argument("--arrival-seed", type=int, help="serving.arrivals.seed")
+    ap.add_argument("--turns", type=int, help="serving.turns (documents reused across turns)")
+    ap.add_argument("--slo-ttft-s", type=float, help="serving.slo_ttft_s (goodput's TTFT bound)")
     ns = ap.parse_args()
     arms = (
         ARMS + ((ADAPTER_ARM,) if ns.adapter_arm else ()) + ((LOCAL_ARM,) if ns.local_arm else ())
@@ -255,7 +293,12 @@ def main() -> int:
         ap.error(f"RATES {args}: give numbers (requests per second)")
     if any(r <= 0 for r in rates):
         ap.error(f"RATES {rates}: each must be > 0")
-    spec = TempoKVSpec.model_validate(raw or yaml.safe_load(DEFAULT_SPEC.read_text()))
+    try:
+        spec = TempoKVSpec.model_validate(workload_overrides(
+            raw or yaml.safe_load(DEFAULT_SPEC.read_text()), ns))  # fmt: skip
+    except ValidationError as e:
+        print(f"error: {describe_error(TempoKVSpec, e)}", file=sys.stderr)
+        return 2
     run_dir = Path(tempfile.mkdtemp(prefix="tk-fig6-"))
     run = spec.serving
     print(f"run dir {run_dir}; {ns.repeats} repeats; rates {rates}; {run.num_requests} requests "
@@ -279,6 +322,8 @@ def main() -> int:
         print("\n".join(table(rates, cells, extra)))
     print()
     print("\n".join(claims(rates, cells)))
+    print(f"\n{run.arrivals.process} arrivals (burstiness {run.arrivals.burstiness}, seed "
+          f"{run.arrivals.seed}), {run.turns} turn(s), SLO TTFT {run.slo_ttft_s} s")  # fmt: skip
     print(f"\nmedians over {ns.repeats} repeats, {run.num_requests} requests per cell; shaped L2 "
           f"{run.l2_bandwidth_mib_s} MiB/s (O_DIRECT {odirect}), budget "
           f"{run.budget_mib} MiB, run dir {run_dir}")  # fmt: skip

@@ -13,6 +13,7 @@ from pydantic import Field, field_validator, model_validator
 from bsrctl.spec_io import Strict, load_spec
 from bsrctl.specs import StackSpec
 from bsrctl.tempokv.policies import POLICY_NAMES, TTU_QUANTILE
+from bsrctl.tempokv.serving_workload import ArrivalSpec
 from bsrctl.tempokv.sim.models import CATALOGUE
 
 # The paper's 12 NarrativeQA documents are not redistributable: lengths spanning its
@@ -304,7 +305,18 @@ class ServingRun(Strict):
     )
     question_tokens: int = Field(32, ge=1)
     num_requests: int = Field(8, ge=1)
-    interval_s: float = Field(0.5, ge=0)
+    interval_s: float = Field(0.5, ge=0, description="mean time between two requests sent")
+    arrivals: ArrivalSpec = Field(default_factory=ArrivalSpec)
+    turns: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="turns per conversation: turn t's prompt is its document and the "
+        "questions of turns 0..t, sent one round after turn t-1 (serving_workload.py)",
+    )
+    slo_ttft_s: float | None = Field(
+        None, gt=0, description="TTFT bound of the goodput measures (None: not measured)"
+    )
     max_tokens: int = Field(16, ge=1)
     l2_bandwidth_mib_s: float = Field(
         16.0, gt=0, description="shaped FS L2 read rate (the SSD stand-in)"
@@ -360,6 +372,17 @@ class ServingRun(Strict):
         if not isinstance(data, dict):
             return data
         return {**data, **_shorthands_of(data), "stack": _stack_of(data)}
+
+    @model_validator(mode="after")
+    def _prompts_fit(self) -> ServingRun:
+        longest = max(self.documents_tokens) + self.turns * self.question_tokens + self.max_tokens
+        if longest > self.stack.vllm.max_model_len:
+            raise ValueError(
+                f"the longest prompt (largest of documents_tokens + turns x question_tokens) "
+                f"and max_tokens need {longest} tokens > stack.vllm.max_model_len "
+                f"{self.stack.vllm.max_model_len}; raise it or shorten documents_tokens/turns"
+            )
+        return self
 
 
 def _shorthands_of(data: dict[str, Any]) -> dict[str, Any]:

@@ -143,3 +143,43 @@ def test_claims_are_judged_on_the_paired_repeats() -> None:
     assert "over 4 paired repeats lies on the claimed side" in tput
     assert p95.startswith("claim p95 tempokv/lmcache @8: UNKNOWN, claim a/b <= 1: ")
     assert "straddles 1" in p95  # ratios .8 1.27 .9 .83: one repeat the other way
+
+
+def test_a_goodput_claim_joins_when_every_cell_measured_it() -> None:
+    def cell(good: float) -> object:
+        return fig6.Cell(1.0, 100.0, 10, 10, "", good)
+
+    cells = [
+        {"lmcache": {4.0: cell(0.5)}, "tempokv": {4.0: cell(0.9)}},
+        {"lmcache": {4.0: cell(0.6)}, "tempokv": {4.0: cell(0.8)}},
+        {"lmcache": {4.0: cell(0.4)}, "tempokv": {4.0: cell(0.7)}},
+    ]
+    got = fig6.claims([4.0], cells)
+    assert [line.split(":")[0] for line in got] == [
+        "claim tput tempokv/lmcache @4",
+        "claim p95 tempokv/lmcache @4",
+        "claim goodput tempokv/lmcache @4",
+    ]
+    no_slo = [{arm: {4.0: fig6.Cell(1.0, 100.0, 10, 10, "")} for arm in fig6.ARMS}]
+    assert len(fig6.claims([4.0], no_slo)) == 2
+
+
+def test_workload_flags_land_in_the_specs_serving_section() -> None:
+    ns = fig6.argparse.Namespace(arrivals="poisson", burstiness=None, arrival_seed=3, turns=2,
+                                 slo_ttft_s=0.5)  # fmt: skip
+    doc = {"serving": {"num_requests": 4, "arrivals": {"burstiness": 0.5}}, "seed": 1}
+    assert fig6.workload_overrides(doc, ns) == {
+        "seed": 1,
+        "serving": {"num_requests": 4, "turns": 2, "slo_ttft_s": 0.5,
+                    "arrivals": {"burstiness": 0.5, "process": "poisson", "seed": 3}},
+    }  # fmt: skip
+    none = fig6.argparse.Namespace(arrivals=None, burstiness=None, arrival_seed=None,
+                                   turns=None, slo_ttft_s=None)  # fmt: skip
+    assert fig6.workload_overrides(doc, none) == doc
+
+
+def test_a_bad_workload_flag_exits_2_naming_the_field(monkeypatch, capsys) -> None:
+    monkeypatch.setattr(sys, "argv", ["fig6", "--turns", "0"])
+    assert fig6.main() == 2
+    err = capsys.readouterr().err
+    assert "serving.turns" in err and err.count("\n") == 1

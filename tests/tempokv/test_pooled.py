@@ -42,6 +42,17 @@ def test_pooled_over_requests_not_over_repeat_summaries() -> None:
     assert p["per_repeat"]["p95_ttft_s"] == [a["p95_ttft_s"], b["p95_ttft_s"]]
 
 
+def test_goodput_pools_over_requests_when_every_repeat_has_an_slo() -> None:
+    slo = {"slo_ttft_s": 2.5}
+    a = _rep([1.0, 2.0, 3.0, 4.0], MIB, 40, 2.0, goodput_requests=2, goodput_share=0.5, **slo)
+    b = _rep([10.0, 2.0], MIB, 20, 4.0, goodput_requests=1, goodput_share=0.5, **slo)
+    p = pool([a, b])
+    assert (p["slo_ttft_s"], p["goodput_share"], p["goodput_req_s"]) == (2.5, 0.5, 0.5)
+    assert p["per_repeat"]["goodput_share"] == [0.5, 0.5]
+    plain = pool([_rep([1.0], MIB, 4, 1.0)])
+    assert "goodput_share" not in plain and "goodput_share" not in plain["per_repeat"]
+
+
 def test_one_repeat_pools_to_itself() -> None:
     a = _rep([0.5, 0.7, 0.9], 3 * MIB, 30, 3.0)
     p = pool([a])

@@ -72,7 +72,7 @@ def test_every_shipped_spec_deploys_what_it_did(path: Path, tmp_path: Path) -> N
 def test_the_stack_sets_the_chunk_rate_and_geometry_everywhere(tmp_path: Path) -> None:
     spec = TempoKVSpec.model_validate({
         "models": [{"name": "llama-3.1-8b"}],
-        "serving": {"retrieval_bytes_s": 2e9, "engine_cpus": "0",
+        "serving": {"retrieval_bytes_s": 2e9, "engine_cpus": "0", "documents_tokens": [2048],
                     "stack": {"vllm": {"max_model_len": 4096, "kv_cache_dtype": "fp8"},
                               "lmcache": {"chunk_size": 128}}},
         "experiment": {"kind": "policies", "cache_ratios": [1.0]},

@@ -145,6 +145,11 @@ def kv_pool(stack: StackSpec, cal: Calibration) -> KvPool:
 
 def sim_spec(spec: TempoKVSpec, cal: Calibration) -> TempoKVSpec:
     run = spec.serving
+    if run.arrivals.process != "fixed" or run.turns > 1:
+        raise CrossCheckUnknown(
+            f"serving.arrivals.process {run.arrivals.process}, serving.turns {run.turns}: the "
+            "simulation replays fixed arrivals of one-turn requests only"
+        )
     pool = kv_pool(run.stack, cal)
     l1_mib = run.stack.lmcache.l1_size_bytes / (1 << 20)
     docs = [run.documents_tokens[i % len(run.documents_tokens)] for i in range(run.num_requests)]

@@ -68,5 +68,24 @@ def pool(repeats: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         "ttr_error_abs_p50_s": round(quantile(abs_errors, 0.5), 6),
         "ttr_error_abs_p95_s": round(quantile(abs_errors, 0.95), 6),
         "ttu_error_s": sorted(round(e, 6) for m in repeats for e in m.get("ttu_error_s", ())),
-        "per_repeat": {k: [m[k] for m in repeats] for k in PER_REPEAT},
+        "per_repeat": {k: [m[k] for m in repeats] for k in PER_REPEAT + _goodput(repeats)},
+        **_pooled_goodput(repeats, requests, span),
+    }
+
+
+def _goodput(repeats: Sequence[Mapping[str, Any]]) -> tuple[str, ...]:
+    return ("goodput_share",) if all("goodput_share" in m for m in repeats) else ()
+
+
+def _pooled_goodput(
+    repeats: Sequence[Mapping[str, Any]], requests: int, span: float
+) -> dict[str, Any]:
+    """Goodput over every request of every repeat (with an SLO: ``serving.slo_ttft_s``)."""
+    if not _goodput(repeats):
+        return {}
+    good = sum(int(m["goodput_requests"]) for m in repeats)
+    return {
+        "slo_ttft_s": repeats[0]["slo_ttft_s"],
+        "goodput_share": round(good / requests, 6) if requests else math.nan,
+        "goodput_req_s": round(good / span, 6) if span > 0 else math.nan,
     }

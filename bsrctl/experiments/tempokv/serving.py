@@ -7,12 +7,13 @@ provider in bsrctl's server module (``tempokv.configure`` switches the policy be
 its FS L2 is shaped to the spec's SSD rate (O_DIRECT where the filesystem takes it). The
 run's lifecycle holds the deployment: the body brings it up, ``down`` is the teardown. The
 documents are seeded into L2 once; before each policy L1 and vLLM's prefix cache forget,
-then the spec's requests (document prefix + a question, made locally) arrive at a fixed
-interval.
+then the spec's requests (document prefix + the conversation's questions so far, made
+locally) arrive at a fixed interval or as seeded Poisson arrivals (``serving_workload``).
 
 Per policy: every output against the canonical one (a connector-less vLLM), protected bytes
 sampled from the locked objects against the budget, C integrated from those samples (byte·s
-per request), p95 TTFT (client side, streamed), output throughput, and the TTR estimate at
+per request), p95 TTFT (client side, streamed), output throughput, goodput within
+``serving.slo_ttft_s`` when set, and the TTR estimate at
 each commitment against the measured time to stage-ready. The run's two orderings (C below
 Immediate's, p95 TTFT below Demand's) are decided on the policies' paired repeats (the
 interval of the per-repeat ratio: ``expectations.ordering_claim``), so ``serving.repeats``
@@ -62,6 +63,12 @@ from bsrctl.stack.selector import make_deployment
 from bsrctl.stack.serving import ServingStack
 from bsrctl.tempokv import wire
 from bsrctl.tempokv.live import AdapterSettings
+from bsrctl.tempokv.serving_workload import (
+    arrival_offsets,
+    conversation_plan,
+    goodput,
+    question_salts,
+)
 from bsrctl.tempokv.spec import PolicyGrid, ServingRun, TempoKVSpec
 from bsrctl.tempokv.ttu import CostModel
 
@@ -73,11 +80,15 @@ SETTINGS = RestoreSettings.of(RestoreTuning(), 0)
 
 
 def _prompts(run: ServingRun, vocab: int, seed: int) -> tuple[list[list[int]], list[list[int]]]:
+    """The documents, and each request's prompt: its document, then its conversation's
+    questions so far (``serving_workload.conversation_plan``; one turn: one question)."""
     docs = [prompt_ids(f"tk-doc-{seed}-{i}", n, vocab) for i, n in enumerate(run.documents_tokens)]
+    plan = conversation_plan(run.num_requests, len(docs), run.turns)
     reqs = [
-        docs[i % len(docs)] + prompt_ids(f"tk-q-{seed}-{i}", run.question_tokens, vocab)
-        for i in range(run.num_requests)
-    ]
+        docs[t.doc] + [x for q in question_salts(seed, t)
+                       for x in prompt_ids(q, run.question_tokens, vocab)]
+        for t in plan
+    ]  # fmt: skip
     return docs, reqs
 
 
@@ -270,16 +281,17 @@ def _policy_once(
     calls.configure(client, None)
     if status is None:
         raise RuntimeError(f"tempokv.status after {policy}: TempoKV is off")
-    return _measure(policy, rep, results, canonical, status, budget, writer, seeds)
+    return _measure(policy, rep, results, canonical, status, budget, writer, seeds, run.slo_ttft_s)
 
 
 def _arrivals(stack: ServingStack, reqs: list[list[int]], run: ServingRun) -> list[Any]:
     out: list[Any] = [None] * len(reqs)
     errors: list[BaseException] = []
+    at = arrival_offsets(len(reqs), run.interval_s, run.arrivals)
     t0 = time.monotonic()
 
     def one(i: int) -> None:
-        delay = t0 + i * run.interval_s - time.monotonic()
+        delay = t0 + at[i] - time.monotonic()
         if delay > 0:
             time.sleep(delay)
         try:
@@ -291,7 +303,7 @@ def _arrivals(stack: ServingStack, reqs: list[list[int]], run: ServingRun) -> li
     for t in threads:
         t.start()
     for t in threads:
-        t.join(timeout=stack.spec.vllm.request_timeout_s + len(reqs) * run.interval_s)
+        t.join(timeout=stack.spec.vllm.request_timeout_s + (at[-1] if at else 0.0))
     if errors:
         raise errors[0]
     return out
@@ -306,6 +318,7 @@ def _measure(
     budget: int,
     writer: EvidenceWriter,
     seeds: list[bool],
+    slo_ttft_s: float | None = None,
 ) -> dict[str, Any]:
     done = [r for r in results if r is not None]
     ttfts = [r.first_token_s - r.sent_s for r in done]
@@ -350,6 +363,7 @@ def _measure(
         "ttr_error_abs_p50_s": round(quantile([abs(e) for e in errors], 0.5), 6),
         "ttr_error_abs_p95_s": round(quantile([abs(e) for e in errors], 0.95), 6),
         "ttu_error_s": sorted(round(e, 6) for e in ttu_errors),
+        **goodput_measures(results, slo_ttft_s, makespan),
     }
     checks = (
         check("canonical_output", all(same), f"{sum(same)}/{n} outputs equal the canonical"),
@@ -378,6 +392,17 @@ def _measure(
         )  # fmt: skip
     )
     return measures
+
+
+def goodput_measures(results: list[Any], slo_ttft_s: float | None, makespan: float) -> dict:
+    """The share of requests (of all sent) whose first token came within the SLO, and such
+    requests per second of the makespan; nothing without an SLO."""
+    if slo_ttft_s is None:
+        return {}
+    ttfts = [None if r is None else r.first_token_s - r.sent_s for r in results]
+    g = goodput(ttfts, slo_ttft_s, makespan)
+    return {"slo_ttft_s": g.slo_ttft_s, "goodput_requests": g.good,
+            "goodput_share": round(g.share, 6), "goodput_req_s": round(g.req_s, 6)}  # fmt: skip
 
 
 def _ordered(
