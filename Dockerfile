@@ -7,13 +7,14 @@
 FROM nvidia/cuda:13.0.0-devel-ubuntu24.04
 
 # Python 3.11 (bsrctl's requires-python), and unshare/nsenter/ip for the network
-# namespace a stack with Mooncake puts its parts in (bsrctl/stack/netns.py).
+# namespace a stack with Mooncake puts its parts in (bsrctl/stack/netns.py); fio, the FS
+# tier's limit in bench/restore_bandwidth.py.
 RUN apt-get update \
  && apt-get install -y --no-install-recommends software-properties-common \
  && add-apt-repository -y ppa:deadsnakes/ppa \
  && apt-get update \
  && apt-get install -y --no-install-recommends python3.11 python3.11-venv \
-      iproute2 util-linux ca-certificates \
+      iproute2 util-linux ca-certificates fio \
  && rm -rf /var/lib/apt/lists/*
 
 ENV VIRTUAL_ENV=/opt/venv PATH=/opt/venv/bin:$PATH PIP_NO_CACHE_DIR=1

@@ -21,6 +21,11 @@ $(STAMP): pyproject.toml Makefile
 	  { apt-get install -y -q libibverbs1 >/dev/null 2>&1 || \
 	    { apt-get update -q >/dev/null && apt-get install -y -q libibverbs1 >/dev/null; } || \
 	    echo "warning: libibverbs1 not installed; the Mooncake tier will be skipped"; }
+	@# The FS tier's limit in bench/restore_bandwidth.py is fio's (Debian's fio).
+	@command -v fio >/dev/null || \
+	  { apt-get install -y -q fio >/dev/null 2>&1 || \
+	    { apt-get update -q >/dev/null && apt-get install -y -q fio >/dev/null; } || \
+	    echo "warning: fio not installed; the bandwidth bench runs without its fio modes"; }
 	touch $(STAMP)
 
 venv: $(STAMP)

@@ -10,7 +10,9 @@ H2D copy exists here, install = count bytes) from two tiers:
 
 FS L2 (files under --root, O_DIRECT, page cache dropped before every pass):
   raw k=1,2,4,8   k threads reading the prefix's L2 files with O_DIRECT, one file at a time
-                  each (the physical limit is the best of the four)
+                  each
+  fio             fio over the same files: O_DIRECT, one object per read, each file in turn,
+                  iodepth 1-32 on libaio and io_uring (the disk's limit is the best of them)
   whole-plan      W = 0: stock single-shot locked prefetch (L1 sized to fit), if RAM allows
   bsr B=W, B=2W   BSR windows (B = 2W: window j+1 fetched while j is installed), in their
                   own deployment with L1 = 2W*c + 64 MiB (what BSR is deployed with)
@@ -36,9 +38,11 @@ mode with every round's pass seconds and time to the first window as samples (me
 interval), the median pass's rate and the staging peak (``peak_identical`` FAILs when it
 moves between rounds); its folder is printed before the last lines.
 
-Last line: ``fs: bsr/best-raw=X.XX bsr/whole-plan=Y.YY mooncake: bsr/best-raw=Z.ZZ
-peak_bytes=N`` at the largest size and the first W, B = 2W; N is that run's staging peak
-per rank (B·c exactly when the restore pool is flat).
+Last line: ``fs: bsr/best-raw=X.XX bsr/whole-plan=Y.YY bsr/fio=F.FF [lo, hi] mooncake:
+bsr/best-raw=Z.ZZ peak_bytes=N`` at the largest size and the first W, B = 2W; bsr/fio is the
+median over rounds of BSR's rate over the best fio mode's in the same round, with its 95 %
+bootstrap interval; N is that run's staging peak per rank (B·c exactly when the restore pool
+is flat).
 
 The parts live in bench/bandwidth/ (by tier: ``fs``, ``mooncake`` and ``mooncake_worker``; the
 shared ``common``, ``stacks``, ``raw``, ``summary``); every stack is deployed the one way
@@ -56,6 +60,7 @@ from pathlib import Path
 from typing import Any
 
 from bandwidth.common import TierResult
+from bandwidth.fio import DEPTHS
 from bandwidth.fs import fs_tier
 from bandwidth.mooncake import mooncake_tier
 from bandwidth.mooncake_worker import mooncake_worker
@@ -89,6 +94,13 @@ def main() -> int:
         nargs="*",
         default=[1, 2, 4, 8],
         help="FS load_concurrency values to compare at B = 2W (none: skip)",
+    )
+    ap.add_argument(
+        "--fio-depths",
+        type=int,
+        nargs="*",
+        default=list(DEPTHS),
+        help="fio queue depths over the FS tier's files, libaio and io_uring (none: no fio)",
     )
     ap.add_argument("--tiers", nargs="+", default=["fs", "mooncake"], choices=["fs", "mooncake"])
     ap.add_argument("--root", default="/var/tmp", help="where L2 files go (a real disk)")

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from bsrctl.stack.storage import StorageStack
 
+from . import fio
 from .common import GIB, READERS, WHOLE, Rounds, Sample, Say, TierResult, table
 from .raw import parallel_read
 from .stacks import (
@@ -62,6 +63,26 @@ def bsr_modes(rounds: Rounds, stack: StorageStack, windows: list[int], prefix: s
             rounds.add(f"bsr W={w} B={b}", lambda w=w, b=b, rid=rid: restore_once(stack, w, b, rid))
 
 
+def fio_modes(
+    rounds: Rounds, stack: StorageStack, paths: list[Path], depths: list[int], say: Say
+) -> None:
+    """fio over the same files at every engine that works here and every depth."""
+    binary = fio.fio_binary()
+    if not depths:
+        return
+    if binary is None:
+        say("# fio not found (Debian's fio; `make venv` installs it): no fio modes")
+        return
+    bs = fio.block_size(paths)
+    for engine, why in fio.usable_engines(binary, paths, bs).items():
+        if why is not None:
+            say(f"# fio {engine}: not usable here ({why})")
+            continue
+        for d in depths:
+            rounds.add(fio.label(engine, d), fio.fio_mode(stack, binary, paths, bs, engine, d))
+    say(f"# fio: {len(paths)} files, bs={bs} B (one object per read), depths {list(depths)}")
+
+
 def fs_tier(args: argparse.Namespace, tokens: int, say: Say) -> TierResult:
     """Every FS mode at one size, round-robin over ``args.repeat`` rounds."""
     reg = registration()
@@ -85,6 +106,7 @@ def fs_tier(args: argparse.Namespace, tokens: int, say: Say) -> TierResult:
         rounds = Rounds()
         for k in READERS:
             rounds.add(f"raw O_DIRECT readers={k}", raw_mode(stack, paths, k))
+        fio_modes(rounds, stack, paths, args.fio_depths, say)
         if whole_ok:
             rounds.add(WHOLE, lambda: restore_once(stack, 0, 0, "w0"))
         # BSR runs in its own deployment, as it would be deployed: L1 = 2W*c + margin
@@ -114,6 +136,10 @@ def fs_tier(args: argparse.Namespace, tokens: int, say: Say) -> TierResult:
             f"fit ({fit})"
         )
     say(f"# best raw: {res.best_raw_label} {res.best_raw / GIB:.2f} GiB/s")
+    fios = [r for r in res.rows if r.label.startswith("fio")]
+    if fios:
+        best = max(fios, key=lambda r: r.rate)
+        say(f"# best fio (this disk's limit): {best.label} {best.rate / GIB:.2f} GiB/s")
     say(
         f"# lookup of the whole prefix ({n} chunks x {reg.tp_size} ranks x "
         f"{len(reg.groups)} groups): probe-only {1000 * look.probe_s:.2f} ms, stock "

@@ -6,6 +6,7 @@ from typing import Any
 
 from bsrctl.evidence.verdict import Point, check
 from bsrctl.experiments.bench import bench_point
+from bsrctl.stats import paired_ratio_ci
 
 from .common import GIB, TierResult
 
@@ -33,12 +34,31 @@ def last_line(fs: list[TierResult], mc: list[TierResult], w: int) -> str:
             fields.append(f"bsr/whole-plan={x.rate[label] / x.whole:.2f}")
         else:
             fields.append("bsr/whole-plan=n/a")
+        fields.append(fio_ratio(r, label))
         peak = r.row(label).peak
     if mc:
         r = mc[-1]
         fields.append(f"mooncake: bsr/best-raw={r.rate[label] / r.best_raw:.2f}")
         peak = peak if peak is not None else r.row(label).peak
     return " ".join(fields) + f" peak_bytes={peak}"
+
+
+def round_rates(res: TierResult, label: str) -> list[float]:
+    """The mode's rate in each round (its bytes over each pass)."""
+    return [res.row(label).bytes / s for s in res.samples[label]["pass_s"]]
+
+
+def fio_ratio(res: TierResult, label: str, seed: int = 0) -> str:
+    """``bsr/fio=X [lo, hi]``: BSR's rate over the best fio mode's (the best median rate),
+    paired by round; ``n/a`` without fio modes."""
+    fios = [r for r in res.rows if r.label.startswith("fio")]
+    if not fios or label not in res.samples:
+        return "bsr/fio=n/a"
+    best = max(fios, key=lambda r: r.rate)
+    iv = paired_ratio_ci(round_rates(res, label), round_rates(res, best.label), seed)
+    if not iv.testable:
+        return f"bsr/fio={iv.estimate:.2f} [1 round: no interval]"
+    return f"bsr/fio={iv.estimate:.2f} [{iv.lo:.2f}, {iv.hi:.2f}]"
 
 
 def tier_points(tier: str, results: list[TierResult]) -> list[Point]:

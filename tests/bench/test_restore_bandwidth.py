@@ -14,9 +14,10 @@ BENCH = Path(__file__).resolve().parents[2] / "bench"
 if str(BENCH) not in sys.path:  # the entry script runs with bench/ first on sys.path
     sys.path.insert(0, str(BENCH))
 
+from bandwidth import fio  # noqa: E402
 from bandwidth.common import GIB, Lookup, Rounds, Row, Sample, TierResult, table  # noqa: E402
 from bandwidth.mooncake import ENTRY, read_worker, worker_argv  # noqa: E402
-from bandwidth.summary import last_line  # noqa: E402
+from bandwidth.summary import fio_ratio, last_line  # noqa: E402
 
 from bsrctl.registration import dsv4_flash_mtp_off  # noqa: E402
 
@@ -105,9 +106,12 @@ def test_last_line_format() -> None:
     ]
     mc = [tier(65536, {"client batch_get_into (8 objects/batch)": 4.0, goal: 3.0})]  # fmt: skip
     assert last_line(fs, mc, 8) == (
-        "fs: bsr/best-raw=0.80 bsr/whole-plan=1.25 mooncake: bsr/best-raw=0.75 peak_bytes=100"
+        "fs: bsr/best-raw=0.80 bsr/whole-plan=1.25 bsr/fio=n/a mooncake: bsr/best-raw=0.75 "
+        "peak_bytes=100"
     )
-    assert last_line(fs[1:], [], 8) == "fs: bsr/best-raw=0.80 bsr/whole-plan=n/a peak_bytes=100"
+    assert last_line(fs[1:], [], 8) == (
+        "fs: bsr/best-raw=0.80 bsr/whole-plan=n/a bsr/fio=n/a peak_bytes=100"
+    )
     assert last_line([], mc, 8) == "mooncake: bsr/best-raw=0.75 peak_bytes=100"
 
 
@@ -120,3 +124,62 @@ def test_the_bench_deploys_paper_geometry_through_the_storage_target(tmp_path: P
     assert (t.root, t.spec.storage.destination, t.l1_ranks) == (tmp_path, "null", 2)
     assert t.spec.memory_reserve_bytes == 4 * GIB
     assert (t.l2_adapter, stacks.target(tmp_path, "ns:1").l2_adapter) == ("bsr_fs", "bsr_mooncake")
+
+
+def test_fio_reads_each_object_whole_in_turn_at_the_asked_depth() -> None:
+    paths = [Path("/l2/a.bin"), Path("/l2/b:c.bin")]
+    assert fio.fio_argv("fio", paths, 16_408_576, "io_uring", 8) == [
+        "fio", "--name=bsrctl-fs-limit", "--readonly", "--direct=1", "--rw=read",
+        "--bs=16408576", "--ioengine=io_uring", "--iodepth=8", "--numjobs=1", "--thread",
+        "--file_service_type=sequential", "--filename=/l2/a.bin:/l2/b\\:c.bin",
+        "--output-format=json",
+    ]  # fmt: skip
+    assert fio.label("libaio", 32) == "fio O_DIRECT libaio iodepth=32"
+
+
+def test_fio_json_gives_its_own_runtime_and_bytes() -> None:
+    job = '{"error": 0, "read": {"io_bytes": 3145728, "runtime": 250}}'
+    out = 'note: a line before the JSON\n{"jobs": [' + job + "]}"
+    assert fio.parse(out) == Sample(0.25, 3_145_728)
+    with pytest.raises(RuntimeError, match="job error 5"):
+        fio.parse('{"jobs": [{"error": 5, "read": {"io_bytes": 1, "runtime": 1}}]}')
+    with pytest.raises(RuntimeError, match="read 0 B in 0 ms"):
+        fio.parse('{"jobs": [{"error": 0, "read": {"io_bytes": 0, "runtime": 0}}]}')
+
+
+def test_the_block_is_one_object_rounded_to_4_kib(tmp_path: Path) -> None:
+    for name, size in (("a", 16_408_576), ("b", 16_408_576 + 100)):
+        (tmp_path / name).write_bytes(bytes(size))
+    assert fio.block_size([tmp_path / "a", tmp_path / "b"]) == 16_408_576  # 4006 x 4 KiB
+    (tmp_path / "c").write_bytes(bytes(100))
+    with pytest.raises(ValueError, match="objects of 100 B are below one 4096 B block"):
+        fio.block_size([tmp_path / "c"])
+
+
+@pytest.mark.skipif(fio.fio_binary() is None, reason="Debian's fio (make venv installs it)")
+def test_real_fio_reads_every_byte_of_the_files(tmp_path: Path) -> None:
+    paths = []
+    for i in range(3):
+        paths.append(tmp_path / f"obj{i}")
+        paths[-1].write_bytes(bytes(range(256)) * 4096)  # 1 MiB each
+    binary = fio.fio_binary()
+    assert binary is not None
+    usable = fio.usable_engines(binary, paths, 1 << 20)
+    assert usable["libaio"] is None  # ext4 under the test folder takes O_DIRECT
+    got = fio.run_fio(fio.fio_argv(binary, paths, 1 << 20, "libaio", 4))
+    assert got.bytes == 3 << 20 and got.s > 0
+
+
+def test_bsr_over_fio_is_paired_by_round_against_the_best_fio_mode() -> None:
+    goal = "bsr W=8 B=16"
+    rows = [Row(goal, 1.0, 2 * GIB), Row("fio O_DIRECT libaio iodepth=1", 1.0, GIB),
+            Row("fio O_DIRECT io_uring iodepth=8", 1.0, 2 * GIB)]  # fmt: skip
+    samples = {goal: {"pass_s": [1.0, 1.0, 2.0]},
+               "fio O_DIRECT libaio iodepth=1": {"pass_s": [1.0, 1.0, 1.0]},
+               "fio O_DIRECT io_uring iodepth=8": {"pass_s": [1.0, 0.5, 1.0]}}  # fmt: skip
+    res = TierResult(65536, tuple(rows), GIB, "raw", Lookup(0.001, 0.004), samples)
+    # rounds: bsr 2, 2, 1 GiB/s against io_uring's 2, 4, 2: ratios 1, 0.5, 0.5
+    assert fio_ratio(res, goal) == "bsr/fio=0.50 [0.50, 1.00]"
+    one = TierResult(65536, tuple(rows), GIB, "raw", Lookup(0.001, 0.004),
+                     {k: {"pass_s": v["pass_s"][:1]} for k, v in samples.items()})  # fmt: skip
+    assert fio_ratio(one, goal) == "bsr/fio=1.00 [1 round: no interval]"
