@@ -73,14 +73,15 @@ def fio_modes(
     if binary is None:
         say("# fio not found (Debian's fio; `make venv` installs it): no fio modes")
         return
-    bs = fio.block_size(paths)
-    for engine, why in fio.usable_engines(binary, paths, bs).items():
+    jobs = fio.FioJobs(binary, paths, paths[0].parent.parent / "fio")
+    for engine, why in jobs.usable().items():
         if why is not None:
             say(f"# fio {engine}: not usable here ({why})")
             continue
         for d in depths:
-            rounds.add(fio.label(engine, d), fio.fio_mode(stack, binary, paths, bs, engine, d))
-    say(f"# fio: {len(paths)} files, bs={bs} B (one object per read), depths {list(depths)}")
+            rounds.add(fio.label(engine, d), fio.fio_mode(stack, jobs, engine, d))
+    sizes = {bs: len(f) for bs, f in jobs.classes.items()}
+    say(f"# fio: objects by read size {sizes} (one object per read), depths {list(depths)}")
 
 
 def fs_tier(args: argparse.Namespace, tokens: int, say: Say) -> TierResult:

@@ -126,14 +126,16 @@ def test_the_bench_deploys_paper_geometry_through_the_storage_target(tmp_path: P
     assert (t.l2_adapter, stacks.target(tmp_path, "ns:1").l2_adapter) == ("bsr_fs", "bsr_mooncake")
 
 
-def test_fio_reads_each_object_whole_in_turn_at_the_asked_depth() -> None:
-    paths = [Path("/l2/a.bin"), Path("/l2/b:c.bin")]
-    assert fio.fio_argv("fio", paths, 16_408_576, "io_uring", 8) == [
-        "fio", "--name=bsrctl-fs-limit", "--readonly", "--direct=1", "--rw=read",
-        "--bs=16408576", "--ioengine=io_uring", "--iodepth=8", "--numjobs=1", "--thread",
-        "--file_service_type=sequential", "--filename=/l2/a.bin:/l2/b\\:c.bin",
-        "--output-format=json",
+def test_fio_reads_each_object_whole_one_job_per_object_size() -> None:
+    classes = {4096: [Path("/l/0"), Path("/l/1")], 1_351_680: [Path("/l/b:2")]}
+    assert fio.job_text(classes, "io_uring", 8).splitlines() == [
+        "[global]", "direct=1", "rw=read", "ioengine=io_uring", "iodepth=8", "thread",
+        "file_service_type=sequential", "group_reporting",
+        "[objects-4096]", "bs=4096", "filename=/l/0:/l/1",
+        "[objects-1351680]", "bs=1351680", "filename=/l/b\\:2",
     ]  # fmt: skip
+    assert fio.fio_argv("fio", Path("/j.fio")) == ["fio", "--readonly", "--output-format=json",
+                                                    "/j.fio"]  # fmt: skip
     assert fio.label("libaio", 32) == "fio O_DIRECT libaio iodepth=32"
 
 
@@ -147,27 +149,31 @@ def test_fio_json_gives_its_own_runtime_and_bytes() -> None:
         fio.parse('{"jobs": [{"error": 0, "read": {"io_bytes": 0, "runtime": 0}}]}')
 
 
-def test_the_block_is_one_object_rounded_to_4_kib(tmp_path: Path) -> None:
-    for name, size in (("a", 16_408_576), ("b", 16_408_576 + 100)):
+def test_objects_are_classed_by_their_read_rounded_to_4_kib(tmp_path: Path) -> None:
+    for name, size in (("a", 16_408_576), ("b", 1_351_680 + 100), ("c", 16_408_576)):
         (tmp_path / name).write_bytes(bytes(size))
-    assert fio.block_size([tmp_path / "a", tmp_path / "b"]) == 16_408_576  # 4006 x 4 KiB
-    (tmp_path / "c").write_bytes(bytes(100))
-    with pytest.raises(ValueError, match="objects of 100 B are below one 4096 B block"):
-        fio.block_size([tmp_path / "c"])
+    links = fio.link_files([tmp_path / n for n in "abc"], tmp_path / "links")
+    assert [p.name for p in links] == ["0", "1", "2"]
+    assert [p.resolve() for p in links] == [tmp_path / n for n in "abc"]
+    assert fio.size_classes(links) == {1_351_680: [links[1]], 16_408_576: [links[0], links[2]]}
+    (tmp_path / "d").write_bytes(bytes(100))
+    with pytest.raises(ValueError, match="an object of 100 B is below one 4096 B block"):
+        fio.size_classes([tmp_path / "d"])
 
 
 @pytest.mark.skipif(fio.fio_binary() is None, reason="Debian's fio (make venv installs it)")
 def test_real_fio_reads_every_byte_of_the_files(tmp_path: Path) -> None:
     paths = []
-    for i in range(3):
-        paths.append(tmp_path / f"obj{i}")
-        paths[-1].write_bytes(bytes(range(256)) * 4096)  # 1 MiB each
+    for i, mib in enumerate((1, 1, 2)):
+        paths.append(tmp_path / f"obj@{i}")
+        paths[-1].write_bytes(bytes(range(256)) * 4096 * mib)
     binary = fio.fio_binary()
     assert binary is not None
-    usable = fio.usable_engines(binary, paths, 1 << 20)
-    assert usable["libaio"] is None  # ext4 under the test folder takes O_DIRECT
-    got = fio.run_fio(fio.fio_argv(binary, paths, 1 << 20, "libaio", 4))
-    assert got.bytes == 3 << 20 and got.s > 0
+    jobs = fio.FioJobs(binary, paths, tmp_path / "fio")
+    assert {bs: len(f) for bs, f in jobs.classes.items()} == {1 << 20: 2, 2 << 20: 1}
+    assert jobs.usable()["libaio"] is None  # ext4 under the test folder takes O_DIRECT
+    got = fio.run_fio(jobs.argv("libaio", 4))
+    assert got.bytes == 4 << 20 and got.s > 0
 
 
 def test_bsr_over_fio_is_paired_by_round_against_the_best_fio_mode() -> None:
