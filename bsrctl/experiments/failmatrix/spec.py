@@ -42,7 +42,7 @@ from bsrctl.settings import RestoreSettings, RestoreTuning
 from bsrctl.spec_io import Strict, describe_error, read_yaml
 from bsrctl.specs import StackSpec
 
-Point_ = Literal["before_request", "during_window", "between_windows"]
+Point_ = Literal["before_request", "during_window", "between_windows", "during_store"]
 Expect = Literal["lower_tier", "recompute", "closed"]
 
 # fault -> (stack it runs on, injection points it supports)
@@ -57,7 +57,11 @@ FAULTS: dict[str, tuple[str, tuple[str, ...]]] = {
     "storage_node_partitioned": ("serving", ("between_windows",)),
     "rank_keys_dropped": ("storage", ("during_window",)),
     "storage_window_timeout": ("storage", ("during_window",)),
+    # the FS L2 on a size-capped tmpfs: the kernel's ENOSPC (failmatrix.store_faults)
+    "store_failed_midway": ("storage", ("during_store",)),  # LMCache #4991
+    "disk_full": ("storage", ("during_store",)),  # the disk fills while stores are written
 }
+STORE_FAULTS = ("store_failed_midway", "disk_full")
 
 
 class WorkloadSpec(Strict):
@@ -103,6 +107,17 @@ class CellSpec(Strict):
     rank: int = Field(1, ge=0, description="rank_keys_dropped: the rank whose key goes")
     hold_s: float = Field(4.0, gt=0, description="between_windows: how long window k is held")
     bound_s: float = Field(180.0, gt=0, description="the cell must end within this")
+    adapter: Literal["bsr_fs", "stock"] = Field(
+        "bsr_fs", description="store faults: the FS L2 adapter under test (stock: LMCache's own)"
+    )
+    chunk: int = Field(2, ge=0, description="store_failed_midway: the chunk whose store fails")
+    fail_after_bytes: int = Field(
+        65536,
+        ge=0,
+        multiple_of=4096,
+        description="store_failed_midway: bytes the failing store writes before ENOSPC "
+        "(the tmpfs's free space then; a multiple of its 4 KiB page)",
+    )
 
     @property
     def stack(self) -> str:
@@ -147,6 +162,9 @@ def _check_cell(spec: FailMatrixSpec, c: CellSpec) -> None:
     stack, points = FAULTS[c.fault]
     if c.at not in points:
         raise ValueError(f"{where}: fault {c.fault} is injected at {list(points)}, not {c.at!r}")
+    if c.fault in STORE_FAULTS:
+        _check_store_cell(spec, c, where)
+        return
     if stack == "storage":
         n = spec.storage_windows()
         if c.rank >= spec.storage.tp_ranks:
@@ -198,6 +216,17 @@ def _check_cell(spec: FailMatrixSpec, c: CellSpec) -> None:
         )
     if c.at == "between_windows" and c.source == "all":
         raise ValueError(f"{where}: between_windows holds one tier's window: source fs or mooncake")
+
+
+def _check_store_cell(spec: FailMatrixSpec, c: CellSpec, where: str) -> None:
+    """A store fault: the request for the prefix whose store failed recomputes what the
+    tier lacks; the failing chunk lies inside the storage prefix and its first object is
+    bigger than what the failing store may write."""
+    if c.expect != "recompute":
+        raise ValueError(f"{where}: fault {c.fault} expects recompute (the unstored part)")
+    chunks = math.ceil(spec.storage.prefix_tokens / spec.stack.lmcache.chunk_size)
+    if c.fault == "store_failed_midway" and c.chunk >= chunks:
+        raise ValueError(f"{where}: chunk {c.chunk} >= {chunks} chunks of the storage prefix")
 
 
 def load_matrix(path: Path) -> tuple[FailMatrixSpec, dict]:

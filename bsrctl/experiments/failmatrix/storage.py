@@ -24,7 +24,8 @@ import psutil
 
 from bsrctl.evidence import Point
 from bsrctl.evidence.verdict import Check, check
-from bsrctl.experiments.failmatrix.spec import CellSpec, FailMatrixSpec
+from bsrctl.experiments.failmatrix.spec import STORE_FAULTS, CellSpec, FailMatrixSpec
+from bsrctl.experiments.failmatrix.store_faults import run_store_cell
 from bsrctl.registration import Registration
 from bsrctl.settings import RestoreSettings
 from bsrctl.specs import StorageSpec, TargetSpec
@@ -125,6 +126,8 @@ def run_storage_cell(
 ) -> Point:
     """`make_stack` builds the stack from its config (the tests pass one whose restore or
     teardown is broken on purpose, to see the cell FAIL)."""
+    if cell.fault in STORE_FAULTS:  # the tier on a size-capped tmpfs
+        return run_store_cell(spec, cell, run_dir, make_stack)
     t_cell = time.monotonic()
     run = _run(spec, cell, Path(run_dir) / "storage" / cell.id, make_stack)
     s = spec.storage
