@@ -58,11 +58,18 @@ def test_a_partial_object_left_visible_fails() -> None:  # LMCache #4991's shape
     assert "o.data 65536/131072 B found True" in c.detail
 
 
+@pytest.mark.process  # mount(8), umount(8)
 @pytest.mark.skipif(os.geteuid() != 0, reason="mounts a tmpfs")
 @pytest.mark.parametrize("cid", ["store-failed-midway", "store-failed-midway-stock", "disk-full"])
 def test_real_cell_passes(cid: str, tmp_path: Path) -> None:
     spec, cell = _cell(cid)
     point = run_store_cell(spec, cell, tmp_path)
+    earlier = ["restore_earlier_prefix"] if cid == "disk-full" else []
+    assert [c.name for c in point.checks] == [
+        "fault_injected", "failed_store_never_found", *earlier, "restore_next_request",
+        "restore_after_space_freed", "post_request_health", "bounded_time",
+        "processes_accounted",
+    ]  # fmt: skip
     assert {c.name: c.verdict for c in point.checks} == {c.name: "PASS" for c in point.checks}, [
         c.detail for c in point.checks
     ]
