@@ -291,7 +291,8 @@ class ServingRun(Strict):
     """`--stack serving`: the policy grid on real vLLM + LMCache (the stack's model and
     device; the shipped spec serves the tiny model on CPU). A fast tier of MiBs over a
     shaped FS L2 stands in for the paper's GiBs; prompts are made locally (no hub);
-    arrivals at a fixed interval; one stack shared by every policy.
+    arrivals at a fixed interval or seeded Poisson (`arrivals`), documents reused across
+    `turns`; one stack shared by every policy.
 
     `stack` is the deployment (model, chunk size, max_model_len, ...: the one home of
     each); `max_num_seqs`, `engine_cpus` and `l1_mib` are shorthands for three of its
