@@ -229,6 +229,7 @@ def run_store_cell(
             raise
         run = StoreRun(cell.adapter, 0, [], 0, [], error=f"no tmpfs for the tier: {exc}")
     unmounted = not os.path.ismount(root / "l2")
+    cell_s = time.monotonic() - t_cell
     return Point(
         id=cell.id,
         params={**cell.model_dump(), "stack": "storage", "tp_ranks": reg.tp_size},
@@ -238,9 +239,9 @@ def run_store_cell(
             "failed_stores": [dataclasses.asdict(p) for p in run.failed],
             "stored_ok": run.stored_ok,
             "restores": run.restores,
-            "cell_s": round(time.monotonic() - t_cell, 3),
+            "cell_s": round(cell_s, 3),
         },
-        checks=tuple(store_checks(cell, run, time.monotonic() - t_cell, unmounted)),
+        checks=tuple(store_checks(cell, run, cell_s, unmounted)),
     )
 
 
