@@ -29,6 +29,7 @@ from typing import Any
 import pytest
 
 from bsrctl.stack.reference_pool import POOL_ENV, close_pool
+from bsrctl.stack.shm_ledger import LEDGER_ENV
 
 LOCK_ENV = "BSRCTL_TEST_SHM_LOCK"
 HEAVY_MARKERS = ("e2e", "mooncake", "process")
@@ -169,6 +170,21 @@ class _ShmLock:
 _LOCK = _ShmLock()
 _CREATED: list[Path] = []
 _POOLS: list[Path] = []
+
+
+@pytest.fixture(autouse=True)
+def _unit_ledger(
+    request: pytest.FixtureRequest,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """Unit tests get a /dev/shm ledger of their own (bsrctl.stack.shm_ledger): every
+    experiment command reclaims dead runs' segments first and says so in a line, and a dead
+    run of a heavy test beside them (two workers) must not add that line to the output a
+    unit test checks, nor a unit test reclaim what a heavy test is about to."""
+    if lock_mode(request.node) is None:
+        ledger = tmp_path_factory.getbasetemp() / "unit-shm-ledger"
+        monkeypatch.setenv(LEDGER_ENV, str(ledger))
 
 
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)
