@@ -41,13 +41,11 @@ demo: venv
 	$(VENV)/bin/bsrctl ladder ladders/cpu-e1.yaml --out reports
 	$(VENV)/bin/bsrctl report $$($(DEMO_RUNS)) --out reports/demo-report
 
-# Two e2e modules at a time: one alone leaves a core idle (tests/conftest.py keeps the ones
-# that diff /dev/shm alone and every module's deployment on one worker).
-# Two stacks at once need cores to spare: a vLLM worker spins on its core, and a starved
-# LMCache server stalls restores past their guards (measured here, 2 cores, -n 2: a failure
-# matrix cell read UNKNOWN instead of FAIL once in two full runs). So two workers from 4
-# cores up, one below; TEST_WORKERS=N overrides.
-TEST_WORKERS ?= $(shell [ "$$(nproc)" -ge 4 ] && echo 2 || echo 0)
+# Two workers (pytest-xdist) from 2 cores up: on 2 cores a serial run kept one idle about half
+# the time (vmstat: 55 % busy), vLLM's start being mostly one interpreter importing.
+# tests/conftest.py schedules it: the modules that diff /dev/shm beside the unit tests, every
+# module's deployment on one worker. TEST_WORKERS=N overrides (0: serial).
+TEST_WORKERS ?= $(shell [ "$$(nproc)" -ge 2 ] && echo 2 || echo 0)
 test: venv
 	$(PYTEST) -q -n $(TEST_WORKERS)
 

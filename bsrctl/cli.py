@@ -112,6 +112,27 @@ def run_experiment(
 
 
 @app.command()
+def soak(
+    spec: SpecArg,
+    seed: Annotated[int, typer.Option("--seed", help="the fault schedule's and load's seed")] = 1,
+    duration: Annotated[
+        float, typer.Option("--duration", help="seconds of load and faults (then a quiesce)")
+    ] = 180.0,
+    out_dir: OutOpt = Path("reports"),
+    quiet: QuietOpt = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """A seeded nemesis under load: faults from the spec's cells on one deployment, checked."""
+
+    def run() -> Verdict:
+        from bsrctl.experiments.soak.run import run_soak
+
+        return run_soak(spec, out_dir, seed, duration, quiet or as_json)
+
+    run_experiment(quiet, out_dir, run, as_json)
+
+
+@app.command()
 def roundtrip(
     spec: SpecArg,
     out_dir: OutOpt = Path("reports"),

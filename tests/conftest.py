@@ -1,27 +1,35 @@
-"""How the suite runs two at a time (``make test`` on >= 4 cores: pytest-xdist ``-n 2``).
+"""How the suite runs two at a time (``make test`` from 2 cores up: pytest-xdist ``-n 2``).
 
 Work units (``scope_of``): every module is one, so its module-scoped deployment lives on one
-worker; ``tests/attach`` (one package-scoped operator deployment), the two two-host modules
-and law + sweep (one kept deployment) are one each. A unit goes to one worker whole; the
-units run in ``rank`` order.
+worker; ``tests/attach`` (one package-scoped operator deployment), the two two-host modules,
+law + sweep (one kept deployment) and the modules with exclusive tests are one each. A unit
+goes to one worker whole; the units run in ``rank`` order.
 
 /dev/shm is the one resource the stacks share: a stack's teardown removes every unmapped
 psm_*/lmcache_kv_* segment that appeared since it came up (``remove_unmapped_shm``), and some
 tests diff the whole folder or leak segments on purpose. Those (``EXCLUSIVE``) hold an
 exclusive flock while they run; every other process-starting test holds it shared, so the
-two never overlap. Unit tests take no lock. Without xdist the lock is never contended.
+two never overlap. Unit tests take no lock, so the exclusive unit runs first, beside them.
+Without xdist the lock is never contended.
+
+Reference vLLMs (canonical outputs) come from one pool for the session
+(``bsrctl.stack.reference_pool``): one per launch, stopped by PID when the session ends.
 """
 
 from __future__ import annotations
 
 import fcntl
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from bsrctl.stack.reference_pool import POOL_ENV, close_pool
+from bsrctl.stack.shm_ledger import LEDGER_ENV
 
 LOCK_ENV = "BSRCTL_TEST_SHM_LOCK"
 HEAVY_MARKERS = ("e2e", "mooncake", "process")
@@ -33,6 +41,10 @@ EXCLUSIVE = (
 )
 GROUPS = {"tests/attach/": "attach", "tests/failmatrix/test_e2e_two_hosts.py": "two-hosts"}
 GROUPS["tests/e2e/test_roundtrip_two_hosts.py"] = "two-hosts"  # one veth pair at a time
+# The modules with exclusive tests, one unit: one worker runs them while the other runs the
+# unit tests (which take no lock), so no heavy module waits on them (``rank``).
+for _p in EXCLUSIVE:
+    GROUPS[_p.split("::")[0]] = "exclusive"
 # One kept deployment (tests/experiments/restore/conftest.py::smoke_stack) for both modules.
 for _m in ("law", "sweep"):
     GROUPS[f"tests/experiments/restore/test_e2e_serving_{_m}.py"] = "smoke-stack"
@@ -57,6 +69,11 @@ def pytest_configure(config: pytest.Config) -> None:
             _CREATED.append(Path(path))
         else:
             os.unlink(path)
+        # one reference vLLM per launch for the whole session, workers and the bsrctl they
+        # run alike (bsrctl.stack.reference_pool); stopped by PID in pytest_unconfigure
+        if POOL_ENV not in os.environ:
+            os.environ[POOL_ENV] = tempfile.mkdtemp(prefix="bsrctl-refpool-")
+            _POOLS.append(Path(os.environ[POOL_ENV]))
 
 
 def scope_of(nodeid: str) -> str:
@@ -85,15 +102,17 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 
 
 def rank(item: pytest.Item) -> int:
-    """The run order: the operator deployment (the longest unit) first while the other
-    worker runs the unit tests, then the modules that are exclusive throughout, then every
-    other heavy module (the round trip's demo is exclusive, its other tests are not)."""
-    path = item.nodeid.split("::")[0] + "::"
-    if path.startswith("tests/attach/"):
-        return 0
-    if lock_mode(item) is None:
-        return 1
-    return 2 if path in EXCLUSIVE else 3
+    """The run order, one rank for a whole unit but the first: the modules with exclusive
+    tests (one unit, ``GROUPS``), its exclusive tests first, while the other worker runs
+    the unit tests (so a heavy unit taken when those run out cannot hold the shared lock
+    while an exclusive test waits); then the operator deployment (the longest unit), then
+    every other heavy module."""
+    scope = scope_of(item.nodeid)
+    if scope == "exclusive":
+        return 0 if lock_mode(item) == fcntl.LOCK_EX else 1
+    if scope == "attach":
+        return 3
+    return 2 if lock_mode(item) is None else 4
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -101,7 +120,18 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     # last item's place (serially too: law and sweep run last in their package, so their
     # kept deployment, package-scoped, is not held while registration's own stack runs)
     last = {scope_of(item.nodeid): i for i, item in enumerate(items)}
-    items.sort(key=lambda item: (rank(item), last[scope_of(item.nodeid)]))
+    # a unit's place is its heaviest item's rank: xdist queues a unit where its first item
+    # is, so a module with unit and heavy tests must not go out among the unit tests
+    placed: dict[str, int] = {}
+    for item in items:
+        scope = scope_of(item.nodeid)
+        placed[scope] = max(placed.get(scope, 0), rank(item))
+
+    def key(item: pytest.Item) -> tuple[int, int]:
+        scope = scope_of(item.nodeid)
+        return (rank(item) if scope == "exclusive" else placed[scope], last[scope])
+
+    items.sort(key=key)
 
 
 class _ShmLock:
@@ -139,6 +169,22 @@ class _ShmLock:
 
 _LOCK = _ShmLock()
 _CREATED: list[Path] = []
+_POOLS: list[Path] = []
+
+
+@pytest.fixture(autouse=True)
+def _unit_ledger(
+    request: pytest.FixtureRequest,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """Unit tests get a /dev/shm ledger of their own (bsrctl.stack.shm_ledger): every
+    experiment command reclaims dead runs' segments first and says so in a line, and a dead
+    run of a heavy test beside them (two workers) must not add that line to the output a
+    unit test checks, nor a unit test reclaim what a heavy test is about to."""
+    if lock_mode(request.node) is None:
+        ledger = tmp_path_factory.getbasetemp() / "unit-shm-ledger"
+        monkeypatch.setenv(LEDGER_ENV, str(ledger))
 
 
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)
@@ -151,6 +197,10 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     _LOCK.release()
+    for pool in _POOLS:
+        left = close_pool(pool)
+        assert left == [], f"reference vLLMs still alive after the pool closed: {left}"
+        shutil.rmtree(pool, ignore_errors=True)
     for path in _CREATED:
         for p in (path, Path(f"{path}.gate")):
             p.unlink(missing_ok=True)

@@ -109,3 +109,13 @@ def test_tempokv_rejects_unavailable_stacks(
     path = Path(__file__).parents[1] / "ladders" / ladder
     code, out = run("tempokv", str(path), "--stack", stack, "--out", str(tmp_path))
     assert_bad_input(code, out, field)
+
+
+def test_soak_bad_spec_and_bad_duration(tmp_path: Path) -> None:
+    shipped = Path(__file__).parents[1] / "matrices" / "soak-cpu.yaml"
+    code, out = run("soak", str(shipped), "--duration", "0", "--out", str(tmp_path / "r"))
+    assert_bad_input(code, out, "--duration: 0 s", "e.g. 180")
+    text = shipped.read_text().replace("concurrency: 3", "concurency: 3")
+    code, out = run("soak", str(spec(tmp_path, text)), "--out", str(tmp_path / "r"))
+    assert_bad_input(code, out, "soak.concurency: unknown field", "concurrency")
+    assert not (tmp_path / "r").exists()  # nothing started, nothing written

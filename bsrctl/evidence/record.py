@@ -20,7 +20,7 @@ from bsrctl.evidence.schema import validate_evidence
 from bsrctl.evidence.verdict import Point, Verdict, merge
 
 SCHEMA = "bsrctl.evidence/1"
-KINDS = ("ladder", "sweep", "law", "failmatrix", "tempokv", "roundtrip", "bench")
+KINDS = ("ladder", "sweep", "law", "failmatrix", "tempokv", "roundtrip", "bench", "soak")
 # The paper names its sweep runs br-e1-<hex>; other kinds use their own name.
 RUN_PREFIX = {"sweep": "e1"}
 

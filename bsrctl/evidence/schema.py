@@ -15,7 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 VerdictName = Literal["PASS", "FAIL", "UNKNOWN"]
-KindName = Literal["ladder", "sweep", "law", "failmatrix", "tempokv", "roundtrip", "bench"]
+KindName = Literal["ladder", "sweep", "law", "failmatrix", "tempokv", "roundtrip", "bench", "soak"]
 
 
 class CheckDoc(BaseModel):

@@ -28,6 +28,7 @@ RENDERERS = {
     "failmatrix": "failmatrix",
     "tempokv": "tempokv",
     "bench": "bench",
+    "soak": "soak",
 }
 
 

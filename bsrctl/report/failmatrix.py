@@ -16,6 +16,8 @@ CHECK_ORDER = (
     "canonical_output",
     "force_local",
     "corruption_caught_before_install",
+    "one_failed_restore",
+    "stopped_at_first_slow_window",
     "post_request_health",
     "bounded_time",
     "processes_accounted",
@@ -25,7 +27,9 @@ CHECK_ORDER = (
 def render(doc: dict[str, Any]) -> str:
     """Markdown of one failmatrix run's evidence.json (as ``load_evidence`` returns it)."""
     points = doc.get("points", [])
-    names = [n for n in CHECK_ORDER if any(n in {c["name"] for c in p["checks"]} for p in points)]
+    seen = list(dict.fromkeys(c["name"] for p in points for c in p["checks"]))
+    # the known checks in their order, then any other a cell recorded (never dropped)
+    names = [n for n in CHECK_ORDER if n in seen] + [n for n in seen if n not in CHECK_ORDER]
     lines = [
         f"# {doc['run_id']} (failmatrix): {doc['verdict']}",
         "",

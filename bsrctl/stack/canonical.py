@@ -12,17 +12,20 @@ the prompt and max_tokens. A model without a manifest (a user's folder) is never
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from bsrctl.evidence.atomic import write_atomic
 from bsrctl.prompts import tokens_sha256
 from bsrctl.specs import MooncakeSpec, StackSpec, VllmSpec
-from bsrctl.stack import tinymodel
+from bsrctl.stack import reference_pool, tinymodel
 from bsrctl.stack.model import PreparedModel, prepare_model
 from bsrctl.stack.process import Supervised, http_ok
 from bsrctl.stack.serving import ServingStack
 from bsrctl.stack.serving.commands import reference_launch
+from bsrctl.stack.serving.shm import shm_segments
 from bsrctl.stack.serving.vllm_cache import vllm_cache_root
 from bsrctl.stack.versions import vllm_version
 
@@ -32,6 +35,7 @@ class PlainVllm(ServingStack):
     KV cache dtype (``reference_launch``)."""
 
     def up(self) -> None:
+        self.shm_at_up = shm_segments()  # a pool's `stop_from_state` removes only its own
         self.dir.mkdir(parents=True, exist_ok=True)
         self.model_dir = self._model()
         v = self.spec.vllm
@@ -46,6 +50,31 @@ class PlainVllm(ServingStack):
         except BaseException:
             self.down()
             raise
+
+
+@contextmanager
+def _reference(spec: StackSpec, run_dir: Path) -> Iterator[PlainVllm]:
+    """A running reference: the pool's (``reference_pool``, kept after the run) when
+    ``BSRCTL_REFERENCE_POOL`` names one and vLLM runs on cpu, else the run's own under
+    <run>/canonical, stopped by PID when the run's prompts are done. Never kept on cuda: the
+    reference and the deployment must not hold the GPUs at once."""
+    pool = reference_pool.pool_dir() if spec.device == "cpu" else None
+    if pool is None:
+        plain = PlainVllm(spec, run_dir / "canonical")
+        plain.up()
+        try:
+            yield plain
+        finally:
+            plain.down()
+        return
+    model_dir = prepare_model(spec.vllm).folder
+    with reference_pool.held(pool, reference_pool.launch_key(spec, model_dir)) as (entry, port):
+        plain = PlainVllm(spec, entry)
+        if port is None:
+            plain.up()  # the pool's: close_pool stops it
+        else:
+            plain.ports, plain.model_dir = {"vllm.port": port}, model_dir
+        yield plain
 
 
 def numerics_key(vllm: VllmSpec) -> str:
@@ -120,9 +149,7 @@ def canonical_references(
     found: dict[int, Reference] = {}
     if missing:
         plain_spec = spec.model_copy(update={"mooncake": MooncakeSpec()})
-        plain = PlainVllm(plain_spec, Path(run_dir) / "canonical")
-        plain.up()
-        try:
+        with _reference(plain_spec, Path(run_dir)) as plain:
             for i in missing:
                 comp = plain.complete(prompts[i], max_tokens)
                 found[i] = Reference(comp.output_token_ids, comp.token_logprobs)
@@ -131,8 +158,6 @@ def canonical_references(
                     write_atomic(
                         paths[i], json.dumps(doc).encode()
                     )  # two runs at once: never half a file
-        finally:
-            plain.down()
     return [found.get(i) or cached[i] for i in range(len(prompts))]  # type: ignore[misc]
 
 

@@ -79,10 +79,13 @@ def test_demo_passes_with_exact_counts_and_canonical_output(
 def test_demo_leaves_no_process_and_no_shm_behind(
     demo_run: tuple[int, Path, list[int], list[str]],
 ) -> None:
-    _, _, pids, leaked = demo_run
+    _, run_dir, pids, leaked = demo_run
     # netns holder, Mooncake master + node, lmcache, vllm and their children
     assert len(pids) >= 6 and pids_alive(pids) == []
     assert leaked == []
+    # its canonical output from the session's reference pool (tests/conftest.py), if not
+    # already cached: no reference of the run's own
+    assert not (run_dir / "canonical").exists()
 
 
 def test_killing_vllm_mid_request_exits_3_and_leaves_no_orphans(tmp_path: Path) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from bsrctl.evidence.verdict import Point, Verdict
+from bsrctl.evidence.verdict import Point, Verdict, check
 from bsrctl.experiments.failmatrix.checks import Observation, serving_checks, table
 from bsrctl.report.failmatrix import CHECK_ORDER, render
 
@@ -64,9 +64,12 @@ def failing(o: Observation) -> set[str]:
 
 def test_closed_correct_explained_cell_passes() -> None:
     assert failing(recompute_obs()) == set()
-    assert list(verdicts(recompute_obs())) == [
-        n for n in CHECK_ORDER if n != "corruption_caught_before_install"
-    ]
+    only_some = {  # the checks of one fault each
+        "corruption_caught_before_install",
+        "one_failed_restore",
+        "stopped_at_first_slow_window",
+    }
+    assert list(verdicts(recompute_obs())) == [n for n in CHECK_ORDER if n not in only_some]
 
 
 def test_partial_prefix_fails_all_or_nothing() -> None:
@@ -176,4 +179,41 @@ def test_table_renders_cells_by_checks_with_reasons() -> None:
     assert "| bad | object_corrupted | before_request | recompute | FAIL |  | 1024 |" in md
     assert "- bad / cached_prefix_all_or_nothing: FAIL: cached 1024 (full 3840); partial" in md
     assert "Cells not run on this stack: c" in md
+    # a check the table does not know yet is a column, never dropped
+    odd = Point("odd", good.params, good.measures, (*good.checks, check("new_check", True, "x")))
+    md = render({**doc, "points": [odd.to_json()]})
+    head = next(line for line in md.splitlines() if line.startswith("| cell |"))
+    assert head.endswith("| bounded_time | processes_accounted | new_check |")
+    row = next(line for line in md.splitlines() if line.startswith("| odd |"))
+    assert row.endswith("| PASS | PASS | PASS |")
     assert table(doc["points"])["bad"]["cached_prefix_all_or_nothing"] == "FAIL"
+
+
+def test_a_load_that_always_fails_ends_after_one_failed_restore() -> None:
+    missing = {**FAILED, "failure": "MISSING_KEY", "windows_done": 0}
+    o = recompute_obs(fault="load_fails_always", window=0, failed_outcomes=[missing])
+    checks = {c.name: c for c in serving_checks(o)}
+    assert checks["one_failed_restore"].verdict == Verdict.PASS
+    assert checks["one_failed_restore"].detail == (
+        "failed restores ['MISSING_KEY after 0 window(s)'], committed 0"
+    )
+    again = recompute_obs(fault="load_fails_always", failed_outcomes=[missing, missing])
+    assert verdicts(again)["one_failed_restore"] == Verdict.FAIL  # retried: a loop
+    assert (
+        verdicts(recompute_obs(fault="load_fails_always", failed_outcomes=[]))["one_failed_restore"]
+        == Verdict.FAIL
+    )
+    assert "one_failed_restore" not in verdicts(recompute_obs())  # other faults: no such check
+
+
+def test_a_slow_tier_stops_the_restore_at_its_first_slow_window() -> None:
+    o = recompute_obs(fault="slow_tier", window=1)  # TIMEOUT after 1 window
+    assert verdicts(o)["stopped_at_first_slow_window"] == Verdict.PASS
+    waited = {**FAILED, "windows_done": 2}  # window 1 waited on and installed: not closed at k
+    assert verdicts(replace(o, failed_outcomes=[waited]))["stopped_at_first_slow_window"] == (
+        Verdict.FAIL
+    )
+    missing = {**FAILED, "failure": "MISSING_KEY"}
+    assert verdicts(replace(o, failed_outcomes=[missing]))["stopped_at_first_slow_window"] == (
+        Verdict.FAIL
+    )

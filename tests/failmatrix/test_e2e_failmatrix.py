@@ -30,6 +30,9 @@ BREAKS = {
         ["ghost_hits", "skip_invalidation"],
         "no_valid_block_after_failure",
     ),
+    # no force-local marker: nothing keeps the next lookup off the failing tier (vLLM #55297)
+    "load-fails-always": (["skip_force_local"], "force_local"),
+    "slow-tier": (["skip_invalidation"], "no_valid_block_after_failure"),
 }
 
 
@@ -74,3 +77,70 @@ def test_cell_fails_against_a_broken_restore(rig: ServingRig, cid: str) -> None:
     failed = {c.name: c.detail for c in point.checks if c.verdict == Verdict.FAIL}
     assert point.verdict == Verdict.FAIL
     assert must_fail in failed, {c.name: (c.verdict, c.detail) for c in point.checks}
+
+
+# The soak (bsrctl soak) on this module's deployment: its spec's stack and settings are the
+# matrix's (tests/soak/test_spec.py), so it shares the deployment instead of starting one.
+SOAK = MATRICES / "soak-cpu.yaml"
+
+
+def soak_run(rig: ServingRig, out: Path, duration_s: float) -> tuple[Verdict, dict]:
+    from bsrctl.evidence import load_evidence
+    from bsrctl.experiments.soak.run import run_soak
+
+    verdict = run_soak(SOAK, out, 1, duration_s, quiet=True, deployment=rig.deployment)
+    (run,) = [p for p in out.iterdir() if p.is_dir()]
+    return verdict, load_evidence(run / "evidence.json")
+
+
+def test_soak_seed_1_for_3_minutes_has_no_violation(rig: ServingRig, tmp_path: Path) -> None:
+    from dataclasses import asdict
+
+    from bsrctl.experiments.soak.schedule import make_schedule
+    from bsrctl.experiments.soak.spec import load_soak
+
+    set_mutations(rig, [])
+    verdict, doc = soak_run(rig, tmp_path / "soak", 180.0)
+    s = doc["summary"]
+    assert (verdict, s["violations"]) == (Verdict.PASS, []), s["line"]
+    spec, _ = load_soak(SOAK)
+    cells = tuple(c.id for c in spec.cells)
+    n = len(spec.soak.prefix_tokens)
+    replay = make_schedule(1, 180.0, cells, spec.soak.mean_gap_s, spec.windows(), n)
+    assert s["schedule"] == [asdict(f) for f in replay.faults]  # the same seed, the same faults
+    armed = s["armed"]
+    assert [a["index"] for a in armed] == list(range(len(armed)))  # in order, none skipped
+    assert s["faults_injected"] == sum(a["placed"] for a in armed) >= 5
+    assert s["requests_completed"] == s["requests_sent"] == len(doc["points"]) >= 30
+    assert all(p["verdict"] == "PASS" for p in doc["points"])
+    rounds: dict[int, list[int]] = {}
+    for p in doc["points"]:
+        rounds.setdefault(p["params"]["round"], []).append(p["params"]["prefix"])
+    assert all(len(set(ps)) == len(ps) == 3 for ps in rounds.values())  # distinct, 3 at once
+    assert {p["params"]["fault"] for p in doc["points"]} - {None}  # requests ran under faults
+    q = s["quiesced"]
+    assert q["markers"] == q["budget_in_use_chunks"] == q["tracked_requests"] == 0, q
+    assert list(q["pool_level_bytes_by_rank"].values()) == [0], q  # one rank, nothing held
+    assert 0 < s["pool_peak_max_bytes"] <= s["pool_bound_bytes"] == 4 * 262_144
+    assert s["line"] == (
+        f"violations: 0; faults injected: {s['faults_injected']}; "
+        f"requests completed: {s['requests_completed']}"
+    )
+
+
+def test_soak_with_a_mutant_that_skips_invalidation_names_the_request(
+    rig: ServingRig, tmp_path: Path
+) -> None:
+    set_mutations(rig, ["skip_invalidation"])
+    try:
+        verdict, doc = soak_run(rig, tmp_path / "soak", 25.0)
+    finally:
+        set_mutations(rig, [])
+    s = doc["summary"]
+    assert verdict == Verdict.FAIL
+    fail_open = [v for v in s["violations"] if v["kind"] == "fail_open"]
+    assert fail_open, s["violations"]
+    for v in fail_open:
+        point = next(p for p in doc["points"] if p["id"] == f"r{v['request']:04d}")
+        assert point["verdict"] == "FAIL" and point["params"]["fault"] == v["fault"] is not None
+        assert f"request {v['request']} " in v["detail"] and "yet vLLM used" in v["detail"]

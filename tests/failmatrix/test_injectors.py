@@ -9,7 +9,14 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from bsrctl.experiments.failmatrix import load_matrix
-from bsrctl.experiments.failmatrix.injectors import ObjectDamaged, WindowTimeout, clear_rules
+from bsrctl.experiments.failmatrix.injectors import (
+    SLOW_TASKS,
+    LoadFailsAlways,
+    ObjectDamaged,
+    SlowTier,
+    WindowTimeout,
+    clear_rules,
+)
 from bsrctl.stack.tiers import chunk_hashes_hex
 
 MATRICES = Path(__file__).parents[2] / "matrices"
@@ -58,3 +65,22 @@ def test_the_damaged_object_is_window_ks_first_chunk(tmp_path: Path) -> None:
         "how": "4096 bytes flipped at offset 32",
     }
     assert (tmp_path / "l2-fs" / f"k@{hashes[8]}.data").read_bytes() == b"\0" * 32 + b"\xff" * 32
+
+
+def test_load_fails_always_drops_every_load_of_the_source_tier(tmp_path: Path) -> None:
+    spec, stack = fake_stack(tmp_path)
+    cell = next(c for c in spec.cells if c.id == "load-fails-always")
+    inj = LoadFailsAlways(stack, cell, [], spec.settings())
+    inj.arm()
+    assert rules(tmp_path, "fs") == [{"action": "drop", "phase": "load"}]  # no limit, no task
+    assert inj.notes["rule"] == {"tier": "fs", "action": "drop", "phase": "load"}
+
+
+def test_slow_tier_holds_every_load_from_window_k_past_the_timeout(tmp_path: Path) -> None:
+    spec, stack = fake_stack(tmp_path)
+    cell = next(c for c in spec.cells if c.id == "slow-tier")
+    SlowTier(stack, cell, [], spec.settings()).arm()
+    tasks = list(range(1, 1 + SLOW_TASKS))
+    assert rules(tmp_path, "fs") == [{"action": "delay", "tasks": tasks, "delay_s": 12.0}]
+    SlowTier(stack, cell.model_copy(update={"delay_s": 20.0}), [], spec.settings()).arm()
+    assert rules(tmp_path, "fs")[0]["delay_s"] == 20.0

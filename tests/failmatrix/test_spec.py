@@ -68,6 +68,9 @@ def test_shipped_matrices_load_with_every_issue_cell() -> None:
         ),
         ("  - {id: a, fault: rank_keys_dropped, rank: 2, expect: recompute}", "tp_ranks"),
         ("  - {id: A B, fault: window_timeout, expect: recompute}", "cells.0.id"),
+        ("  - {id: a, fault: load_fails_always, source: all, expect: recompute}", "one tier"),
+        ("  - {id: a, fault: slow_tier, expect: closed}", "source fs or mooncake, expect"),
+        ("  - {id: a, fault: slow_tier, delay_s: 8, expect: recompute}", "must exceed"),
     ],
 )
 def test_bad_cells_are_bad_input(tmp_path: Path, cells: str, needle: str) -> None:

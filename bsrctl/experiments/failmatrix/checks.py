@@ -46,6 +46,8 @@ class Observation:
     leaked_pids: list[int]  # processes stopped or replaced that are still alive
     parts_alive: dict[str, bool]  # every current part of the stack
     damage: dict[str, Any] = field(default_factory=dict)  # object_* cells: counters, window
+    fault: str = ""  # the cell's fault (the checks only some faults have)
+    window: int = 0  # k: the window the fault strikes
 
 
 def _unreported(o: Observation) -> bool:
@@ -188,11 +190,32 @@ def damage_check(o: Observation) -> Check | None:
     )
 
 
+def attempts_check(o: Observation) -> Check | None:
+    """load_fails_always: the request ends after exactly one failed restore and none
+    committed, so a failing load is not retried into a loop (vLLM #55297; the repeated
+    external lookup is ``force_local``'s). slow_tier: that one restore stopped on window k's
+    timeout, with k windows done: it never waited on the later slow windows."""
+    if o.fault not in ("load_fails_always", "slow_tier"):
+        return None
+    fails = [
+        f"{f.get('failure')} after {f.get('windows_done')} window(s)" for f in o.failed_outcomes
+    ]
+    one = len(o.failed_outcomes) == 1 and not o.ok_outcomes
+    what = f"failed restores {fails or 'none'}, committed {len(o.ok_outcomes)}"
+    if o.fault == "load_fails_always":
+        return check("one_failed_restore", one, what)
+    f = o.failed_outcomes[0] if one else {}
+    ok = one and f.get("failure") == "TIMEOUT" and f.get("windows_done") == o.window
+    return check(
+        "stopped_at_first_slow_window", ok, f"{what}; expected TIMEOUT after {o.window} window(s)"
+    )
+
+
 def serving_checks(o: Observation) -> list[Check]:
     out = [cached_check(o), invalidation_check(o), canonical_check(o), force_local_check(o)]
-    dmg = damage_check(o)
-    if dmg is not None:
-        out.append(dmg)
+    for extra in (damage_check(o), attempts_check(o)):
+        if extra is not None:
+            out.append(extra)
     out.append(check("post_request_health", o.health_ok, o.health_detail))
     within = o.request_finished and o.cell_s <= o.bound_s
     req = "none" if o.request_s is None else f"{o.request_s:.2f}"

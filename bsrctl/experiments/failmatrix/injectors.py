@@ -175,6 +175,32 @@ class WindowTimeout(Injector):
         self.hold_rule(self.settings.window_timeout_s + 3.0)
 
 
+class LoadFailsAlways(Injector):
+    """Every load of the source tier fails while the rule is armed (each key reported
+    missing): the request's restore, and any retry of it, can never succeed."""
+
+    def arm(self) -> None:
+        rule = {"action": "drop", "phase": "load"}
+        write_rules(self.stack, self.cell.source, [rule])
+        self.notes["rule"] = {"tier": self.cell.source, **rule}
+
+
+SLOW_TASKS = 64  # slow_tier: load tasks held from window k on (more than a restore has)
+
+
+class SlowTier(Injector):
+    """The source tier turns slow mid-restore: every load task from window k on is held
+    ``delay_s`` (default 1.5 x window_timeout_s), not only window k's."""
+
+    def arm(self) -> None:
+        delay = self.cell.delay_s or 1.5 * self.settings.window_timeout_s
+        tasks = list(range(self.cell.window, self.cell.window + SLOW_TASKS))
+        rule = {"action": "delay", "tasks": tasks, "delay_s": delay}
+        write_rules(self.stack, self.cell.source, [rule])
+        self.notes["rule"] = {"tier": self.cell.source, "action": "delay", "delay_s": delay,
+                              "from_task": self.cell.window, "tasks": SLOW_TASKS}  # fmt: skip
+
+
 class ObjectDamaged(Injector):
     """Window k's first FS object: bytes flipped (corrupted) or cut in half (truncated)."""
 
@@ -316,4 +342,6 @@ INJECTORS: dict[str, type[Injector]] = {
     "l1_exhausted": L1Exhausted,
     "lmcache_killed": LmcacheKilled,
     "storage_node_partitioned": StorageNodePartitioned,
+    "load_fails_always": LoadFailsAlways,
+    "slow_tier": SlowTier,
 }

@@ -173,6 +173,8 @@ class ServingRig(Rig):
             leaked_pids=leaked,
             parts_alive=alive,
             damage=self.damage(cell, inj, before, after),
+            fault=cell.fault,
+            window=cell.window,
         )
 
     def record(self, cell: CellSpec, seeded: Seeded, sent: Sent, obs: Observation) -> Point:

@@ -55,6 +55,10 @@ FAULTS: dict[str, tuple[str, tuple[str, ...]]] = {
     "l1_exhausted": ("serving", ("between_windows",)),
     "lmcache_killed": ("serving", ("between_windows",)),
     "storage_node_partitioned": ("serving", ("between_windows",)),
+    # every load of the source tier fails while armed (vLLM #55297, #49250)
+    "load_fails_always": ("serving", ("during_window",)),
+    # every load from window k on held past the window timeout (a slow tier)
+    "slow_tier": ("serving", ("during_window",)),
     "rank_keys_dropped": ("storage", ("during_window",)),
     "storage_window_timeout": ("storage", ("during_window",)),
     # the FS L2 on a size-capped tmpfs: the kernel's ENOSPC (failmatrix.store_faults)
@@ -109,6 +113,12 @@ class CellSpec(Strict):
     bound_s: float = Field(180.0, gt=0, description="the cell must end within this")
     adapter: Literal["bsr_fs", "stock"] = Field(
         "bsr_fs", description="store faults: the FS L2 adapter under test (stock: LMCache's own)"
+    )
+    delay_s: float = Field(
+        0.0,
+        ge=0,
+        description="slow_tier: how long each load from window k on is held (0: 1.5 x "
+        "restore.window_timeout_s, past the window's timeout)",
     )
     chunk: int = Field(2, ge=0, description="store_failed_midway: the chunk whose store fails")
     fail_after_bytes: int = Field(
@@ -216,6 +226,17 @@ def _check_cell(spec: FailMatrixSpec, c: CellSpec) -> None:
         )
     if c.at == "between_windows" and c.source == "all":
         raise ValueError(f"{where}: between_windows holds one tier's window: source fs or mooncake")
+    if c.fault in ("load_fails_always", "slow_tier") and (
+        c.source == "all" or c.expect != "recompute"
+    ):
+        raise ValueError(
+            f"{where}: fault {c.fault} breaks one tier: source fs or mooncake, expect recompute"
+        )
+    if c.fault == "slow_tier" and 0 < c.delay_s <= r.window_timeout_s:
+        raise ValueError(
+            f"{where}: delay_s {c.delay_s} must exceed restore.window_timeout_s "
+            f"{r.window_timeout_s} (or be 0: 1.5 x the timeout)"
+        )
 
 
 def _check_store_cell(spec: FailMatrixSpec, c: CellSpec, where: str) -> None:

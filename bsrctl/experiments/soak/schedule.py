@@ -11,8 +11,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-# failure-matrix fault names (experiments/failmatrix/injectors.py INJECTORS) safe to repeat;
-# a slow tier and a load failure have no injector there yet, so they are not drawn
+# failure-matrix fault names (experiments/failmatrix/injectors.py INJECTORS) safe to repeat,
+# the default catalogue; `bsrctl soak` passes its spec's cell ids (soak.spec.SOAK_FAULTS)
 REPEATABLE: tuple[str, ...] = (
     "window_timeout",
     "object_corrupted",

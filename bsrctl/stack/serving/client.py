@@ -30,6 +30,7 @@ class Completion:
     request_s: float  # wall time of the whole (non-streamed) request, client side
     # logprob of each generated (greedy: top-1) token, as vLLM reports it (None: not sent)
     token_logprobs: tuple[float, ...] | None = None
+    request_id: str = ""  # the X-Request-Id sent: the server's outcomes carry it in theirs
 
 
 @dataclass(frozen=True)
@@ -166,6 +167,7 @@ class ServingClient:
             ttft_s=_ttft_s(after, before, elapsed),
             request_s=elapsed,
             token_logprobs=None if lps is None else tuple(float(x) for x in lps),
+            request_id=rid,
         )
 
     def stream(self, prompt_ids: list[int], max_tokens: int) -> Streamed:
