@@ -84,11 +84,19 @@ def test_cell_fails_against_a_broken_restore(rig: ServingRig, cid: str) -> None:
 SOAK = MATRICES / "soak-cpu.yaml"
 
 
-def soak_run(rig: ServingRig, out: Path, duration_s: float) -> tuple[Verdict, dict]:
+def soak_run(
+    rig: ServingRig, out: Path, duration_s: float, mutations: list[str]
+) -> tuple[Verdict, dict]:
+    """Seeded with the real restore; ``mutations`` switched on after it, off at the end."""
     from bsrctl.evidence import load_evidence
     from bsrctl.experiments.soak.run import run_soak
 
-    verdict = run_soak(SOAK, out, 1, duration_s, quiet=True, deployment=rig.deployment)
+    set_mutations(rig, [])
+    try:
+        verdict = run_soak(SOAK, out, 1, duration_s, quiet=True, deployment=rig.deployment,
+                           after_seed=lambda: set_mutations(rig, mutations))  # fmt: skip
+    finally:
+        set_mutations(rig, [])
     (run,) = [p for p in out.iterdir() if p.is_dir()]
     return verdict, load_evidence(run / "evidence.json")
 
@@ -99,8 +107,7 @@ def test_soak_seed_1_for_3_minutes_has_no_violation(rig: ServingRig, tmp_path: P
     from bsrctl.experiments.soak.schedule import make_schedule
     from bsrctl.experiments.soak.spec import load_soak
 
-    set_mutations(rig, [])
-    verdict, doc = soak_run(rig, tmp_path / "soak", 180.0)
+    verdict, doc = soak_run(rig, tmp_path / "soak", 180.0, [])
     s = doc["summary"]
     assert (verdict, s["violations"]) == (Verdict.PASS, []), s["line"]
     spec, _ = load_soak(SOAK)
@@ -131,11 +138,7 @@ def test_soak_seed_1_for_3_minutes_has_no_violation(rig: ServingRig, tmp_path: P
 def test_soak_with_a_mutant_that_skips_invalidation_names_the_request(
     rig: ServingRig, tmp_path: Path
 ) -> None:
-    set_mutations(rig, ["skip_invalidation"])
-    try:
-        verdict, doc = soak_run(rig, tmp_path / "soak", 25.0)
-    finally:
-        set_mutations(rig, [])
+    verdict, doc = soak_run(rig, tmp_path / "soak", 25.0, ["skip_invalidation"])
     s = doc["summary"]
     assert verdict == Verdict.FAIL
     fail_open = [v for v in s["violations"] if v["kind"] == "fail_open"]

@@ -65,6 +65,11 @@ def test_the_damaged_object_is_window_ks_first_chunk(tmp_path: Path) -> None:
         "how": "4096 bytes flipped at offset 32",
     }
     assert (tmp_path / "l2-fs" / f"k@{hashes[8]}.data").read_bytes() == b"\0" * 32 + b"\xff" * 32
+    inj.recover()  # the object as it was, and nothing else in the folder
+    assert (tmp_path / "l2-fs" / f"k@{hashes[8]}.data").read_bytes() == b"\0" * 64
+    assert sorted(p.name for p in (tmp_path / "l2-fs").iterdir()) == sorted(
+        f"k@{h}.data" for h in hashes
+    )
 
 
 def test_load_fails_always_drops_every_load_of_the_source_tier(tmp_path: Path) -> None:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from bsrctl.errors import StackFailed
+from bsrctl.evidence.atomic import write_atomic
 from bsrctl.experiments.failmatrix.spec import CellSpec
 
 # The failure matrix's one import of the fault wrapper's control file.
@@ -202,11 +203,15 @@ class SlowTier(Injector):
 
 
 class ObjectDamaged(Injector):
-    """Window k's first FS object: bytes flipped (corrupted) or cut in half (truncated)."""
+    """Window k's first FS object: bytes flipped (corrupted) or cut in half (truncated);
+    ``recover`` puts its original bytes back (a soak repeats faults on the same prefixes)."""
+
+    _original: tuple[Path, bytes] | None = None
 
     def arm(self) -> None:
         path = self.window_object()
-        data = bytearray(path.read_bytes())
+        self._original = (path, path.read_bytes())
+        data = bytearray(self._original[1])
         if self.cell.fault == "object_corrupted":
             mid = len(data) // 2
             for i in range(mid, min(mid + 4096, len(data))):
@@ -217,6 +222,12 @@ class ObjectDamaged(Injector):
             how = f"truncated to {len(data)} bytes"
         path.write_bytes(bytes(data))
         self.notes["object"] = {"file": path.name, "how": how}
+
+    def recover(self) -> None:
+        if self._original is not None:
+            path, data = self._original
+            write_atomic(path, data)  # a reader sees the damaged or the whole object
+            self._original = None
 
 
 @dataclass

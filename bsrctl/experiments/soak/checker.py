@@ -76,7 +76,8 @@ def pool_violations(
     samples: Sequence[tuple[float, int]], bound_bytes: int, fault_at: Any = None
 ) -> list[Violation]:
     """Samples (seconds from the start, the pool's high-water mark over ranks) above B x c
-    + aux. ``fault_at(t)``: the fault armed at t (None: none), named in the violation."""
+    + aux. ``fault_at(t)``: the fault placed in the round the sample at t ended (None:
+    none), named in the violation."""
     return [
         Violation(
             "pool_bound",

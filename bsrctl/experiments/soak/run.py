@@ -6,7 +6,7 @@ The failure matrix's deployment, seeding and injectors (``failmatrix.rig``,
 request restores from the L2 tier, where the faults are), the fault due by then is armed
 (isolated to its tier, as in its cell), ``concurrency`` requests of seeded prefixes go out at
 once and are waited on up to their deadline, the fault is recovered (its rules cleared, a
-damaged object removed so that the next recompute stores it again), the pool's high-water
+damaged object given its original bytes back), the pool's high-water
 mark is sampled. After the last round and the quiesce, nothing may be left. One evidence
 point per request (its checks: canonical output, deadline), the schedule and every
 violation, with its request and fault, in the summary.
@@ -21,10 +21,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bsrctl.errors import BadInput, StackFailed
+from bsrctl.errors import BadInput
 from bsrctl.evidence import EvidenceWriter, Point, Verdict
 from bsrctl.evidence.verdict import Check, check
-from bsrctl.experiments.failmatrix.injectors import INJECTORS, Injector, ObjectDamaged, clear_rules
+from bsrctl.experiments.failmatrix.injectors import INJECTORS, Injector, clear_rules
 from bsrctl.experiments.failmatrix.rig import FORGET_WAIT_S, HEALTH_TOKENS, Rig
 from bsrctl.experiments.run import execute, progress
 from bsrctl.experiments.soak.checker import (
@@ -59,9 +59,12 @@ def run_soak(
     quiet: bool = False,
     server_module: ServerModule | None = None,
     deployment: Deployment | None = None,
+    after_seed: Callable[[], None] | None = None,
 ) -> Verdict:
     """``server_module`` replaces the LMCache server module (the tests load a mutant);
-    ``deployment`` runs the soak on one already up (the tests share the failure matrix's)."""
+    ``deployment`` runs the soak on one already up (the tests share the failure matrix's);
+    ``after_seed`` runs once the prefixes are seeded, before the load (the tests switch a
+    broken restore on there: seeding needs the real one)."""
     if duration_s <= 0:
         raise BadInput(f"--duration: {duration_s:g} s; give a positive number of seconds, e.g. 180")
     spec, raw = load_soak(spec_path)
@@ -74,13 +77,13 @@ def run_soak(
         check_ports(spec.stack)
     selection = stack_selection(spec, None)
     writer = EvidenceWriter(out_dir, "soak", raw, spec.workload.salt, selection)
-    soak = _Soak(spec, schedule, say)
+    soak = _Soak(spec, schedule, say, after_seed)
 
     closed: list[bool] = []
 
     def body(w: EvidenceWriter) -> tuple[dict[str, Any], list[Check]]:
         soak.rig = Rig(spec.as_matrix(), w.run_dir, say, server_module, deployment)
-        soak.prepare(up=deployment is None)
+        soak.prepare(w.run_id, up=deployment is None)
         w.set_stack({**soak.rig.deployment.describe(), **selection})
         summary, checks = soak.run(w)
         if deployment is None:  # ours: stopped by PID here, so the run checks it is all gone
@@ -97,24 +100,32 @@ def run_soak(
 
 
 class _Soak:
-    def __init__(self, spec: SoakSpec, schedule: Schedule, say: Say) -> None:
-        self.spec, self.schedule, self.say = spec, schedule, say
+    def __init__(
+        self, spec: SoakSpec, schedule: Schedule, say: Say, after_seed: Callable[[], None] | None
+    ) -> None:
+        self.spec, self.schedule, self.say, self.after_seed = spec, schedule, say, after_seed
         self.rig: Rig | None = None
         self.prompts: list[list[int]] = []
         self.canonical: list[str] = []  # sha256 per prefix
         self.armed: list[dict[str, Any]] = []  # per scheduled fault: when and what was placed
         self.sent: list[Sent] = []
-        self.samples: list[tuple[float, int]] = []
+        self.samples: list[tuple[float, int]] = []  # (s from the start, the round's pool peak)
+        self.sample_fault: dict[float, int | None] = {}  # the fault placed in that round
         self.t0 = 0.0
 
     # -- setup --
 
-    def prepare(self, up: bool) -> None:
+    def prepare(self, run_id: str, up: bool) -> None:
+        """Canonical outputs of the run's own prompts (salted with its run id: a soak on a
+        deployment another run used starts from prefixes no earlier fault touched), then
+        the deployment up (unless it was given, already up)."""
         rig, spec = self.rig, self.spec
         assert rig is not None
         wl = spec.workload
         rig.vocab = prepare_model(spec.stack.vllm).vocab
-        self.prompts = [rig.prompt(f"soak/p{i}", n) for i, n in enumerate(spec.soak.prefix_tokens)]
+        self.prompts = [
+            rig.prompt(f"soak/{run_id}/p{i}", n) for i, n in enumerate(spec.soak.prefix_tokens)
+        ]
         health = rig.prompt("__health__", HEALTH_TOKENS)
         self.say("canonical outputs on a vLLM with no KV connector")
         outs = canonical_outputs(spec.stack, rig.run_dir, [*self.prompts, health], wl.max_tokens)
@@ -140,6 +151,8 @@ class _Soak:
         short = [s["reason"] for s in seeds if not s["complete"]]
         if short:  # never a soak over prefixes the tier does not hold
             return self._summary(seeds, []), [check("setup_seeded", None, "; ".join(short))]
+        if self.after_seed is not None:
+            self.after_seed()
         bound = self.bound_bytes()
         rig.client.reset_peak()
         rng = random.Random(f"{self.schedule.seed}/load")  # seeded from a str: stable
@@ -157,7 +170,7 @@ class _Soak:
         violations = [
             *(v for s in self.sent for v in request_violations(
                 s, self.canonical[s.prefix], self.spec.soak.request_deadline_s)),
-            *pool_violations(self.samples, bound, self._fault_at),
+            *pool_violations(self.samples, bound, self.sample_fault.get),
             *quiesce_violations(state),
         ]  # fmt: skip
         placed = sum(1 for a in self.armed if a["placed"])
@@ -202,7 +215,10 @@ class _Soak:
             sent = self._sent(base + i, rnd, p, req.sent_s, answer, fault, failed)
             self.sent.append(sent)
             w.add_point(self._point(sent))
-        self.samples.append((time.monotonic() - self.t0, rig.client.peak().restore_pool_peak_bytes))
+        t = time.monotonic() - self.t0
+        # the round's own high-water mark: read and restarted at once (bsr.reset_peak)
+        self.samples.append((t, rig.client.reset_peak().before.restore_pool_peak_bytes))
+        self.sample_fault[t] = fault.index if inj is not None and fault is not None else None
 
     def _arm(self, fault: ScheduledFault, rnd: int) -> Injector | None:
         rig = self.rig
@@ -227,13 +243,8 @@ class _Soak:
         return inj
 
     def _recover(self, inj: Injector) -> None:
-        inj.recover()
+        inj.recover()  # rules cleared later; a damaged object gets its own bytes back
         inj.unisolate()
-        if isinstance(inj, ObjectDamaged):  # it goes: the next recompute stores it again
-            try:
-                inj.window_object().unlink(missing_ok=True)
-            except StackFailed:
-                pass  # already gone
 
     def _request(self, prefix: int) -> Callable[[], Any]:
         rig = self.rig
@@ -288,11 +299,6 @@ class _Soak:
                 ),
             ),  # fmt: skip
         )
-
-    def _fault_at(self, t: float) -> int | None:
-        """The fault armed in the round that ended at t (a sample's time)."""
-        done = [a for a in self.armed if a["placed"] and a["armed_at_s"] <= t]
-        return done[-1]["index"] if done else None
 
     def _state(self) -> dict[str, Any]:
         rig = self.rig
