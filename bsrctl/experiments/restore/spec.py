@@ -257,6 +257,11 @@ def check_spec(spec: ExperimentSpec, command: str) -> None:
     ranks_per_l1 = 1 if stack == "storage" else reg.tp_size  # storage: one L1 per rank
     pool = max(windows, default=0) * reg.bytes_per_chunk * ranks_per_l1 + reg.aux_bytes
     l1 = spec.stack.lmcache.l1_size_bytes
+    if stack != "attach" and pool > l1 and not windows:  # the ladder: W = 0, aux alone
+        raise BadInput(
+            f"aux_bytes: {reg.aux_bytes} B > stack.lmcache.l1_size_bytes = {l1}; lower "
+            f"aux_bytes or raise L1"
+        )
     if stack != "attach" and pool > l1:  # an attached L1 is the operator's, read at run time
         field = "sweep.window_chunks" if command == "sweep" else "law.windows_chunks"
         raise BadInput(

@@ -159,3 +159,13 @@ def test_an_override_that_leaves_the_stack_incoherent_names_it(tmp_path: Path) -
     assert msg == f"{p}: --stack serving: attach: given with kind 'serving'; set kind: attach"
     spec, _ = load_experiment(p, "sweep")
     assert spec.stack.kind == "attach"
+
+
+def test_a_ladder_whose_aux_exceeds_l1_names_aux_bytes(tmp_path: Path) -> None:
+    """W = 0 has no window to name (found by tests/test_spec_fuzz.py: max() of no windows)."""
+    text = (LADDERS / "cpu-e1.yaml").read_text().replace("aux_bytes: 0", "aux_bytes: 1" + "0" * 30)
+    p = tmp_path / "s.yaml"
+    p.write_text(text)
+    why = r"s\.yaml: aux_bytes: 10{30} B > stack.lmcache.l1_size_bytes = 67108864; lower"
+    with pytest.raises(BadInput, match=why + r" aux_bytes or raise L1$"):
+        load_experiment(p, "ladder", "serving")
