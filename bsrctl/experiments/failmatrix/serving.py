@@ -117,7 +117,7 @@ class ServingRig(Rig):
         full = expected_external_tokens(wl.prompt_tokens, self.spec.stack.lmcache.chunk_size)
         before = self.snapshot()
         wall0, t0 = time.time(), time.monotonic()
-        pending = _Request(lambda: self.stack.complete(ids, wl.max_tokens))
+        pending = Background(lambda: self.stack.complete(ids, wl.max_tokens))
         strike_error = ""
         try:
             inj.strike()
@@ -282,11 +282,13 @@ def fault_placed_checks(cell: CellSpec, inj: Injector, strike_error: str) -> lis
     ]
 
 
-class _Request:
-    """A request running in a thread, started at construction."""
+class Background:
+    """A request running in a thread, started at construction; ``answer_s`` is send ->
+    answer (or explicit error), None until it returned. The soak sends its rounds this way."""
 
     def __init__(self, fn: Callable[[], Any]) -> None:
         self._box: dict[str, Any] = {}
+        self.sent_s = time.monotonic()
         self._thread = threading.Thread(target=self._run, args=(fn,), daemon=True)
         self._thread.start()
 
@@ -295,6 +297,11 @@ class _Request:
             self._box["result"] = fn()
         except BaseException as exc:  # recorded as the request's explicit error
             self._box["error"] = exc
+        self._box["answer_s"] = time.monotonic() - self.sent_s
+
+    @property
+    def answer_s(self) -> float | None:
+        return self._box.get("answer_s")
 
     def wait(self, timeout_s: float) -> tuple[Any, BaseException | None, bool]:
         self._thread.join(timeout_s)

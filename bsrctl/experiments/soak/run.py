@@ -15,7 +15,6 @@ violation, with its request and fault, in the summary.
 from __future__ import annotations
 
 import random
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -26,6 +25,7 @@ from bsrctl.evidence import EvidenceWriter, Point, Verdict
 from bsrctl.evidence.verdict import Check, check
 from bsrctl.experiments.failmatrix.injectors import INJECTORS, Injector, clear_rules
 from bsrctl.experiments.failmatrix.rig import FORGET_WAIT_S, HEALTH_TOKENS, Rig
+from bsrctl.experiments.failmatrix.serving import Background
 from bsrctl.experiments.run import execute, progress
 from bsrctl.experiments.soak.checker import (
     Sent,
@@ -203,9 +203,10 @@ class _Soak:
         picks = rng.sample(range(len(self.prompts)), spec.soak.concurrency)
         base = len(self.sent)
         before = rig.client.status().recent_outcomes
-        started = [(i, p, _Async(self._request(p))) for i, p in enumerate(picks)]
+        started = [(i, p, Background(self._request(p))) for i, p in enumerate(picks)]
         deadline = time.monotonic() + spec.soak.request_deadline_s
-        got = [(i, p, req, req.wait(max(0.0, deadline - time.monotonic())))
+        # (the answer, its error, send -> answer: None when nothing came by the deadline)
+        got = [(i, p, req, (*req.wait(max(0.0, deadline - time.monotonic()))[:2], req.answer_s))
                for i, p, req in started]  # fmt: skip
         if inj is not None:
             self._recover(inj)
@@ -335,24 +336,3 @@ def _nothing_left(rig: Rig) -> Check:
     left = sorted(n for n in stack.shm_named if (SHM / n).exists())
     return check("nothing_left", not alive and not left,
                  f"{len(pids)} PID(s) started, alive {alive}; segments left {left}")  # fmt: skip
-
-
-class _Async:
-    """A request in a thread, started at construction, waited on with a bound."""
-
-    def __init__(self, fn: Callable[[], Any]) -> None:
-        self._box: dict[str, Any] = {}
-        self.sent_s = time.monotonic()
-        self._thread = threading.Thread(target=self._run, args=(fn,), daemon=True)
-        self._thread.start()
-
-    def _run(self, fn: Callable[[], Any]) -> None:
-        try:
-            self._box["result"] = fn()
-        except BaseException as exc:  # the request's explicit error
-            self._box["error"] = exc
-        self._box["answer_s"] = time.monotonic() - self.sent_s
-
-    def wait(self, timeout_s: float) -> tuple[Any, BaseException | None, float | None]:
-        self._thread.join(timeout_s)
-        return self._box.get("result"), self._box.get("error"), self._box.get("answer_s")
