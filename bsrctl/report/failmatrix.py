@@ -18,6 +18,11 @@ CHECK_ORDER = (
     "corruption_caught_before_install",
     "one_failed_restore",
     "stopped_at_first_slow_window",
+    "hits_after_new_store",
+    "bsr_restores_same_prefix",
+    "all_answered",
+    "every_prefix_restored",
+    "pool_bound",
     "post_request_health",
     "bounded_time",
     "processes_accounted",
@@ -47,7 +52,7 @@ def render(doc: dict[str, Any]) -> str:
     paper = claims_table(failmatrix_claims(doc))
     if paper:
         lines += ["", "## Paper vs measured", "", *paper, "", "## Cells"]
-    head = ["cell", "fault", "at", "expect", "verdict", "fallback_s", "cached", *names]
+    head = ["cell", "fault", "covers", "at", "expect", "verdict", "fallback_s", "cached", *names]
     lines += ["", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for p in points:
         by = {c["name"]: c["verdict"] for c in p["checks"]}
@@ -56,6 +61,7 @@ def render(doc: dict[str, Any]) -> str:
         row = [
             p["id"],
             prm.get("fault", ""),
+            m.get("covers", ""),
             _at(prm),
             prm.get("expect", ""),
             p["verdict"],

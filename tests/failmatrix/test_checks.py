@@ -68,6 +68,11 @@ def test_closed_correct_explained_cell_passes() -> None:
         "corruption_caught_before_install",
         "one_failed_restore",
         "stopped_at_first_slow_window",
+        "hits_after_new_store",  # the follow-ons of failmatrix.scenarios
+        "bsr_restores_same_prefix",
+        "all_answered",  # concurrent_restores' own
+        "every_prefix_restored",
+        "pool_bound",
     }
     assert list(verdicts(recompute_obs())) == [n for n in CHECK_ORDER if n not in only_some]
 
@@ -175,8 +180,13 @@ def test_table_renders_cells_by_checks_with_reasons() -> None:
         "summary": {"skipped_cells": ["c"]},
     }  # fmt: skip
     md = render(doc)
-    assert "| good | window_timeout | during_window k=1 | recompute | PASS | 11.23 | 0 |" in md
-    assert "| bad | object_corrupted | before_request | recompute | FAIL |  | 1024 |" in md
+    assert "| good | window_timeout |  | during_window k=1 | recompute | PASS | 11.23 | 0 |" in md
+    assert "| bad | object_corrupted |  | before_request | recompute | FAIL |  | 1024 |" in md
+    # the public report a cell covers is its own column
+    cov = {**good.to_json(), "id": "cov", "measures": {**good.measures, "covers": "vLLM #55297"}}
+    assert "| cov | window_timeout | vLLM #55297 | during_window k=1 |" in render(
+        {**doc, "points": [cov]}
+    )
     assert "- bad / cached_prefix_all_or_nothing: FAIL: cached 1024 (full 3840); partial" in md
     assert "Cells not run on this stack: c" in md
     # a check the table does not know yet is a column, never dropped

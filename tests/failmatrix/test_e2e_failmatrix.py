@@ -79,6 +79,37 @@ def test_cell_fails_against_a_broken_restore(rig: ServingRig, cid: str) -> None:
     assert must_fail in failed, {c.name: (c.verdict, c.detail) for c in point.checks}
 
 
+# the cells of more than one request (failmatrix.scenarios): unmutated, each PASSes with
+# the check only it has, on this module's deployment
+SCENARIOS = {
+    "concurrent-restores": "every_prefix_restored",
+    "whole-plan-past-l1": "bsr_restores_same_prefix",
+    "mooncake-master-restarted": "hits_after_new_store",
+}
+
+
+@pytest.mark.parametrize("cid", list(SCENARIOS))
+def test_multi_request_cell_passes(rig: ServingRig, cid: str) -> None:
+    set_mutations(rig, [])
+    point = rig.run_cell(cell(rig, cid))
+    by = {c.name: c for c in point.checks}
+    assert point.verdict == Verdict.PASS, {n: (c.verdict, c.detail) for n, c in by.items()}
+    assert by[SCENARIOS[cid]].verdict == Verdict.PASS
+    m = point.measures
+    if cid == "concurrent-restores":  # 16 at once; B = 4 chunks of 256 KiB is the bound
+        rows = m["per_request"]
+        assert [r["tokens"] for r in rows] == [1024, 2048, 3072, 4000] * 4
+        assert [r["cached_tokens"] for r in rows] == [1023, 2047, 3071, 3840] * 4
+        assert m["pool_bound_bytes"] == 4 * 262144 and m["pool_peak_bytes"] <= 4 * 262144
+    elif cid == "whole-plan-past-l1":  # the whole plan cannot be held: recomputed, then BSR
+        assert m["cached_tokens"] == 0 and m["tokens"] == 9216
+        assert by["fault_injected"].detail.startswith("the whole plan is 36 chunks = 9437184 B")
+        assert "cached 9215 of 9215" in by["bsr_restores_same_prefix"].detail
+    else:  # no stale hit from the restarted master; a new store hits again
+        assert m["cached_tokens"] == 0
+        assert "cached 3840 of 3840" in by["hits_after_new_store"].detail
+
+
 # The soak (bsrctl soak) on this module's deployment: its spec's stack and settings are the
 # matrix's (tests/soak/test_spec.py), so it shares the deployment instead of starting one.
 SOAK = MATRICES / "soak-cpu.yaml"

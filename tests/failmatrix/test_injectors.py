@@ -12,8 +12,10 @@ from bsrctl.experiments.failmatrix import load_matrix
 from bsrctl.experiments.failmatrix.injectors import (
     SLOW_TASKS,
     LoadFailsAlways,
+    MasterRestarted,
     ObjectDamaged,
     SlowTier,
+    WholePlan,
     WindowTimeout,
     clear_rules,
 )
@@ -89,3 +91,56 @@ def test_slow_tier_holds_every_load_from_window_k_past_the_timeout(tmp_path: Pat
     assert rules(tmp_path, "fs") == [{"action": "delay", "tasks": tasks, "delay_s": 12.0}]
     SlowTier(stack, cell.model_copy(update={"delay_s": 20.0}), [], spec.settings()).arm()
     assert rules(tmp_path, "fs")[0]["delay_s"] == 20.0
+
+
+def test_whole_plan_sets_w_0_for_the_request_and_gives_w_b_back(tmp_path: Path) -> None:
+    spec, stack = fake_stack(tmp_path)
+    cell = next(c for c in spec.cells if c.id == "whole-plan-past-l1")
+    calls: list[tuple[int, int]] = []
+    inj = WholePlan(stack, cell, [], spec.settings())
+    inj.deployment = SimpleNamespace(configure=lambda w, b: calls.append((w, b)))
+    inj.arm()
+    inj.recover()
+    assert calls == [(0, 0), (4, 4)]
+    assert inj.notes == {"window_chunks": 0, "window_chunks_after": 4}
+
+
+class FakeMooncake:
+    def __init__(self, remounts: bool) -> None:
+        self.master = SimpleNamespace(pid=100)
+        self.node = SimpleNamespace(pid=200)
+        self.remounts, self.log = remounts, []
+
+    def start_master(self) -> float:
+        self.log.append(("restart master", self.master.pid))
+        self.master = SimpleNamespace(pid=self.master.pid + 1)
+        return 0.5
+
+    def node_healthy(self) -> bool:
+        return self.remounts
+
+    def start_node(self) -> float:
+        self.log.append(("restart node", self.node.pid))
+        self.node = SimpleNamespace(pid=201)
+        return 0.5
+
+
+def test_master_restarted_replaces_only_the_master_and_never_forces_the_node(
+    tmp_path: Path, monkeypatch
+) -> None:
+    import bsrctl.experiments.failmatrix.injectors as injectors
+
+    monkeypatch.setattr(injectors, "wait_until", lambda f, t: f())
+    spec, stack = fake_stack(tmp_path)
+    cell = next(c for c in spec.cells if c.id == "mooncake-master-restarted")
+    for remounts in (True, False):
+        stack.mooncake, stack.save_state = FakeMooncake(remounts), lambda: None
+        inj = MasterRestarted(stack, cell, [], spec.settings())
+        inj.arm()
+        assert stack.mooncake.log == [("restart master", 100)]  # the node kept running
+        assert inj.stopped_pids == [100]
+        r = inj.notes["restarted"]
+        assert (r["old_master"], r["new_master"], r["node_pid"]) == (100, 101, 200)
+        assert r["node_mounted_again"] is remounts
+        inj.recover()  # the node is restarted only when it did not mount on the new master
+        assert stack.mooncake.log[1:] == ([] if remounts else [("restart node", 200)])

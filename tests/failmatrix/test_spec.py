@@ -30,6 +30,10 @@ def write(tmp_path: Path, cells: str, base: str = BASE) -> Path:
 def test_shipped_matrices_load_with_every_issue_cell() -> None:
     cpu, _ = load_matrix(MATRICES / "cpu.yaml")
     not_in_cpu_yaml = {"storage_window_timeout", "storage_node_partitioned"}
+    whole = next(c for c in cpu.cells if c.fault == "whole_plan_past_l1")
+    assert whole.tokens(4000) // 256 * cpu.bytes_per_chunk() > cpu.stack.lmcache.l1_size_bytes
+    conc = next(c for c in cpu.cells if c.fault == "concurrent_restores")
+    assert conc.mix() == [1024, 2048, 3072, 4000] * 4
     assert {c.fault for c in cpu.cells} == set(FAULTS) - not_in_cpu_yaml
     assert [c.id for c in cpu.cells][-1] == "lmcache-killed-mid-restore"  # destructive last
     two, _ = load_matrix(MATRICES / "cpu-two-hosts.yaml")
@@ -71,6 +75,34 @@ def test_shipped_matrices_load_with_every_issue_cell() -> None:
         ("  - {id: a, fault: load_fails_always, source: all, expect: recompute}", "one tier"),
         ("  - {id: a, fault: slow_tier, expect: closed}", "source fs or mooncake, expect"),
         ("  - {id: a, fault: slow_tier, delay_s: 8, expect: recompute}", "must exceed"),
+        # the default L1 (1 GiB) holds 4000 tokens: not a whole plan past L1
+        (
+            "  - {id: a, fault: whole_plan_past_l1, at: before_request, expect: closed}",
+            "prompt_tokens 4000 is 15 chunks = 3932160 B, within stack.lmcache.l1_size_bytes",
+        ),
+        (
+            "  - {id: a, fault: whole_plan_past_l1, at: before_request, expect: recompute}",
+            "needs source fs and expect closed",
+        ),
+        (
+            "  - {id: a, fault: concurrent_restores, at: before_request, expect: restored}",
+            r"requests 16 > stack.vllm.max_num_seqs 4",
+        ),
+        (
+            "  - {id: a, fault: concurrent_restores, at: before_request, requests: 4, "
+            "mix_tokens: [1024, 20480], expect: restored}",
+            "mix_tokens 20480 \\+ workload.max_tokens exceeds stack.vllm.max_model_len 20480",
+        ),
+        (
+            "  - {id: a, fault: concurrent_restores, at: before_request, requests: 1, "
+            "expect: restored}",
+            "cells.0.requests",
+        ),
+        (
+            "  - {id: a, fault: mooncake_master_restarted, at: before_request, expect: recompute}",
+            "needs source mooncake and expect recompute",
+        ),
+        ("  - {id: a, fault: window_timeout, expect: restored}", "restored is concurrent_"),
     ],
 )
 def test_bad_cells_are_bad_input(tmp_path: Path, cells: str, needle: str) -> None:

@@ -45,7 +45,7 @@ def write(tmp_path: Path, **change) -> Path:
     ("change", "needle"),
     [
         ({"cells__0__fault": "lmcache_killed"}, "cannot repeat on one deployment"),
-        ({"soak__prefix_tokens": [2048, 3072, 9000]}, "exceeds stack.vllm.max_model_len 8192"),
+        ({"soak__prefix_tokens": [2048, 3072, 11000]}, "exceeds stack.vllm.max_model_len 10240"),
         ({"soak__prefix_tokens": [200, 2048, 3072]}, "more than one chunk of 256 tokens"),
         ({"soak__prefix_tokens": []}, "soak.prefix_tokens"),
         ({"soak__concurrency": 0}, "soak.concurrency"),

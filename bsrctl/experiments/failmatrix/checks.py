@@ -48,6 +48,7 @@ class Observation:
     damage: dict[str, Any] = field(default_factory=dict)  # object_* cells: counters, window
     fault: str = ""  # the cell's fault (the checks only some faults have)
     window: int = 0  # k: the window the fault strikes
+    follow_on: list[Check] = field(default_factory=list)  # failmatrix.scenarios' checks
 
 
 def _unreported(o: Observation) -> bool:
@@ -216,6 +217,7 @@ def serving_checks(o: Observation) -> list[Check]:
     for extra in (damage_check(o), attempts_check(o)):
         if extra is not None:
             out.append(extra)
+    out.extend(o.follow_on)
     out.append(check("post_request_health", o.health_ok, o.health_detail))
     within = o.request_finished and o.cell_s <= o.bound_s
     req = "none" if o.request_s is None else f"{o.request_s:.2f}"

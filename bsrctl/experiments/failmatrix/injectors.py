@@ -60,6 +60,7 @@ class Injector:
     settings: RestoreSettings  # the deployment's W and timeouts (the spec's restore: + W)
     notes: dict[str, Any] = field(default_factory=dict)  # what was done, for the evidence
     stopped_pids: list[int] = field(default_factory=list)  # processes this fault stopped
+    deployment: Any = None  # the cell's Deployment (set by the rig: W over bsr.configure)
     _hidden: Path | None = None
 
     # -- isolation (always) --
@@ -153,6 +154,57 @@ class MasterDown(Injector):
         moon.start_node()
         self.stack.save_state()  # records the new PIDs for the audit
         self.notes["restarted"] = moon.pids()
+
+
+class MasterRestarted(MasterDown):
+    """The Mooncake master restarts before the request: stopped by PID and started again
+    with no metadata, the storage node left running (as when only the master's pod or
+    process restarts). Whether the node mounts its segment on the new master again is
+    waited on (bounded) and recorded, never forced; ``recover`` restarts the node only if
+    it did not."""
+
+    NODE_WAIT_S = 20.0
+
+    def arm(self) -> None:
+        if _attached(self.stack):  # the operator's tooling restarts its remote tier
+            for name in ("stop_remote_tier", "start_remote_tier"):
+                self.notes[name] = self.stack.run_command(name)
+            return
+        moon = self.stack.mooncake
+        pid = moon.master.pid
+        took = moon.start_master()  # stops the running master by PID, starts a new one
+        self.stopped_pids.append(pid)
+        t0 = time.monotonic()
+        mounted = wait_until(moon.node_healthy, self.NODE_WAIT_S)
+        self.notes["restarted"] = {
+            "old_master": pid, "new_master": moon.master.pid, "master_healthy_after_s":
+            round(took, 3), "node_pid": moon.node.pid, "node_mounted_again": mounted,
+            "node_mounted_after_s": round(time.monotonic() - t0, 3) if mounted else None,
+        }  # fmt: skip
+        self.stack.save_state()
+
+    def recover(self) -> None:
+        if _attached(self.stack):
+            return
+        moon = self.stack.mooncake
+        if not moon.node_healthy():
+            moon.start_node()
+            self.notes["node_restarted_at_recover"] = moon.node.pid
+        self.stack.save_state()
+
+
+class WholePlan(Injector):
+    """W = 0 for the request (LMCache's own whole-plan retrieve, over bsr.configure): its
+    prefix is larger than L1, so the whole plan cannot be held; ``recover`` sets W back."""
+
+    def arm(self) -> None:
+        self.deployment.configure(0, 0)
+        self.notes["window_chunks"] = 0
+
+    def recover(self) -> None:
+        s = self.settings
+        self.deployment.configure(s.window_chunks, s.admission_budget_chunks)
+        self.notes["window_chunks_after"] = self.settings.window_chunks
 
 
 class MooncakeAndFsAbsent(MasterDown):
@@ -341,6 +393,7 @@ ATTACH_COMMANDS: dict[str, tuple[str, ...] | None] = {
     "mooncake_and_fs_absent": ("stop_remote_tier", "start_remote_tier"),
     "lmcache_killed": ("restart_lmcache",),
     "storage_node_partitioned": None,  # the link of a topology bsrctl created
+    "mooncake_master_restarted": ("stop_remote_tier", "start_remote_tier"),
 }
 
 
@@ -355,4 +408,7 @@ INJECTORS: dict[str, type[Injector]] = {
     "storage_node_partitioned": StorageNodePartitioned,
     "load_fails_always": LoadFailsAlways,
     "slow_tier": SlowTier,
+    "mooncake_master_restarted": MasterRestarted,
+    "whole_plan_past_l1": WholePlan,
+    "concurrent_restores": Injector,  # no fault: the load itself (failmatrix.concurrent)
 }

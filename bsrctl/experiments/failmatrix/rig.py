@@ -69,7 +69,7 @@ class Rig(OnDeployment):
         matrix's W, B and timeouts (attached: set over bsr.configure, given back at close)."""
         wl = self.spec.workload
         self.vocab = prepare_model(self.spec.stack.vllm).vocab
-        prompts = {c.id: self.prompt(c.id) for c in cells}
+        prompts = {n: ids for c in cells for n, ids in self.cell_prompts(c).items()}
         prompts["__health__"] = self.prompt("__health__", HEALTH_TOKENS)
         self.say("canonical outputs on a vLLM with no KV connector")
         outs = canonical_outputs(
@@ -89,6 +89,14 @@ class Rig(OnDeployment):
     def prompt(self, name: str, tokens: int | None = None) -> list[int]:
         wl = self.spec.workload
         return prompt_ids(f"{wl.salt}/{name}", tokens or wl.prompt_tokens, self.vocab)
+
+    def cell_prompts(self, cell: CellSpec) -> dict[str, list[int]]:
+        """The cell's prompts by name: its own (its prefix tokens), or concurrent_restores'
+        one per request, of the sizes its mix cycles through."""
+        if cell.fault == "concurrent_restores":
+            return {f"{cell.id}/r{i}": self.prompt(f"{cell.id}/r{i}", n)
+                    for i, n in enumerate(cell.mix())}  # fmt: skip
+        return {cell.id: self.prompt(cell.id, cell.tokens(self.spec.workload.prompt_tokens))}
 
     def reconnect(self) -> BsrModuleClient:
         """A new bsr.* client after LMCache restarted (attached: the matrix's settings again)."""

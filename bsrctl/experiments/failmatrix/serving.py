@@ -26,7 +26,8 @@ from bsrctl.experiments.failmatrix.injectors import (
     L1Exhausted,
 )
 from bsrctl.experiments.failmatrix.rig import Rig
-from bsrctl.experiments.failmatrix.spec import CellSpec
+from bsrctl.experiments.failmatrix.scenarios import FOLLOW_ONS, run_concurrent
+from bsrctl.experiments.failmatrix.spec import FIELD_REPORTS, CellSpec
 from bsrctl.prompts import expected_external_tokens, tokens_sha256
 
 L1_FULL_FRACTION = 0.9  # l1_exhausted: L1 counts as exhausted at this usage while held
@@ -83,6 +84,8 @@ class ServingRig(Rig):
         if missing:  # an attached deployment: bsrctl kills or restarts nothing by itself
             return self._unrunnable(cell, t_cell, missing)
         self.ensure_up()
+        if cell.fault == "concurrent_restores":
+            return run_concurrent(self, cell, t_cell)
         seeded = self.seed_cell(cell)
         if seeded.short:  # never inject a fault over a prefix the tiers do not hold
             return self._unseeded(cell, t_cell, seeded.seed, seeded.flood, seeded.short)
@@ -96,8 +99,9 @@ class ServingRig(Rig):
         """The cell's fault (not placed yet) and its prompt seeded into the tiers it relies
         on; l1_exhausted also seeds the other prompts whose prefetches will fill L1."""
         wl = self.spec.workload
-        ids = self.prompt(cell.id)
+        ids = self.cell_prompts(cell)[cell.id]
         inj = INJECTORS[cell.fault](self.stack, cell, ids, self.spec.settings())
+        inj.deployment = self.deployment
         flood: list[dict[str, Any]] = []
         if isinstance(inj, L1Exhausted):
             inj.flood_prompts = [
@@ -114,7 +118,7 @@ class ServingRig(Rig):
         inj.isolate()
         inj.arm()
         lower_prefix = self.fs_prefix_tokens(ids)  # at request time, for the evidence
-        full = expected_external_tokens(wl.prompt_tokens, self.spec.stack.lmcache.chunk_size)
+        full = expected_external_tokens(len(ids), self.spec.stack.lmcache.chunk_size)
         before = self.snapshot()
         wall0, t0 = time.time(), time.monotonic()
         pending = Background(lambda: self.stack.complete(ids, wl.max_tokens))
@@ -138,6 +142,8 @@ class ServingRig(Rig):
             inj.recover()
             self.reconnect()
         after = self.snapshot()
+        then = FOLLOW_ONS.get(cell.fault)  # before recovery: the fault's state still holds
+        follow_on = then(self, cell, seeded.ids) if then is not None and sent.finished else []
         if not server_killed:
             inj.recover()
         inj.unisolate()
@@ -175,6 +181,7 @@ class ServingRig(Rig):
             damage=self.damage(cell, inj, before, after),
             fault=cell.fault,
             window=cell.window,
+            follow_on=follow_on,
         )
 
     def record(self, cell: CellSpec, seeded: Seeded, sent: Sent, obs: Observation) -> Point:
@@ -188,7 +195,8 @@ class ServingRig(Rig):
             id=cell.id,
             params=cell.model_dump(),
             measures={
-                "tokens": wl.prompt_tokens,
+                "covers": FIELD_REPORTS.get(cell.fault, ""),
+                "tokens": len(seeded.ids),
                 "window_chunks": wl.window_chunks,
                 "cached_tokens": obs.cached_tokens,
                 "expected_cached_tokens": sent.full if cell.expect == "lower_tier" else 0,
@@ -233,6 +241,7 @@ class ServingRig(Rig):
             id=cell.id,
             params=cell.model_dump(),
             measures={
+                "covers": FIELD_REPORTS.get(cell.fault, ""),
                 "tokens": wl.prompt_tokens,
                 "window_chunks": wl.window_chunks,
                 "cached_tokens": None,

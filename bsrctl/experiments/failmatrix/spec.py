@@ -33,17 +33,17 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, ValidationError, model_validator
 
 from bsrctl.errors import BadInput
 from bsrctl.settings import RestoreSettings, RestoreTuning
 from bsrctl.spec_io import Strict, describe_error, read_yaml
-from bsrctl.specs import StackSpec
+from bsrctl.specs import StackSpec, resolve_registration
 
 Point_ = Literal["before_request", "during_window", "between_windows", "during_store"]
-Expect = Literal["lower_tier", "recompute", "closed"]
+Expect = Literal["lower_tier", "recompute", "closed", "restored"]
 
 # fault -> (stack it runs on, injection points it supports)
 FAULTS: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -64,8 +64,26 @@ FAULTS: dict[str, tuple[str, tuple[str, ...]]] = {
     # the FS L2 on a size-capped tmpfs: the kernel's ENOSPC (failmatrix.store_faults)
     "store_failed_midway": ("storage", ("during_store",)),  # LMCache #4991
     "disk_full": ("storage", ("during_store",)),  # the disk fills while stores are written
+    # the master restarted (metadata gone, the node left running): Mooncake #1336, #1871, #2254
+    "mooncake_master_restarted": ("serving", ("before_request",)),
+    # W = 0 (LMCache's whole-plan retrieve) of a prefix larger than L1: LMCache #4759
+    "whole_plan_past_l1": ("serving", ("before_request",)),
+    # no fault: `requests` restores of mixed sizes at once under B (vLLM #31210, #45704)
+    "concurrent_restores": ("serving", ("before_request",)),
 }
 STORE_FAULTS = ("store_failed_midway", "disk_full")
+
+# fault -> the public reports it covers (GitHub issues of those projects), for the report
+FIELD_REPORTS: dict[str, str] = {
+    "store_failed_midway": "LMCache #4991",
+    "disk_full": "LMCache #4991 (ENOSPC)",
+    "whole_plan_past_l1": "LMCache #4759",
+    "storage_node_partitioned": "LMCache #1814",
+    "mooncake_master_restarted": "Mooncake #1336, #1871, #2254",
+    "load_fails_always": "vLLM #55297, #49250",
+    "concurrent_restores": "vLLM #31210, #45704",
+    "slow_tier": "L2 latency spikes",
+}
 
 
 class WorkloadSpec(Strict):
@@ -121,6 +139,18 @@ class CellSpec(Strict):
         "restore.window_timeout_s, past the window's timeout)",
     )
     chunk: int = Field(2, ge=0, description="store_failed_midway: the chunk whose store fails")
+    prompt_tokens: int | None = Field(
+        None, gt=0, description="this cell's prefix tokens (None: workload.prompt_tokens)"
+    )
+    requests: int = Field(16, ge=2, description="concurrent_restores: requests sent at once")
+    mix_tokens: list[Annotated[int, Field(gt=0)]] = Field(
+        [1024, 2048, 3072, 4000],
+        min_length=1,
+        description="concurrent_restores: the prefix sizes, cycled over the requests",
+    )
+    aux_bytes: int = Field(
+        0, ge=0, description="concurrent_restores, whole_plan_past_l1: the pool bound's aux"
+    )
     fail_after_bytes: int = Field(
         65536,
         ge=0,
@@ -132,6 +162,14 @@ class CellSpec(Strict):
     @property
     def stack(self) -> str:
         return FAULTS[self.fault][0]
+
+    def tokens(self, default: int) -> int:
+        """This cell's prefix tokens (`default`: the workload's)."""
+        return self.prompt_tokens or default
+
+    def mix(self) -> list[int]:
+        """concurrent_restores: each request's prefix tokens, in send order."""
+        return [self.mix_tokens[i % len(self.mix_tokens)] for i in range(self.requests)]
 
 
 class FailMatrixSpec(Strict):
@@ -156,9 +194,17 @@ class FailMatrixSpec(Strict):
         wl = self.workload
         return RestoreSettings.of(self.restore, wl.window_chunks, wl.admission_budget_chunks)
 
-    def serving_windows(self) -> int:
-        chunks = self.workload.prompt_tokens // self.stack.lmcache.chunk_size
+    def serving_windows(self, tokens: int | None = None) -> int:
+        chunks = (tokens or self.workload.prompt_tokens) // self.stack.lmcache.chunk_size
         return math.ceil(chunks / self.workload.window_chunks)
+
+    def bytes_per_chunk(self) -> int:
+        """c: one chunk's bytes on a rank of the served model (its derived registration)."""
+        st = self.stack
+        tp = st.vllm.tensor_parallel_size
+        return resolve_registration(
+            "auto", st, tp, st.lmcache.chunk_size, "stack.vllm"
+        ).bytes_per_chunk
 
     def storage_windows(self) -> int:
         """Windows of the storage cells' prefix, in chunks of ``stack.lmcache.chunk_size``."""
@@ -172,6 +218,8 @@ def _check_cell(spec: FailMatrixSpec, c: CellSpec) -> None:
     stack, points = FAULTS[c.fault]
     if c.at not in points:
         raise ValueError(f"{where}: fault {c.fault} is injected at {list(points)}, not {c.at!r}")
+    if c.expect == "restored" and c.fault != "concurrent_restores":
+        raise ValueError(f"{where}: expect restored is concurrent_restores' outcome (no fault)")
     if c.fault in STORE_FAULTS:
         _check_store_cell(spec, c, where)
         return
@@ -183,6 +231,9 @@ def _check_cell(spec: FailMatrixSpec, c: CellSpec) -> None:
             raise ValueError(f"{where}: window {c.window} >= {n} windows of the storage prefix")
         return
     lm, v, r = spec.stack.lmcache, spec.stack.vllm, spec.restore
+    if c.fault in SCENARIO_FAULTS:
+        _check_scenario_cell(spec, c, where)
+        return
     n = spec.serving_windows()
     last = n - 1 if c.at == "during_window" else n - 2
     if c.window > last:
@@ -236,6 +287,48 @@ def _check_cell(spec: FailMatrixSpec, c: CellSpec) -> None:
         raise ValueError(
             f"{where}: delay_s {c.delay_s} must exceed restore.window_timeout_s "
             f"{r.window_timeout_s} (or be 0: 1.5 x the timeout)"
+        )
+
+
+SCENARIO_FAULTS = ("mooncake_master_restarted", "whole_plan_past_l1", "concurrent_restores")
+
+
+def _check_scenario_cell(spec: FailMatrixSpec, c: CellSpec, where: str) -> None:
+    """The cells of more than one request (``failmatrix.scenarios``)."""
+    v, lm = spec.stack.vllm, spec.stack.lmcache
+    sizes = c.mix() if c.fault == "concurrent_restores" else [c.tokens(spec.workload.prompt_tokens)]
+    over = [n for n in sizes if n + spec.workload.max_tokens > v.max_model_len]
+    if over:
+        field = "mix_tokens" if c.fault == "concurrent_restores" else "prompt_tokens"
+        raise ValueError(
+            f"{where}: {field} {over[0]} + workload.max_tokens exceeds stack.vllm.max_model_len "
+            f"{v.max_model_len}"
+        )
+    want = {
+        "mooncake_master_restarted": ("mooncake", "recompute"),
+        "whole_plan_past_l1": ("fs", "closed"),
+        "concurrent_restores": ("fs", "restored"),
+    }[c.fault]
+    if (c.source, c.expect) != want:
+        raise ValueError(f"{where}: fault {c.fault} needs source {want[0]} and expect {want[1]}")
+    if spec.stack.kind == "attach":
+        return
+    if c.source == "fs" and not lm.fs_l2:
+        raise ValueError(f"{where}: needs stack.lmcache.fs_l2: true")
+    if c.source == "mooncake" and not spec.stack.mooncake.enabled:
+        raise ValueError(f"{where}: needs stack.mooncake.enabled: true")
+    if c.fault == "whole_plan_past_l1":
+        chunks = sizes[0] // lm.chunk_size
+        need = chunks * spec.bytes_per_chunk()
+        if need <= lm.l1_size_bytes:
+            raise ValueError(
+                f"{where}: prompt_tokens {sizes[0]} is {chunks} chunks = {need} B, within "
+                f"stack.lmcache.l1_size_bytes {lm.l1_size_bytes}: give a prefix larger than L1"
+            )
+    if c.fault == "concurrent_restores" and c.requests > v.max_num_seqs:
+        raise ValueError(
+            f"{where}: requests {c.requests} > stack.vllm.max_num_seqs {v.max_num_seqs}: "
+            "vLLM would queue the rest, so they would not restore at once"
         )
 
 

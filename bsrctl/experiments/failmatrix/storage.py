@@ -24,7 +24,7 @@ import psutil
 
 from bsrctl.evidence import Point
 from bsrctl.evidence.verdict import Check, check
-from bsrctl.experiments.failmatrix.spec import STORE_FAULTS, CellSpec, FailMatrixSpec
+from bsrctl.experiments.failmatrix.spec import FIELD_REPORTS, STORE_FAULTS, CellSpec, FailMatrixSpec
 from bsrctl.experiments.failmatrix.store_faults import run_store_cell
 from bsrctl.registration import Registration
 from bsrctl.settings import RestoreSettings
@@ -136,6 +136,7 @@ def run_storage_cell(
         id=cell.id,
         params={**cell.model_dump(), "stack": "storage", "tp_ranks": s.tp_ranks},
         measures={
+            "covers": FIELD_REPORTS.get(cell.fault, ""),
             "tokens": failed.tokens,
             "window_chunks": s.window_chunks,
             "cached_tokens": failed.cached_tokens,

@@ -32,7 +32,7 @@ from typing import Any
 from bsrctl.errors import StackFailed
 from bsrctl.evidence import Point
 from bsrctl.evidence.verdict import Check, check
-from bsrctl.experiments.failmatrix.spec import CellSpec, FailMatrixSpec
+from bsrctl.experiments.failmatrix.spec import FIELD_REPORTS, CellSpec, FailMatrixSpec
 from bsrctl.settings import RestoreSettings
 from bsrctl.stack.storage import StorageStack, StorageStackConfig, StorageStackFactory, deploy
 from bsrctl.stack.storage.canonical import CanonicalKV
@@ -234,6 +234,7 @@ def run_store_cell(
         id=cell.id,
         params={**cell.model_dump(), "stack": "storage", "tp_ranks": reg.tp_size},
         measures={
+            "covers": FIELD_REPORTS.get(cell.fault, ""),
             "adapter": run.adapter,
             "free_before_failing_store_bytes": run.free_before_bytes,
             "failed_stores": [dataclasses.asdict(p) for p in run.failed],
