@@ -20,6 +20,7 @@ CHECK_ORDER = (
     "stopped_at_first_slow_window",
     "hits_after_new_store",
     "bsr_restores_same_prefix",
+    "later_requests_canonical",
     "all_answered",
     "every_prefix_restored",
     "pool_bound",

@@ -84,6 +84,26 @@ class TwoHosts:
             "subnet": SUBNET,
         }  # fmt: skip
 
+    def lose_storage(self) -> int:
+        """The storage node's namespace destroyed: its holder stopped by PID (the caller
+        stopped the processes in it first); the veth pair goes with it. Returns the PID."""
+        pid = self.storage.pid
+        self.storage.stop()
+        if "veth" in self.created:
+            self.created.remove("veth")
+        return pid
+
+    def rebuild_storage(self, log_dir: Path) -> NetNamespace:
+        """A new storage node: a new namespace joined to the serving node by a new veth pair
+        of the same names and addresses (the old pair went with the old namespace)."""
+        self.storage = start_netns(log_dir, name="netns-storage")
+        try:
+            _join(self)
+        except BaseException:
+            self.stop()
+            raise
+        return self.storage
+
     def stop(self) -> None:
         """Delete the veth pair (deleting one end deletes both), stop both holders."""
         if "veth" in self.created:
@@ -113,17 +133,22 @@ def start_two_hosts(log_dir: Path) -> TwoHosts:
         raise
     hosts = TwoHosts(serving, storage, f"bsr{tag}s", f"bsr{tag}t")
     try:
-        _ip(["link", "add", hosts.serving_if, "type", "veth", "peer", "name", hosts.storage_if])
-        hosts.created.append("veth")
-        _ip(["link", "set", hosts.serving_if, "netns", str(serving.pid)])
-        _ip(["link", "set", hosts.storage_if, "netns", str(storage.pid)])
-        for ns, ifname, addr in (
-            (serving, hosts.serving_if, SERVING_ADDR),
-            (storage, hosts.storage_if, STORAGE_ADDR),
-        ):
-            _ip(["addr", "add", f"{addr}/{PREFIX_LEN}", "dev", ifname], ns)
-            _ip(["link", "set", ifname, "up"], ns)
+        _join(hosts)
     except BaseException:
         hosts.stop()
         raise
     return hosts
+
+
+def _join(hosts: TwoHosts) -> None:
+    """The veth pair created here, one end moved into each namespace, addressed and up."""
+    _ip(["link", "add", hosts.serving_if, "type", "veth", "peer", "name", hosts.storage_if])
+    hosts.created.append("veth")
+    _ip(["link", "set", hosts.serving_if, "netns", str(hosts.serving.pid)])
+    _ip(["link", "set", hosts.storage_if, "netns", str(hosts.storage.pid)])
+    for ns, ifname, addr in (
+        (hosts.serving, hosts.serving_if, SERVING_ADDR),
+        (hosts.storage, hosts.storage_if, STORAGE_ADDR),
+    ):
+        _ip(["addr", "add", f"{addr}/{PREFIX_LEN}", "dev", ifname], ns)
+        _ip(["link", "set", ifname, "up"], ns)

@@ -70,6 +70,7 @@ def test_closed_correct_explained_cell_passes() -> None:
         "stopped_at_first_slow_window",
         "hits_after_new_store",  # the follow-ons of failmatrix.scenarios
         "bsr_restores_same_prefix",
+        "later_requests_canonical",
         "all_answered",  # concurrent_restores' own
         "every_prefix_restored",
         "pool_bound",

@@ -46,7 +46,8 @@ def rig(tmp_path_factory: pytest.TempPathFactory):
         r.close()
         pids = [p for part in r.stack.launched for p in [part.pid, *part._children] if p]
         assert pids_alive(pids) == [], f"left running: {pids_alive(pids)}"
-        assert len(holders) == 2 and pids_alive(holders) == []  # both namespaces gone
+        # both namespaces gone (and the storage node storage-node-lost destroyed and rebuilt)
+        assert len(holders) in (2, 3) and pids_alive(holders) == []
         links = host_ip("-o", "link", "show")
         assert not any(name in links for name in hosts_if), "veth pair left behind"
 
@@ -99,3 +100,16 @@ def test_storage_node_partitioned_fails_closed_and_recovers(rig: ServingRig) -> 
     assert notes["link_up"]["healthy"] is True
     health = next(x for x in point.checks if x.name == "post_request_health")
     assert health.verdict == Verdict.PASS, health.detail  # a canonical follow-up after link up
+
+
+def test_storage_node_lost_every_later_request_is_canonical(rig: ServingRig) -> None:
+    old = rig.stack.hosts.storage.pid
+    point = rig.run_cell(cell(rig, "storage-node-lost"))
+    by = {c.name: c for c in point.checks}
+    assert point.verdict == Verdict.PASS, {n: (c.verdict, c.detail) for n, c in by.items()}
+    assert point.measures["cached_tokens"] == 0  # failed closed: recomputed
+    assert by["later_requests_canonical"].detail.count("canonical in") == 3
+    notes = point.extra["fault_notes"]
+    assert notes["lost"]["storage_netns_holder"] == old and not pids_alive([old])
+    assert notes["rebuilt"]["storage_netns_holder"] != old  # a new storage node after
+    assert pids_alive(notes["lost"]["mooncake"]) == []

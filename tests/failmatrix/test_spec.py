@@ -29,7 +29,7 @@ def write(tmp_path: Path, cells: str, base: str = BASE) -> Path:
 
 def test_shipped_matrices_load_with_every_issue_cell() -> None:
     cpu, _ = load_matrix(MATRICES / "cpu.yaml")
-    not_in_cpu_yaml = {"storage_window_timeout", "storage_node_partitioned"}
+    not_in_cpu_yaml = {"storage_window_timeout", "storage_node_partitioned", "storage_node_lost"}
     whole = next(c for c in cpu.cells if c.fault == "whole_plan_past_l1")
     assert whole.tokens(4000) // 256 * cpu.bytes_per_chunk() > cpu.stack.lmcache.l1_size_bytes
     conc = next(c for c in cpu.cells if c.fault == "concurrent_restores")
@@ -37,7 +37,8 @@ def test_shipped_matrices_load_with_every_issue_cell() -> None:
     assert {c.fault for c in cpu.cells} == set(FAULTS) - not_in_cpu_yaml
     assert [c.id for c in cpu.cells][-1] == "lmcache-killed-mid-restore"  # destructive last
     two, _ = load_matrix(MATRICES / "cpu-two-hosts.yaml")
-    assert "storage_node_partitioned" in {c.fault for c in two.cells}
+    assert {"storage_node_partitioned", "storage_node_lost"} <= {c.fault for c in two.cells}
+    assert [c.id for c in two.cells][-1] == "storage-node-lost"
     paper, _ = load_matrix(MATRICES / "paper.yaml")
     assert [c.fault for c in paper.cells] == [
         "mooncake_master_down",
@@ -160,16 +161,18 @@ PARTITION = (
 )
 
 
+@pytest.mark.parametrize("fault", ["storage_node_partitioned", "storage_node_lost"])
 @pytest.mark.parametrize(
     ("topology", "source", "ok"),
     [("two-hosts", "mooncake", True), ("one-host", "mooncake", False),
      ("two-hosts", "fs", False)],
 )  # fmt: skip
 def test_partition_cell_needs_two_hosts_and_the_mooncake_source(
-    tmp_path: Path, topology: str, source: str, ok: bool
+    tmp_path: Path, topology: str, source: str, ok: bool, fault: str
 ) -> None:
     base = BASE.replace("{{enabled: true}}", f"{{{{enabled: true, topology: {topology}}}}}")
-    path = write(tmp_path, PARTITION.replace("SOURCE", source), base)
+    cell = PARTITION.replace("SOURCE", source).replace("storage_node_partitioned", fault)
+    path = write(tmp_path, cell, base)
     if ok:
         spec, _ = load_matrix(path)
         assert spec.stack.mooncake.topology == "two-hosts"

@@ -371,6 +371,37 @@ class StorageNodePartitioned(Injector):
         self.notes["link_up"] = {"healthy": ok, "after_s": round(time.monotonic() - t0, 3)}
 
 
+class StorageNodeLost(Injector):
+    """While window k of the Mooncake tier is held, the storage node is lost: its master
+    and node stopped by PID, then its network namespace destroyed (the holder stopped; the
+    veth pair goes with it). ``recover`` builds a new storage node (namespace, veth,
+    Mooncake) so later cells have one again."""
+
+    def arm(self) -> None:
+        if self.stack.hosts is None:
+            raise StackFailed("storage_node_lost needs stack.mooncake.topology: two-hosts")
+        self.hold_rule(self.cell.hold_s)
+
+    def strike(self) -> None:
+        self.wait_hold()
+        st = self.stack
+        assert st.hosts is not None
+        moon = st.mooncake
+        parts = [moon.master.pid, moon.node.pid]
+        moon.stop(timeout_s=5.0)
+        holder = st.hosts.lose_storage()
+        self.stopped_pids += [p for p in (*parts, holder) if p]
+        self.notes["lost"] = {"mooncake": parts, "storage_netns_holder": holder,
+                              "at_s": round(time.monotonic(), 3)}  # fmt: skip
+
+    def recover(self) -> None:
+        t0 = time.monotonic()
+        self.stack.rebuild_storage_node()
+        self.notes["rebuilt"] = {**self.stack.mooncake.pids(),
+                                 "storage_netns_holder": self.stack.hosts.storage.pid,
+                                 "after_s": round(time.monotonic() - t0, 3)}  # fmt: skip
+
+
 def _attached(stack: Any) -> bool:
     return getattr(stack, "attached", False)
 
@@ -393,6 +424,7 @@ ATTACH_COMMANDS: dict[str, tuple[str, ...] | None] = {
     "mooncake_and_fs_absent": ("stop_remote_tier", "start_remote_tier"),
     "lmcache_killed": ("restart_lmcache",),
     "storage_node_partitioned": None,  # the link of a topology bsrctl created
+    "storage_node_lost": None,  # the namespace of a topology bsrctl created
     "mooncake_master_restarted": ("stop_remote_tier", "start_remote_tier"),
 }
 
@@ -409,6 +441,7 @@ INJECTORS: dict[str, type[Injector]] = {
     "load_fails_always": LoadFailsAlways,
     "slow_tier": SlowTier,
     "mooncake_master_restarted": MasterRestarted,
+    "storage_node_lost": StorageNodeLost,
     "whole_plan_past_l1": WholePlan,
     "concurrent_restores": Injector,  # no fault: the load itself (failmatrix.concurrent)
 }

@@ -92,9 +92,35 @@ def after_whole_plan(rig: ServingRig, cell: CellSpec, ids: list[int]) -> list[Ch
     ]
 
 
+LATER_REQUESTS = 3  # storage_node_lost: requests sent while the storage node is gone
+
+
+def after_storage_node_lost(rig: ServingRig, cell: CellSpec, ids: list[int]) -> list[Check]:
+    """Every later request, with the storage node still gone, completes with the canonical
+    output (LMCache #1814: another node's engine crashed on its next request)."""
+    assert rig.client is not None
+    done = []
+    for i in range(LATER_REQUESTS):
+        rig.client.forget(wait_s=FORGET_WAIT_S)
+        rig.stack.forget_local()
+        t0 = time.monotonic()
+        try:
+            comp = rig.stack.complete(ids, rig.spec.workload.max_tokens)
+        except Exception as exc:  # an explicit error: not a completed request
+            done.append((i, f"{type(exc).__name__}: {exc}"[:200], None))
+            continue
+        same = tokens_sha256(comp.output_token_ids) == tokens_sha256(rig.canonical[cell.id])
+        done.append((i, "canonical" if same else "NOT canonical", round(time.monotonic() - t0, 2)))
+    ok = all(what == "canonical" for _, what, _ in done)
+    return [check("later_requests_canonical", ok,
+                  f"{LATER_REQUESTS} later requests with the storage node gone: "
+                  + "; ".join(f"#{i} {what} in {s} s" for i, what, s in done))]  # fmt: skip
+
+
 FOLLOW_ONS: dict[str, Callable[[ServingRig, CellSpec, list[int]], list[Check]]] = {
     "mooncake_master_restarted": after_master_restart,
     "whole_plan_past_l1": after_whole_plan,
+    "storage_node_lost": after_storage_node_lost,
 }
 
 

@@ -55,6 +55,8 @@ FAULTS: dict[str, tuple[str, tuple[str, ...]]] = {
     "l1_exhausted": ("serving", ("between_windows",)),
     "lmcache_killed": ("serving", ("between_windows",)),
     "storage_node_partitioned": ("serving", ("between_windows",)),
+    # two hosts: the storage node's namespace destroyed mid-restore (LMCache #1814)
+    "storage_node_lost": ("serving", ("between_windows",)),
     # every load of the source tier fails while armed (vLLM #55297, #49250)
     "load_fails_always": ("serving", ("during_window",)),
     # every load from window k on held past the window timeout (a slow tier)
@@ -78,7 +80,8 @@ FIELD_REPORTS: dict[str, str] = {
     "store_failed_midway": "LMCache #4991",
     "disk_full": "LMCache #4991 (ENOSPC)",
     "whole_plan_past_l1": "LMCache #4759",
-    "storage_node_partitioned": "LMCache #1814",
+    "storage_node_partitioned": "a partition to the storage node",
+    "storage_node_lost": "LMCache #1814",
     "mooncake_master_restarted": "Mooncake #1336, #1871, #2254",
     "load_fails_always": "vLLM #55297, #49250",
     "concurrent_restores": "vLLM #31210, #45704",
@@ -249,12 +252,12 @@ def _check_cell(spec: FailMatrixSpec, c: CellSpec) -> None:
         return
     if needs_moon and not spec.stack.mooncake.enabled:
         raise ValueError(f"{where}: needs stack.mooncake.enabled: true")
-    if c.fault == "storage_node_partitioned" and (
+    if c.fault in ("storage_node_partitioned", "storage_node_lost") and (
         spec.stack.mooncake.topology != "two-hosts" or c.source != "mooncake"
     ):
         raise ValueError(
-            f"{where}: needs stack.mooncake.topology: two-hosts and source mooncake (the link "
-            "to the storage node goes down while the restore reads it)"
+            f"{where}: needs stack.mooncake.topology: two-hosts and source mooncake (the "
+            "storage node is cut off or lost while the restore reads it)"
         )
     if (
         c.source in ("fs", "all")

@@ -140,6 +140,16 @@ class ServingStack(ServingClient):
         else:
             shm_ledger.release(self.shm_key)
 
+    def rebuild_storage_node(self) -> None:
+        """Two hosts, after the storage node was lost: a new namespace and veth pair, and the
+        Mooncake master and node started in it (their data is gone with the old node)."""
+        assert self.hosts is not None and self.mooncake is not None
+        ns = self.hosts.rebuild_storage(self.dir)
+        self.launched.append(ns.holder)
+        self.mooncake.netns = ns
+        self.mooncake.start()
+        self.save_state()
+
     def all_pids(self) -> list[int]:
         pids: list[int] = []
         for part in self.parts.values():
