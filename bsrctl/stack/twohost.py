@@ -9,6 +9,8 @@ has a default route, so nothing outside them can be addressed. Each namespace ke
 ``lo`` (a part that binds 127.0.0.1 stays private to its node). The veth pair is created in
 bsrctl's namespace and moved at once; ``stop`` deletes it by name wherever it is, then stops
 the holders (a namespace goes with its last process), also after a failed start.
+``lose_storage`` destroys the storage node (the failure matrix's storage-node-lost) and
+``rebuild_storage`` joins a new one with a new veth pair of the same names and addresses.
 """
 
 from __future__ import annotations
