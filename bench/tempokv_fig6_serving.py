@@ -27,7 +27,17 @@ is printed as FAILURE and the exit status is 1. The table gives, per rate, the m
 repeats of each arm's p95 TTFT and tok/s, the median of the per-repeat ratios and their
 min–max; then each rate's claims (throughput >= LMCache's, p95 <= LMCache's) judged on the
 paired repeats' 95 % interval: PASS, FAIL or UNKNOWN with the interval. Nothing is tuned
-here: it prints what the stack gives."""
+here: it prints what the stack gives.
+
+Decomposition arms: ``--adapter-arm`` (TempoKV's stack, controller off), ``--local-arm``
+(the adapter with no server call, no trace), ``--retain-arm`` (stock vLLM with TempoKV's
+LMCache options: ``retain`` and the long read TTL).
+
+Evidence: a ``bench`` run under ``--evidence`` (a point per arm and rate, each repeat's
+p95 TTFT, tok/s and goodput as samples; the claims as the run's checks) with the run's
+``timeline.json`` (every process's spans, per request). Last line:
+``fig6 tput tempokv/lmcache @2=R [lo, hi] ... p95 tempokv/lmcache @2=...``: per rate the
+median of the per-repeat ratios with its 95 % bootstrap interval."""
 
 from __future__ import annotations
 
@@ -46,18 +56,23 @@ import yaml
 from pydantic import ValidationError
 
 from bsrctl.errors import StackFailed
+from bsrctl.evidence.verdict import Check, check
+from bsrctl.experiments.bench import SEED, bench_point, run_bench
 from bsrctl.experiments.tempokv import calls
 from bsrctl.experiments.tempokv.expectations import ordering_claim
 from bsrctl.experiments.tempokv.serving import (
     _arrivals,
     _p95,
+    adapter_settings,
     deployment_for,
     prepare,
     seed_documents,
+    stack_spec,
 )
 from bsrctl.spec_io import describe_error
 from bsrctl.stack.deployment import Deployment
 from bsrctl.stack.extensions import TempoKVLaunch, odirect_allowed
+from bsrctl.stats import paired_ratio_ci
 from bsrctl.tempokv.serving_workload import goodput
 from bsrctl.tempokv.spec import TempoKVSpec
 
@@ -72,7 +87,11 @@ ADAPTER_ARM = "adapter"
 # `--local-arm`: the same, but the adapter's updates stay in vLLM's process (no server call)
 # and it writes no trace: the adapter's in-process work alone
 LOCAL_ARM = "adapter-local"
-NAMES = {"tempokv": "TempoKV", ADAPTER_ARM: "adapter only", LOCAL_ARM: "adapter, no RPC"}
+# `--retain-arm`: stock vLLM (no adapter, no controller) with TempoKV's LMCache options
+# (``retain``, the long read TTL): what those options alone change against the stock arm
+RETAIN_ARM = "lmcache-retain"
+NAMES = {"tempokv": "TempoKV", ADAPTER_ARM: "adapter only", LOCAL_ARM: "adapter, no RPC",
+         RETAIN_ARM: "stock + retain"}  # fmt: skip
 
 
 def arm_orders(repeats: int, arms: tuple[str, ...] = ARMS) -> list[tuple[str, ...]]:
@@ -116,7 +135,14 @@ def in_process(tk: TempoKVLaunch) -> TempoKVLaunch:
 def arm_deployment(spec: TempoKVSpec, arm: str, run_dir: Path) -> Deployment:
     """The arm's deployment (not started), through the serving run's own path."""
     launch = in_process if arm == LOCAL_ARM else None
-    dep, _info = deployment_for(spec, run_dir, with_adapter=arm != "lmcache", launch=launch)
+    l1 = TempoKVLaunch(adapter_settings(spec, stack_spec(spec.serving))).l1_options
+    dep, _info = deployment_for(
+        spec,
+        run_dir,
+        with_adapter=arm not in ("lmcache", RETAIN_ARM),
+        launch=launch,
+        l1=l1 if arm == RETAIN_ARM else None,
+    )
     return dep
 
 
@@ -224,6 +250,13 @@ def claims(
     """The paper's Figure 6 claims per rate, judged on the paired repeats (repeat k of both
     arms; ``expectations.ordering_claim``): ``arm``'s throughput >= LMCache's and its p95
     TTFT <= LMCache's, each PASS / FAIL / UNKNOWN with the ratio's 95 % interval."""
+    return [f"claim {c.detail}" for c in claim_checks(rates, cells, arm)]
+
+
+def claim_checks(
+    rates: Sequence[float], cells: list[dict[str, dict[float, Cell]]], arm: str = "tempokv"
+) -> list[Check]:
+    """The claims as the run's checks (PASS, FAIL, or UNKNOWN while the interval straddles)."""
     out = []
     for rate in rates:
         lm = [c["lmcache"][rate] for c in cells]
@@ -235,8 +268,47 @@ def claims(
             name = f"{what} {arm}/lmcache @{rate:g}"
             a, b = [getattr(c, key) for c in tk], [getattr(c, key) for c in lm]
             got = ordering_claim(name, what, a, b, claim, name)
-            out.append(f"claim {got.detail}")
+            out.append(check(name.replace(" ", "_"), got.reproduced, got.detail))
     return out
+
+
+def bench_points(
+    rates: Sequence[float], cells: list[dict[str, dict[float, Cell]]], arms: Sequence[str]
+) -> list[Any]:
+    """The bench's evidence: a point per (arm, rate), its per-repeat p95 TTFT, tok/s and
+    goodput as samples (repeat order), every output checked against the canonical one."""
+    out = []
+    for arm in arms:
+        for rate in rates:
+            cs = [c[arm][rate] for c in cells]
+            samples = {"p95_ttft_s": [c.p95_s for c in cs], "tok_s": [c.tok_s for c in cs]}
+            if not any(math.isnan(c.goodput) for c in cs):
+                samples["goodput"] = [c.goodput for c in cs]
+            same, n = sum(c.canonical for c in cs), sum(c.requests for c in cs)
+            canon = check("canonical_output", same == n, f"{same}/{n} outputs canonical")
+            params = {"arm": arm, "rate_rps": rate}
+            measures = {"canonical": same, "requests": n}
+            out.append(bench_point(f"fig6/{arm}@{rate:g}", params, samples, measures, [canon]))
+    return out
+
+
+def last_line(
+    rates: Sequence[float], cells: list[dict[str, dict[float, Cell]]], arm: str = "tempokv"
+) -> str:
+    """``fig6 tput tempokv/lmcache @2=R [lo, hi] ... p95 tempokv/lmcache @2=...``: the
+    median of the per-repeat ratios with its 95 % bootstrap interval, per rate."""
+    parts = []
+    for what, key in (("tput", "tok_s"), ("p95", "p95_s")):
+        per = []
+        for rate in rates:
+            a = [getattr(c[arm][rate], key) for c in cells]
+            b = [getattr(c["lmcache"][rate], key) for c in cells]
+            try:
+                per.append(f"@{rate:g}={paired_ratio_ci(a, b, SEED).text(3)}")
+            except ValueError as e:  # a NaN repeat (no request finished)
+                per.append(f"@{rate:g}=n/a ({e})")
+        parts.append(f"{what} {arm}/lmcache " + " ".join(per))
+    return "fig6 " + " ".join(parts)
 
 
 def workload_overrides(doc: dict[str, Any], ns: argparse.Namespace) -> dict[str, Any]:
@@ -275,9 +347,18 @@ def main() -> int:
     ap.add_argument("--arrival-seed", type=int, help="serving.arrivals.seed")
     ap.add_argument("--turns", type=int, help="serving.turns (documents reused across turns)")
     ap.add_argument("--slo-ttft-s", type=float, help="serving.slo_ttft_s (goodput's TTFT bound)")
+    ap.add_argument(
+        "--retain-arm",
+        action="store_true",
+        help="an arm: stock vLLM with TempoKV's LMCache options (retain, long read TTL)",
+    )
+    ap.add_argument("--evidence", type=Path, default=Path("reports"), help="bench run under here")
     ns = ap.parse_args()
     arms = (
-        ARMS + ((ADAPTER_ARM,) if ns.adapter_arm else ()) + ((LOCAL_ARM,) if ns.local_arm else ())
+        ARMS
+        + ((ADAPTER_ARM,) if ns.adapter_arm else ())
+        + ((LOCAL_ARM,) if ns.local_arm else ())
+        + ((RETAIN_ARM,) if ns.retain_arm else ())
     )
     if ns.repeats < 1:
         ap.error(f"--repeats {ns.repeats}: give 1 or more")
@@ -306,15 +387,27 @@ def main() -> int:
     prep = prepare(spec, run_dir / "canonical")
     odirect = odirect_allowed(run_dir / "canonical" / "stack" / "l2-fs")  # the arms' filesystem
     cells: list[dict[str, dict[float, Cell]]] = []
-    try:
+
+    def body(w: Any) -> tuple[dict[str, Any], list[Check]]:
         for k, order in enumerate(arm_orders(ns.repeats, arms)):
             got = {
                 arm: run_arm(spec, arm, run_dir / f"r{k}-{arm}", rates, prep, k) for arm in order
             }
             cells.append(got)
+        for p in bench_points(rates, cells, arms):
+            w.add_point(p)
+        summary = {"rates": rates, "arms": list(arms), "repeats": ns.repeats,
+                   "orders": [list(o) for o in arm_orders(ns.repeats, arms)]}  # fmt: skip
+        return summary, claim_checks(rates, cells)
+
+    bench_args = {**vars(ns), "spec": spec.model_dump(mode="json"), "rates": rates}
+    try:
+        verdict, evidence = run_bench("tempokv_fig6_serving", ns.evidence, bench_args,
+                                      {"kind": "serving"}, body)  # fmt: skip
     except StackFailed as e:
         print(f"FAILURE: stack failed: {e}", flush=True)
         return 3
+    print(f"# evidence {evidence} ({verdict}); timeline {evidence / 'timeline.json'}")
     print()
     print("\n".join(table(rates, cells)))
     for extra in arms[len(ARMS) :]:
@@ -336,8 +429,10 @@ def main() -> int:
     ]
     if bad:
         print(f"FAILURE: non-canonical outputs in (repeat, arm, rate) {bad}", flush=True)
+        print(last_line(rates, cells))
         return 1
     print(f"all outputs canonical in every arm ({', '.join(arms)})")
+    print(last_line(rates, cells))
     return 0
 
 

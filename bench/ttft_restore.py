@@ -9,20 +9,24 @@ stored once into the FS L2; then each round measures, in turn:
   W=0 (whole plan)  stock lookup + whole-plan prefetch, through the module's pass-through
   W=4, W=16         BSR windows at B = W and at B = 2W (window j+1 fetched while j is
                     installed), switched over bsr.configure
+  W=4 B=4 -rb       W = 4 with the install read-back off: what the read-back costs, side
+                    by side (every other BSR mode reads back, as the default does)
   recompute         a prompt of the same length that no tier holds (a fresh salt per round)
 Before each restore L1 and vLLM's prefix cache are emptied (``target.measure``), so only the
 FS L2 can serve. TTFT is vLLM's own histogram delta. Medians over --repeat rounds.
 
 Per BSR point it also prints where the retrieve's time went, per window (the core's
-always-on timings, from the module's outcome records): fetch, wait, install, sync.
+always-on timings, from the module's outcome records): fetch, wait, install, sync, read-back.
 
 Evidence: a ``bench`` run under --evidence (``bsrctl.experiments.bench``): a point per mode
 with every round's TTFT, restore time and first-window time as samples (median and 95 %
 interval), the restore-pool peaks (``peak_identical`` FAILs when they move between rounds);
 ``bsrctl report | compare | verify`` take it. Its folder is printed before the table.
 
-Last line: ``ttft W=4/whole-plan=A.AA W=16/whole-plan=B.BB whole-plan/recompute=C.CC`` with
-B = 2W (the line before it gives the same ratios at B = W).
+Last lines: each BSR mode's TTFT over the whole plan's (and the whole plan's over
+recomputing), the median of the per-round ratios with its 95 % bootstrap interval
+(``stats.paired_ratio_ci``), e.g. ``ttft W=4/whole-plan=1.21 [1.15, 1.27] W=16/whole-plan=…``
+with B = 2W; the line before it gives B = W and the read-back's own share.
 """
 
 from __future__ import annotations
@@ -46,7 +50,8 @@ from bsrctl.stack.selector import make_target
 from bsrctl.stack.target import Prompt
 from bsrctl.stats import paired_ratio_ci
 
-MODES = ((0, 0), (4, 4), (4, 8), (16, 16), (16, 32))  # (W, B): B = W and pipelined B = 2W
+# (W, B, read-back): B = W and pipelined B = 2W, read back as by default; W = 4 without it
+MODES = ((0, 0, True), (4, 4, True), (4, 8, True), (16, 16, True), (16, 32, True), (4, 4, False))
 
 
 def phases(outcomes: list[Any]) -> tuple[str, float | None]:
@@ -64,17 +69,25 @@ def phases(outcomes: list[Any]) -> tuple[str, float | None]:
     return (
         f"windows={n} fetch {mean('fetch_s'):.2f} wait {mean('wait_s'):.2f} "
         f"install {mean('install_s'):.2f} sync {mean('sync_s'):.2f} "
+        f"readback {sum(w.get('readback_s') or 0.0 for w in ws) * 1000 / n:.2f} "
         f"admit {mean('admit_wait_s'):.2f} ms/window; first window in {1000 * first:.1f} ms"
     ), first
 
 
+Mode = tuple[int, int, bool]
+
+
+def label(w: int, b: int, readback: bool) -> str:
+    return f"W={w}" + (f" B={b}" if w else "") + ("" if readback or not w else " -rb")
+
+
 def points(
-    labels: dict[tuple[int, int], str], tokens: int, runs: dict[str, dict[str, list[Any]]]
+    labels: dict[Mode, str], tokens: int, runs: dict[str, dict[str, list[Any]]]
 ) -> tuple[list[Point], dict[str, str]]:
     """The bench's evidence: a point per mode (samples in round order), and each BSR mode's
     TTFT / the whole plan's over the paired rounds, with its 95 % interval (the summary)."""
     out = []
-    for (w, b), k in [*labels.items(), ((-1, 0), "recompute")]:
+    for (w, b, rb), k in [*labels.items(), ((-1, 0, False), "recompute")]:
         r = runs[k]
         peaks = sorted(set(r["peak"]), key=str)
         checks = [check("peak_identical", len(peaks) == 1, f"restore-pool peak per round "
@@ -83,14 +96,23 @@ def points(
         samples = {"ttft_s": r["ttft_s"], "restore_s": r["restore_s"], "first_window_s": firsts}
         samples = {name: v for name, v in samples.items() if v}  # what this mode measured
         measures = {"restore_pool_peak_bytes": peaks[0] if len(peaks) == 1 else None}
-        params = {"tokens": tokens, "window_chunks": max(w, 0), "budget_chunks": b, "mode": k}
+        params = {
+            "tokens": tokens,
+            "window_chunks": max(w, 0),
+            "budget_chunks": b,
+            "mode": k,
+            "readback": rb and w > 0,
+        }
         out.append(bench_point(f"ttft/{k}", params, samples, measures, checks))
     whole = runs["W=0"]["ttft_s"]
     ratios = {
-        k: paired_ratio_ci(runs[k]["ttft_s"], whole, SEED).text(4)
-        for (w, _b), k in labels.items()
+        k: paired_ratio_ci(runs[k]["ttft_s"], whole, SEED).text(3)
+        for (w, _b, _rb), k in labels.items()
         if w
     }
+    ratios["whole-plan/recompute"] = paired_ratio_ci(whole, runs["recompute"]["ttft_s"], SEED).text(
+        3
+    )
     return out, ratios
 
 
@@ -124,7 +146,7 @@ def main() -> int:
         run_dir.mkdir(parents=True, exist_ok=True)
     target: Any = make_target(spec, run_dir)
     prompt = Prompt(f"{spec.salt}-ttft", args.tokens)
-    labels = {(w, b): f"W={w}" + (f" B={b}" if w else "") for w, b in MODES}
+    labels = {m: label(*m) for m in MODES}
     keys = ("ttft_s", "restore_s", "first_s", "peak", "note")
     runs: dict[str, dict[str, list[Any]]] = {
         k: {f: [] for f in keys} for k in [*labels.values(), "recompute"]
@@ -133,6 +155,7 @@ def main() -> int:
     restore_s = {k: r["restore_s"] for k, r in runs.items() if k != "recompute"}
     notes = {k: r["note"] for k, r in runs.items() if k != "recompute"}
     t0 = time.monotonic()
+    result: dict[str, dict[str, str]] = {}
 
     def body(_w: Any) -> tuple[dict[str, Any], list[Check]]:
         from bsrctl.stack.model import prepare_model
@@ -147,9 +170,9 @@ def main() -> int:
             flush=True,
         )
         for r in range(args.repeat):
-            for w, b in MODES:
+            for w, b, rb in MODES:
                 if w:  # B per point (the deployment's B is W's default)
-                    target.client.configure(window_chunks=w, admission_budget_chunks=b)
+                    target.client.configure(window_chunks=w, admission_budget_chunks=b, readback=rb)
                     target.window_chunks = w
                 before = target.client.status()
                 m = target.measure(prompt, w, cold=False)
@@ -159,7 +182,7 @@ def main() -> int:
                         f"W={w}: cached {m.cached_tokens}/{m.expected_cached_tokens} tokens, "
                         f"failures {m.restore_failures}"
                     )
-                run = runs[labels[w, b]]
+                run = runs[labels[w, b, rb]]
                 run["ttft_s"].append(m.ttft_s or 0.0)
                 run["restore_s"].append(m.restore_s or 0.0)
                 run["peak"].append(m.restore_pool_peak_bytes)
@@ -176,6 +199,7 @@ def main() -> int:
         pts, ratios = points(labels, args.tokens, runs)
         for p in pts:
             _w.add_point(p)
+        result["ratios"] = ratios
         return {"tokens": args.tokens, "rounds": args.repeat, "ttft_vs_whole_plan": ratios}, []
 
     def teardown() -> None:
@@ -195,13 +219,14 @@ def main() -> int:
         if notes.get(k) and notes[k][-1]:
             print(f"{'':4}last round: {notes[k][-1]}")
     print(f"# total {time.monotonic() - t0:.0f}s")
-    whole = med["W=0"]
-    for b4, b16, what in ((4, 16, "B=W: "), (8, 32, "")):
-        print(
-            f"ttft {what}W=4/whole-plan={med[f'W=4 B={b4}'] / whole:.2f} "
-            f"W=16/whole-plan={med[f'W=16 B={b16}'] / whole:.2f} "
-            f"whole-plan/recompute={whole / med['recompute']:.2f}"
-        )
+    ratios = result.get("ratios")
+    if ratios is None:
+        print("ttft: no ratios (the run did not finish)")
+        return 1
+    print(f"ttft B=W: W=4/whole-plan={ratios['W=4 B=4']} W=16/whole-plan={ratios['W=16 B=16']} "
+          f"W=4 no read-back/whole-plan={ratios['W=4 B=4 -rb']}")  # fmt: skip
+    print(f"ttft W=4/whole-plan={ratios['W=4 B=8']} W=16/whole-plan={ratios['W=16 B=32']} "
+          f"whole-plan/recompute={ratios['whole-plan/recompute']}")  # fmt: skip
     return 0
 
 

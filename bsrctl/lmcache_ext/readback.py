@@ -1,6 +1,6 @@
 """The install read-back inside the LMCache MP server: the slice a window was installed into
 is copied back out of the engine's paged KV with LMCache's own store copy, into a scratch
-object, and its digest compared with the staged object's.
+object, and its bytes compared with the staged object's.
 
 The copy back is the call LMCache's stock store makes to move paged KV into a memory object
 (lmcache 0.5.6 ``v1/multiprocess/modules/lmcache_driven_transfer.py:780-790``:
@@ -22,7 +22,6 @@ would read the engine's own KV there. It is counted as unchecked.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,9 +30,16 @@ from bsrctl.restore.readback import ReadbackResult
 from bsrctl.restore.types import RowId
 
 
-def digest(obj: Any) -> bytes:
-    """blake2b-128 of a memory object's bytes (``MemoryObj.byte_array``: its logical size)."""
-    return hashlib.blake2b(obj.byte_array, digest_size=16).digest()
+def same_bytes(a: Any, b: Any) -> bool:
+    """The two memory objects' bytes (``MemoryObj.byte_array``: logical size) are equal.
+    A direct compare, not digests: no collision to argue about, and about 40x cheaper on
+    the restore's path than two blake2b-128 (0.02 against 0.88 ms per 256 KiB chunk here,
+    ``bench/readback_compare.py``)."""
+    import numpy as np
+
+    x = np.frombuffer(a.byte_array, dtype=np.uint8)
+    y = np.frombuffer(b.byte_array, dtype=np.uint8)
+    return x.shape == y.shape and bool(np.array_equal(x, y))
 
 
 def scratch_like(obj: Any, pin: bool) -> Any:
@@ -109,6 +115,6 @@ class SliceReader:
                 )
                 self.sync()
                 checked += 1
-                if digest(scratch) != digest(obj):
+                if not same_bytes(scratch, obj):
                     bad.append((row, first_chunk + i))
         return ReadbackResult(checked, tuple(bad), self.scratch_bytes, unchecked)

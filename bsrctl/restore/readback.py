@@ -1,6 +1,6 @@
 """Install read-back: after a window is installed and synced, the destination slice is read
 back through the destination's own transfer path (on the server: LMCache's store copy,
-paged KV -> a scratch object) and its digest compared with the staged object's. A mismatch
+paged KV -> a scratch object) and its bytes compared with the staged object's. A mismatch
 fails the restore closed (``FailureKind.READBACK_MISMATCH``): the bytes themselves are the
 primary oracle, whatever the numerics of the model that reads them.
 
@@ -25,7 +25,7 @@ from bsrctl.restore.types import ReadbackSummary, RowId, Window
 class ReadbackResult:
     """What one window's read-back compared."""
 
-    chunks_checked: int  # (row, chunk) objects whose digest was compared
+    chunks_checked: int  # (row, chunk) objects whose bytes were compared
     mismatched: tuple[tuple[RowId, int], ...]  # (row, chunk index in the request) that differ
     scratch_bytes: int  # scratch the destination holds for read-back (outside the pool)
     chunks_unchecked: int = 0  # objects not installed at all (APC-shared blocks skipped)
@@ -41,7 +41,7 @@ class ReadbackDestination(Protocol):
         num_chunks: int,
     ) -> ReadbackResult:
         """Read back the slice the last ``install`` of ``window`` wrote, through the same
-        transfer path in the other direction, and compare each object's digest with the
+        transfer path in the other direction, and compare each object's bytes with the
         staged ``objects``' bytes. Waits for its own copies. Raises on error."""
         ...
 

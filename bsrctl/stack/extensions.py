@@ -90,6 +90,15 @@ def odirect_allowed(path: Path) -> bool:
 
 
 @dataclass(frozen=True)
+class L1Options:
+    """LMCache's L1 options beyond its defaults: the L2 prefetch policy (``retain``: staged
+    objects stay in L1 once unpinned, for the stock lookup) and the read-lock TTL."""
+
+    prefetch_policy: str | None = None
+    read_ttl_s: int | None = None
+
+
+@dataclass(frozen=True)
 class TempoKVLaunch:
     """TempoKV on the serving stack: vLLM schedules with the runtime adapter (its settings
     in ``BSRCTL_TEMPOKV``, the TempoKV wire's ``AdapterEnv``), LMCache keeps staged objects
@@ -105,6 +114,11 @@ class TempoKVLaunch:
     # server call (the adapter cost bench's arm that separates the adapter from its RPCs)
     transport: str = "connector"
     async_scheduling: bool = False
+
+    @property
+    def l1_options(self) -> L1Options:
+        """TempoKV's: ``retain``, and read locks (the pins) that outlive any protection."""
+        return L1Options("retain", self.read_ttl_s)
 
     @property
     def scheduler_cls(self) -> str:
@@ -130,6 +144,15 @@ class LMCacheExtensions:
     checksum: bool = True  # sha256 per L2 object, verified before install
     l2_device: L2Device | None = None  # an SSD-like FS tier (TempoKV); None: as it comes
     tempokv: TempoKVLaunch | None = None  # the runtime adapter in vLLM (TempoKV runs)
+    # L1 options without TempoKV (Figure 6's stock arm with TempoKV's options); None: TempoKV's
+    # when it runs, LMCache's defaults otherwise
+    l1: L1Options | None = None
+
+    @property
+    def l1_options(self) -> L1Options:
+        if self.l1 is not None:
+            return self.l1
+        return self.tempokv.l1_options if self.tempokv is not None else L1Options()
 
     @property
     def retrieve_deadline_s(self) -> float | None:

@@ -121,25 +121,36 @@ def test_verify_and_compare_work_on_bench_runs(tmp_path: Path) -> None:
 def test_ttft_bench_points_and_ratios() -> None:
     import ttft_restore
 
-    labels = {(0, 0): "W=0", (4, 8): "W=4 B=8"}
+    modes = [(0, 0, True), (4, 8, True), (4, 4, False)]
+    labels = {m: ttft_restore.label(*m) for m in modes}
+    assert list(labels.values()) == ["W=0", "W=4 B=8", "W=4 B=4 -rb"]
     runs = {
         "W=0": {"ttft_s": [1.0, 1.0, 1.0], "restore_s": [0.5] * 3, "first_s": [None] * 3,
                 "peak": [900] * 3, "note": [""] * 3},
         "W=4 B=8": {"ttft_s": [1.2, 1.3, 1.25], "restore_s": [0.7] * 3,
                     "first_s": [0.01, 0.02, 0.01], "peak": [100] * 3, "note": [""] * 3},
+        "W=4 B=4 -rb": {"ttft_s": [1.1, 1.1, 1.2], "restore_s": [0.6] * 3,
+                        "first_s": [0.01] * 3, "peak": [100] * 3, "note": [""] * 3},
         "recompute": {"ttft_s": [3.0, 3.1, 2.9], "restore_s": [], "first_s": [], "peak": [],
                       "note": []},
     }  # fmt: skip
     pts, ratios = ttft_restore.points(labels, 16384, runs)
     got = {p.id: p.to_json() for p in pts}
-    assert list(got) == ["ttft/W=0", "ttft/W=4 B=8", "ttft/recompute"]
+    assert list(got) == ["ttft/W=0", "ttft/W=4 B=8", "ttft/W=4 B=4 -rb", "ttft/recompute"]
+    assert got["ttft/W=4 B=8"]["params"]["readback"] is True
+    assert got["ttft/W=4 B=4 -rb"]["params"]["readback"] is False
+    assert got["ttft/W=0"]["params"]["readback"] is False  # LMCache's own retrieve
     assert set(got["ttft/W=0"]["samples"]) == {"ttft_s", "restore_s"}  # no window at W = 0
     assert got["ttft/W=4 B=8"]["samples"]["first_window_s"] == [0.01, 0.02, 0.01]
     assert got["ttft/W=4 B=8"]["measures"]["restore_pool_peak_bytes"] == 100
     assert got["ttft/recompute"]["samples"] == {"ttft_s": [3.0, 3.1, 2.9]}
     assert [c["name"] for c in got["ttft/recompute"]["checks"]] == ["measured"]
     assert all(p.verdict == Verdict.PASS for p in pts)
-    assert ratios == {"W=4 B=8": stats.paired_ratio_ci([1.2, 1.3, 1.25], [1.0] * 3, 0).text(4)}
+    assert ratios == {
+        "W=4 B=8": stats.paired_ratio_ci([1.2, 1.3, 1.25], [1.0] * 3, 0).text(3),
+        "W=4 B=4 -rb": stats.paired_ratio_ci([1.1, 1.1, 1.2], [1.0] * 3, 0).text(3),
+        "whole-plan/recompute": stats.paired_ratio_ci([1.0] * 3, [3.0, 3.1, 2.9], 0).text(3),
+    }
 
 
 def test_bench_point_without_samples_is_unknown() -> None:

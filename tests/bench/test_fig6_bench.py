@@ -19,6 +19,8 @@ fig6 = importlib.util.module_from_spec(_spec)
 sys.modules[_spec.name] = fig6  # dataclasses look their module up
 _spec.loader.exec_module(fig6)
 
+from bsrctl.stack.extensions import L1Options  # noqa: E402
+
 
 def test_arm_orders_alternate() -> None:
     ab, ba = ("lmcache", "tempokv"), ("tempokv", "lmcache")
@@ -112,7 +114,7 @@ def test_every_arm_deploys_through_the_serving_runs_path(tmp_path: Path) -> None
 
     spec = TempoKVSpec.model_validate(yaml.safe_load(fig6.DEFAULT_SPEC.read_text()))
     run = deployment_for(spec, tmp_path / "run")[0]
-    for arm in (*fig6.ARMS, fig6.ADAPTER_ARM, fig6.LOCAL_ARM):
+    for arm in (*fig6.ARMS, fig6.ADAPTER_ARM, fig6.LOCAL_ARM, fig6.RETAIN_ARM):
         dep = fig6.arm_deployment(spec, arm, tmp_path / arm)
         assert (type(dep).__name__, dep.kind, dep.settings) == (
             "LaunchedDeployment", "serving", SETTINGS), arm  # fmt: skip
@@ -126,6 +128,13 @@ def test_every_arm_deploys_through_the_serving_runs_path(tmp_path: Path) -> None
     )
     local = fig6.arm_deployment(spec, fig6.LOCAL_ARM, tmp_path / "l").stack.extensions.tempokv
     assert local == fig6.in_process(adapter.tempokv)
+    # the retain arm: the stock arm's vLLM, LMCache with TempoKV's L1 options
+    retain = fig6.arm_deployment(spec, fig6.RETAIN_ARM, tmp_path / "r").stack.extensions
+    assert retain.tempokv is None
+    assert retain.l1_options == run.stack.extensions.tempokv.l1_options
+    assert retain.l1_options == L1Options("retain", 600)
+    stock = fig6.arm_deployment(spec, "lmcache", tmp_path / "s").stack.extensions
+    assert stock.l1_options == L1Options()  # LMCache's defaults
 
 
 def test_claims_are_judged_on_the_paired_repeats() -> None:
@@ -143,6 +152,34 @@ def test_claims_are_judged_on_the_paired_repeats() -> None:
     assert "over 4 paired repeats lies on the claimed side" in tput
     assert p95.startswith("claim p95 tempokv/lmcache @8: UNKNOWN, claim a/b <= 1: ")
     assert "straddles 1" in p95  # ratios .8 1.27 .9 .83: one repeat the other way
+
+
+def test_the_evidence_has_a_point_per_arm_and_rate_and_the_last_line_the_intervals() -> None:
+    from bsrctl import stats
+
+    def cell(p95: float, tok: float, same: int = 10) -> object:
+        return fig6.Cell(p95, tok, same, 10, "")
+
+    cells = [
+        {"lmcache": {8.0: cell(1.0, 100.0)}, "tempokv": {8.0: cell(0.8, 130.0)}},
+        {"lmcache": {8.0: cell(1.1, 90.0)}, "tempokv": {8.0: cell(1.4, 120.0, 9)}},
+        {"lmcache": {8.0: cell(1.0, 100.0)}, "tempokv": {8.0: cell(0.9, 125.0)}},
+    ]
+    pts = {p.id: p.to_json() for p in fig6.bench_points([8.0], cells, fig6.ARMS)}
+    assert list(pts) == ["fig6/lmcache@8", "fig6/tempokv@8"]
+    assert pts["fig6/tempokv@8"]["samples"] == {"p95_ttft_s": [0.8, 1.4, 0.9],
+                                                "tok_s": [130.0, 120.0, 125.0]}  # fmt: skip
+    assert pts["fig6/tempokv@8"]["measures"]["canonical"] == 29
+    assert [c["verdict"] for c in pts["fig6/tempokv@8"]["checks"]] == ["FAIL"]
+    assert [c["verdict"] for c in pts["fig6/lmcache@8"]["checks"]] == ["PASS"]
+    checks = fig6.claim_checks([8.0], cells)
+    assert [(c.name, str(c.verdict)) for c in checks] == [
+        ("tput_tempokv/lmcache_@8", "PASS"), ("p95_tempokv/lmcache_@8", "UNKNOWN")]  # fmt: skip
+    tput = stats.paired_ratio_ci([130.0, 120.0, 125.0], [100.0, 90.0, 100.0], 0).text(3)
+    p95 = stats.paired_ratio_ci([0.8, 1.4, 0.9], [1.0, 1.1, 1.0], 0).text(3)
+    assert fig6.last_line([8.0], cells) == (
+        f"fig6 tput tempokv/lmcache @8={tput} p95 tempokv/lmcache @8={p95}"
+    )
 
 
 def test_a_goodput_claim_joins_when_every_cell_measured_it() -> None:

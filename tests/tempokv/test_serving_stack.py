@@ -18,7 +18,13 @@ from bsrctl.experiments.tempokv.serving import MIB, deployment_for, engine_cpus_
 from bsrctl.registration.tiny import TinyModelRecipe
 from bsrctl.settings import RestoreSettings, RestoreTuning
 from bsrctl.specs import LmcacheSpec, StackSpec, VllmSpec
-from bsrctl.stack.extensions import L2Device, TempoKVLaunch, bsr_extensions, odirect_allowed
+from bsrctl.stack.extensions import (
+    L1Options,
+    L2Device,
+    TempoKVLaunch,
+    bsr_extensions,
+    odirect_allowed,
+)
 from bsrctl.stack.process import Supervised
 from bsrctl.stack.serving import ServingStack
 from bsrctl.tempokv import wire
@@ -168,6 +174,31 @@ def test_the_deployment_launches_the_argv_and_env_the_stack_did(
     assert dep.stack.dir == tmp_path / "stack" and dep.stack.spec == serving.stack_spec(
         spec.serving
     )
+
+
+def test_the_stock_arm_with_tempokvs_l1_options_changes_only_lmcaches_argv(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Figure 6's decomposition arm: stock vLLM (no adapter), LMCache with TempoKV's
+    ``retain`` and read TTL: the stock arm's command lines but for those two options."""
+    spec, _raw = load(LADDERS[0])
+    stock, _ = deployment_for(spec, tmp_path / "a", with_adapter=False)
+    opts = L1Options("retain", 600)
+    retain, _ = deployment_for(spec, tmp_path / "b", with_adapter=False, l1=opts)
+
+    def plain(seen: dict[str, tuple], d: Path) -> dict[str, tuple]:  # the folders as ""
+        return {name: ([x.replace(str(d), "") for x in argv],
+                       {k: v.replace(str(d), "") for k, v in env.items()})
+                for name, (argv, env) in seen.items()}  # fmt: skip
+
+    a = plain(launches(stock.stack, monkeypatch), tmp_path / "a")
+    b = plain(launches(retain.stack, monkeypatch), tmp_path / "b")
+    assert b["vllm"] == a["vllm"] and "--scheduler-cls" not in b["vllm"][0]
+    assert b["lmcache"][1] == a["lmcache"][1]
+    base, got = a["lmcache"][0], b["lmcache"][0]
+    at = got.index("--l2-prefetch-policy")
+    assert got[at : at + 4] == ["--l2-prefetch-policy", "retain", "--l1-read-ttl-seconds", "600"]
+    assert got[:at] + got[at + 4 :] == base
 
 
 def test_a_deployment_the_run_cannot_extend_is_refused(tmp_path: Path) -> None:

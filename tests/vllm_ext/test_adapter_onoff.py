@@ -101,6 +101,9 @@ def test_adapter_on_and_off_decide_the_same(tmp_path: Path, off_cls: str, on_cls
     assert [_rid(r) for u in arrivals for r in u["report"]] == ["0", "1"]
     assert len(arrivals) == 6 and all(u["acked"] for u in arrivals)
     assert all(set(u["hits"]) == set(u["report"]) for u in updates if u["report"])
+    # the trace keeps each hit's token count (whole chunks), never the ids themselves
+    hits = [h for u in updates for h in u["hits"].values()]
+    assert hits and all("token_ids" not in h and h["tokens"] % 256 == 0 for h in hits)
     assert any(u["ttus_s"] for u in updates)  # TTUs were projected and sent
     assert len(updates) < len(on_steps) + len(on_out)  # only on change, not every step
     # every measured step carries the adapter's own cost on the engine loop

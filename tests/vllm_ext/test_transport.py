@@ -209,3 +209,19 @@ def test_a_mutating_send_carries_the_control_token(monkeypatch) -> None:
     bare = Client()
     ServerModuleTransport([bare], ServerModuleCallRequest).send("tempokv.update", {"order": []})
     assert [json.loads(c.payload) for c in bare.calls] == [{"order": []}]
+
+
+def test_the_trace_keeps_each_hits_token_count_and_the_server_gets_the_ids(
+    tmp_path: Path,
+) -> None:
+    hit = wire.Hit(tuple(range(512)), "salt", "tiny", 1)
+    update = wire.UpdateRequest(0.5, ("a",), (), ("a",), {"a": 1.0}, {"a": hit})
+    client = Client()
+    trace = tmp_path / "t.jsonl"
+    _adapter(client, trace)._tk_send(update)
+    (rec,) = [json.loads(x) for x in trace.read_text().splitlines()]
+    assert rec["hits"] == {"a": {"tokens": 512, "cache_salt": "salt", "model_name": "tiny",
+                                 "world_size": 1}}  # fmt: skip
+    assert [json.loads(c.payload)["hits"]["a"]["token_ids"] for c in client.calls] == [
+        list(range(512))
+    ]

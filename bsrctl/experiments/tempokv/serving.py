@@ -52,6 +52,7 @@ from bsrctl.stack.bsr_client import BsrModuleClient
 from bsrctl.stack.canonical import canonical_outputs
 from bsrctl.stack.deployment import Deployment
 from bsrctl.stack.extensions import (
+    L1Options,
     L2Device,
     LMCacheExtensions,
     TempoKVLaunch,
@@ -146,13 +147,15 @@ def deployment_for(
     run_dir: Path,
     with_adapter: bool = True,
     launch: Callable[[TempoKVLaunch], TempoKVLaunch] | None = None,
+    l1: L1Options | None = None,
 ) -> tuple[Deployment, dict[str, Any]]:
     """The run's deployment (not started: ``up`` it, ``down`` it) and what the evidence
     records of it. ``make_deployment`` of the run's stack with BSR's server module, and
     beyond it (``extend``) the shaped FS L2 and the TempoKV launch; ``with_adapter=False``
     leaves TempoKV out (stock vLLM scheduler and stock LMCache options, same server module
     and shaped L2): Figure 6's unmodified-LMCache baseline. ``launch`` changes the TempoKV
-    launch (Figure 6's adapter-local arm)."""
+    launch (Figure 6's adapter-local arm); ``l1`` sets LMCache's L1 options whatever runs
+    (Figure 6's stock arm with TempoKV's ``retain`` and read TTL)."""
     run, run_dir = spec.serving, Path(run_dir)
     stack = stack_spec(run)
     adapter = adapter_settings(spec, stack)
@@ -165,7 +168,7 @@ def deployment_for(
     tempokv = (tk if launch is None else launch(tk)) if with_adapter else None
 
     def extend(ext: LMCacheExtensions) -> LMCacheExtensions:
-        return replace(ext, l2_device=device, tempokv=tempokv)
+        return replace(ext, l2_device=device, tempokv=tempokv, l1=l1)
 
     info = {
         "odirect": odirect,

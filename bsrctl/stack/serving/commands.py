@@ -200,9 +200,9 @@ def fault_control(slots: Slots, tier: str) -> Path:
 def lmcache_launch(
     stack: StackSpec, ext: LMCacheExtensions, slots: Slots, l1_size_bytes: int
 ) -> Launch:
-    """The LMCache MP server with ``ext``'s server module and L2 adapters. TempoKV adds the
-    ``retain`` prefetch policy and a read-lock TTL above its longest protection."""
-    tk = ext.tempokv
+    """The LMCache MP server with ``ext``'s server module and L2 adapters and L1 options
+    (TempoKV's: the ``retain`` prefetch policy, a read-lock TTL above its longest protection)."""
+    l1 = ext.l1_options
     argv = lmcache_command(
         stack.lmcache,
         slots.ports["lmcache.port"],
@@ -210,8 +210,8 @@ def lmcache_launch(
         l1_size_bytes,
         l2_adapter_specs(stack, ext, slots),
         ext.server_module.to_json(),
-        prefetch_policy="retain" if tk is not None else None,
-        read_ttl_s=tk.read_ttl_s if tk is not None else None,
+        prefetch_policy=l1.prefetch_policy,
+        read_ttl_s=l1.read_ttl_s,
     )
     env = {**base_env(), **profile_of(stack).lmcache_env, **token_env(slots)}
     if ext.server_module.pythonpath:  # a server module from outside the installed package
