@@ -37,8 +37,33 @@ def operator(*args: str, timeout: float = 400) -> str:
     return res.stdout
 
 
+def pool_pids() -> set[int]:
+    """The session's kept reference vLLMs (``bsrctl.stack.reference_pool``) with their
+    children: a run that missed the canonical cache started one, under that run's
+    environment, and the pool keeps it past the run by design (``close_pool`` stops every
+    one by PID at the session's end and asserts none is left)."""
+    import psutil
+
+    from bsrctl.stack import reference_pool
+
+    pool = reference_pool.pool_dir()
+    out: set[int] = set()
+    for entry in reference_pool.entries(pool) if pool is not None else []:
+        state = entry / "stack" / "state.json"
+        if not state.is_file():
+            continue
+        for part in json.loads(state.read_text()).get("parts", {}).values():
+            try:
+                proc = psutil.Process(part["pid"])
+                out |= {proc.pid, *(c.pid for c in proc.children(recursive=True))}
+            except psutil.Error:
+                continue
+    return out
+
+
 def marked(name: str, value: str) -> list[int]:
-    """PIDs of every live process whose environment carries name=value."""
+    """PIDs of every live process whose environment carries name=value, but the reference
+    pool's (``pool_pids``)."""
     needle = f"{name}={value}".encode()
     out = []
     for env in Path("/proc").glob("[0-9]*/environ"):
@@ -47,7 +72,8 @@ def marked(name: str, value: str) -> list[int]:
                 out.append(int(env.parent.name))
         except OSError:
             continue
-    return sorted(out)
+    kept = pool_pids() if out else set()
+    return sorted(set(out) - kept)
 
 
 @dataclass
