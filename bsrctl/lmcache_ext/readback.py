@@ -32,9 +32,9 @@ from bsrctl.restore.types import RowId
 
 def same_bytes(a: Any, b: Any) -> bool:
     """The two memory objects' bytes (``MemoryObj.byte_array``: logical size) are equal.
-    A direct compare, not digests: no collision to argue about, and about 40x cheaper on
-    the restore's path than two blake2b-128 (0.02 against 0.88 ms per 256 KiB chunk here,
-    ``bench/readback_compare.py``)."""
+    A direct compare, not digests: no collision to argue about, and about 12x cheaper on
+    the restore's path than two blake2b-128 (0.084 against 1.02 ms per 256 KiB chunk,
+    ``bench/readback_compare.py``: ratio 11.9 [11.7, 13.1] over 9 rotated rounds)."""
     import numpy as np
 
     x = np.frombuffer(a.byte_array, dtype=np.uint8)

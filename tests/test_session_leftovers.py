@@ -1,0 +1,34 @@
+"""The suite's last safety net (tests/conftest.py): a process that outlived every test is
+found by this session's pool path in its environment and named with the test that started
+it; one of another session (another pool path) is not."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from bsrctl.stack.process import stop_pids
+from bsrctl.stack.reference_pool import POOL_ENV
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from conftest import session_leftovers  # noqa: E402
+
+
+def test_a_process_of_this_pool_is_found_with_its_test_and_another_pools_is_not(
+    tmp_path: Path,
+) -> None:
+    ours, theirs = tmp_path / "pool-a", tmp_path / "pool-b"
+    sleep = [sys.executable, "-c", "import time; time.sleep(60)"]
+    env = {**os.environ, "PYTEST_CURRENT_TEST": "tests/x.py::t (call)"}
+    a = subprocess.Popen(sleep, env={**env, POOL_ENV: str(ours)})
+    b = subprocess.Popen(sleep, env={**env, POOL_ENV: str(theirs)})
+    try:
+        assert session_leftovers(ours) == {a.pid: "tests/x.py::t (call)"}
+        assert session_leftovers(theirs) == {b.pid: "tests/x.py::t (call)"}
+    finally:
+        stop_pids([a.pid, b.pid], 5.0)
+        a.wait(5)
+        b.wait(5)
+    assert session_leftovers(ours) == {}
