@@ -31,7 +31,9 @@ here: it prints what the stack gives.
 
 Decomposition arms: ``--adapter-arm`` (TempoKV's stack, controller off), ``--local-arm``
 (the adapter with no server call, no trace), ``--retain-arm`` (stock vLLM with TempoKV's
-LMCache options: ``retain`` and the long read TTL).
+LMCache options: ``retain`` and the long read TTL), ``--threads-arm`` (the stock arm with the
+LMCache server on one OpenMP thread). Each cell also prints its stock retrieves' time in the
+server (``bsr.status`` outcomes) and how many took over 0.1 s.
 
 Evidence: a ``bench`` run under ``--evidence`` (a point per arm and rate, each repeat's
 p95 TTFT, tok/s and goodput as samples; the claims as the run's checks) with the run's
@@ -70,6 +72,7 @@ from bsrctl.experiments.tempokv.serving import (
     stack_spec,
 )
 from bsrctl.spec_io import describe_error
+from bsrctl.stack.bsr_client import outcomes_since
 from bsrctl.stack.deployment import Deployment
 from bsrctl.stack.extensions import TempoKVLaunch, odirect_allowed
 from bsrctl.stats import paired_ratio_ci
@@ -90,8 +93,13 @@ LOCAL_ARM = "adapter-local"
 # `--retain-arm`: stock vLLM (no adapter, no controller) with TempoKV's LMCache options
 # (``retain``, the long read TTL): what those options alone change against the stock arm
 RETAIN_ARM = "lmcache-retain"
+# `--threads-arm`: the stock arm with the LMCache server on one OpenMP thread
+# (``lmcache.cpu_threads: 1``): its copies' parallel regions then never span the core the
+# engine's pinned OMP thread spins on
+THREADS_ARM = "lmcache-t1"
 NAMES = {"tempokv": "TempoKV", ADAPTER_ARM: "adapter only", LOCAL_ARM: "adapter, no RPC",
-         RETAIN_ARM: "stock + retain"}  # fmt: skip
+         RETAIN_ARM: "stock + retain", THREADS_ARM: "stock, server 1 thread"}  # fmt: skip
+SLOW_RETRIEVE_S = 0.1  # a retrieve this long is counted slow (the two modes: ms vs 0.24+ s)
 
 
 def arm_orders(repeats: int, arms: tuple[str, ...] = ARMS) -> list[tuple[str, ...]]:
@@ -125,6 +133,7 @@ class Cell:
     requests: int
     controller: str  # what tempokv.status said after the cell ("" for the baseline)
     goodput: float = math.nan  # share of requests with TTFT <= serving.slo_ttft_s (NaN: none)
+    retrieves_s: tuple[float, ...] = ()  # each stock retrieve's time in the server (bsr.status)
 
 
 def in_process(tk: TempoKVLaunch) -> TempoKVLaunch:
@@ -135,11 +144,18 @@ def in_process(tk: TempoKVLaunch) -> TempoKVLaunch:
 def arm_deployment(spec: TempoKVSpec, arm: str, run_dir: Path) -> Deployment:
     """The arm's deployment (not started), through the serving run's own path."""
     launch = in_process if arm == LOCAL_ARM else None
+    if arm == THREADS_ARM:
+        stack = spec.serving.stack
+        lm = stack.lmcache.model_copy(update={"cpu_threads": 1})
+        serving = spec.serving.model_copy(
+            update={"stack": stack.model_copy(update={"lmcache": lm})}
+        )
+        spec = spec.model_copy(update={"serving": serving})
     l1 = TempoKVLaunch(adapter_settings(spec, stack_spec(spec.serving))).l1_options
     dep, _info = deployment_for(
         spec,
         run_dir,
-        with_adapter=arm not in ("lmcache", RETAIN_ARM),
+        with_adapter=arm not in ("lmcache", RETAIN_ARM, THREADS_ARM),
         launch=launch,
         l1=l1 if arm == RETAIN_ARM else None,
     )
@@ -167,6 +183,7 @@ def run_arm(
             on = arm == "tempokv"
             calls.configure(client, calls.tempo_config(spec, "tempokv") if on else None)
             timed = run.model_copy(update={"interval_s": 1.0 / rate})
+            before = client.status().recent_outcomes
             res = _arrivals(stack, prep.reqs, timed)
             controller = ""
             st = None
@@ -180,6 +197,8 @@ def run_arm(
                     f"retrievals {st.retrievals}"
                 )
             calls.configure(client, None)
+            retrieves = tuple(o.restore_s for o in outcomes_since(before,
+                              client.status().recent_outcomes) if o.mode == "stock")  # fmt: skip
             done = [r for r in res if r is not None]
             ttfts = [r.first_token_s - r.sent_s for r in done]
             span = max(r.done_s for r in done) - min(r.sent_s for r in done) if done else 0.0
@@ -195,13 +214,17 @@ def run_arm(
                 good = goodput(all_ttfts, slo, span).share
             cell = Cell(
                 _p95(ttfts), toks / span if span > 0 else math.nan, same, len(res), controller,
-                good,
+                good, retrieves,
             )  # fmt: skip
+            slow = [x for x in retrieves if x > SLOW_RETRIEVE_S]
             out[rate] = cell
             print(
                 f"repeat {rep} {arm:7} rate {rate:g} rps: p95 TTFT {cell.p95_s:.3f}s "
                 f"{cell.tok_s:.1f} tok/s {same}/{len(res)} canonical"
                 + (f" goodput {good:.2f}" if slo is not None else "")
+                + f" | retrieves {len(retrieves)} ({sum(retrieves):.2f} s), {len(slow)} over "
+                f"{SLOW_RETRIEVE_S} s"
+                + (f" ({min(slow):.2f}-{max(slow):.2f} s)" if slow else "")
                 + (f" | {controller}" if controller else ""),
                 flush=True,
             )
@@ -281,7 +304,8 @@ def bench_points(
     for arm in arms:
         for rate in rates:
             cs = [c[arm][rate] for c in cells]
-            samples = {"p95_ttft_s": [c.p95_s for c in cs], "tok_s": [c.tok_s for c in cs]}
+            samples = {"p95_ttft_s": [c.p95_s for c in cs], "tok_s": [c.tok_s for c in cs],
+                       "retrieve_s": [x for c in cs for x in c.retrieves_s]}  # fmt: skip
             if not any(math.isnan(c.goodput) for c in cs):
                 samples["goodput"] = [c.goodput for c in cs]
             same, n = sum(c.canonical for c in cs), sum(c.requests for c in cs)
@@ -352,6 +376,11 @@ def main() -> int:
         action="store_true",
         help="an arm: stock vLLM with TempoKV's LMCache options (retain, long read TTL)",
     )
+    ap.add_argument(
+        "--threads-arm",
+        action="store_true",
+        help="an arm: the stock arm with the LMCache server on one OpenMP thread",
+    )
     ap.add_argument("--evidence", type=Path, default=Path("reports"), help="bench run under here")
     ns = ap.parse_args()
     arms = (
@@ -359,6 +388,7 @@ def main() -> int:
         + ((ADAPTER_ARM,) if ns.adapter_arm else ())
         + ((LOCAL_ARM,) if ns.local_arm else ())
         + ((RETAIN_ARM,) if ns.retain_arm else ())
+        + ((THREADS_ARM,) if ns.threads_arm else ())
     )
     if ns.repeats < 1:
         ap.error(f"--repeats {ns.repeats}: give 1 or more")

@@ -122,6 +122,12 @@ class LmcacheSpec(Strict):
         False, description="--separate-object-groups: sliding-window layers in their own group"
     )
     startup_timeout_s: float = Field(120.0, gt=0)
+    cpu_threads: int | None = Field(
+        None,
+        ge=1,
+        description="device cpu: the LMCache server's torch/OpenMP threads (OMP_NUM_THREADS); "
+        "None: torch's default, one per core",
+    )
 
 
 class MooncakeSpec(Strict):

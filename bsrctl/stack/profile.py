@@ -58,7 +58,7 @@ def profile_of(stack: StackSpec) -> DeviceProfile:
     """The profile of ``stack.device`` for this deployment (served and reference vLLM
     alike: both compute the same numbers)."""
     if stack.device == "cpu":
-        return _cpu(stack.vllm)
+        return _cpu(stack.vllm, stack.lmcache.cpu_threads)
     return _cuda(stack)
 
 
@@ -93,7 +93,7 @@ def gpus(vllm: VllmSpec) -> tuple[int, ...]:
     return chosen
 
 
-def _cpu(v: VllmSpec) -> DeviceProfile:
+def _cpu(v: VllmSpec, lmcache_threads: int | None = None) -> DeviceProfile:
     flags = ("--enforce-eager",) if v.enforce_eager is not False else ()
     env = {"VLLM_CPU_KVCACHE_SPACE": str(v.kvcache_space_gib)}
     tp = v.tensor_parallel_size
@@ -112,7 +112,10 @@ def _cpu(v: VllmSpec) -> DeviceProfile:
         if v.cpu_threads_bind is not None:
             # canonical and served vLLM alike: a different thread count may change float sums
             env["VLLM_CPU_OMP_THREADS_BIND"] = v.cpu_threads_bind
-    return DeviceProfile("cpu", flags, env, {})
+    # The server's copies are torch ops whose OpenMP regions span every core by default,
+    # the engine's pinned (and spinning) OMP threads' cores included (lmcache.cpu_threads)
+    lm = {"OMP_NUM_THREADS": str(lmcache_threads)} if lmcache_threads else {}
+    return DeviceProfile("cpu", flags, env, lm)
 
 
 def _cuda(stack: StackSpec) -> DeviceProfile:

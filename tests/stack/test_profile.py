@@ -8,9 +8,11 @@ import os
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from bsrctl.errors import BadInput
 from bsrctl.specs import (
+    LmcacheSpec,
     MooncakeSpec,
     StackSpec,
     TargetSpec,
@@ -41,6 +43,15 @@ def test_cpu_profile_is_the_cpu_stack_as_before() -> None:
     }
     assert dict(p.lmcache_env) == {}
     assert (profile.enforce_eager(stack), profile.async_scheduling(stack)) == (True, False)
+
+
+def test_lmcache_cpu_threads_set_the_servers_openmp_threads_and_nothing_of_vllms() -> None:
+    base = StackSpec()
+    one = StackSpec(lmcache=LmcacheSpec(cpu_threads=1))
+    assert dict(profile.profile_of(one).lmcache_env) == {"OMP_NUM_THREADS": "1"}
+    assert profile.profile_of(one).vllm_env == profile.profile_of(base).vllm_env
+    with pytest.raises(ValidationError):
+        LmcacheSpec(cpu_threads=0)
 
 
 def test_cpu_eager_can_be_turned_off_and_binds_cores_per_rank() -> None:
