@@ -199,14 +199,15 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
 def session_leftovers(pool: Path) -> dict[int, str]:
     """Processes still alive whose environment names this session's pool (every process a
     test started inherits it; the pool's path is this session's alone), each with the test
-    that started it (its ``PYTEST_CURRENT_TEST``)."""
+    that started it (its ``PYTEST_CURRENT_TEST``). This process's own children are left
+    out: they end with it (multiprocessing's resource tracker is one)."""
     import psutil
 
     out: dict[int, str] = {}
     for proc in psutil.process_iter():
-        if proc.pid == os.getpid():
-            continue
         try:
+            if proc.pid == os.getpid() or proc.ppid() == os.getpid():
+                continue
             env = proc.environ()
         except psutil.Error:
             continue

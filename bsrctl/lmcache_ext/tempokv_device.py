@@ -16,6 +16,7 @@ Nothing here blocks on L2: a prefetch is polled with a zero timeout (``poll``).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
@@ -60,6 +61,23 @@ class StageRecord:
     start_s: float
     done_s: float
     missed_objects: int  # not loaded (an L2 miss): the retrieval falls back for them
+
+
+def _trace_stage(rec: StageRecord, now_s: float) -> None:
+    """A committed staging op (submit to stage-ready) as a ``tempokv.stage`` span: the
+    device's clock is monotonic, the span's times Unix (``now_s`` is that clock now)."""
+    from bsrctl.trace.spans import server_tracer
+
+    tracer = server_tracer()
+    unix_now = time.time_ns()
+
+    def ns(t_s: float) -> int:
+        return unix_now - round((now_s - t_s) * 1e9)
+
+    attrs = {"op": rec.op_id, "bytes": rec.size_bytes, "missed_objects": rec.missed_objects}
+    tracer.start_span("tempokv.stage", start_time=ns(rec.start_s), attributes=attrs).end(
+        end_time=ns(rec.done_s)
+    )
 
 
 @dataclass(slots=True)
@@ -173,7 +191,9 @@ class LmcStagingDevice:
                     missed += 1
                 self.locked.setdefault(obj.object_id, []).extend(keys)
             ticket.released = True  # its locks are now held per object, released below
-            self.stages.append(StageRecord(op_id, op.size_bytes, op.start_s, self.now(), missed))
+            rec = StageRecord(op_id, op.size_bytes, op.start_s, self.now(), missed)
+            self.stages.append(rec)
+            _trace_stage(rec, self.now())
             op.on_done(op_id)
 
     def sync_pins(self, keep: Collection[str]) -> None:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from concurrent.futures import Future
 from typing import Any
 
@@ -40,6 +41,7 @@ from bsrctl.lmcache_ext.tempokv_device import LiveObject
 from bsrctl.lmcache_ext.tempokv_live import LiveConfig, LiveTempo
 from bsrctl.tempokv import wire
 from bsrctl.tempokv.controller import RetrievalGrant
+from bsrctl.trace.spans import server_tracer
 
 WAIT_READY_MAX_S = 40.0  # a held lookup never outlives vLLM's mq timeout (60 s)
 
@@ -105,6 +107,15 @@ class TempoKVHandlers(ModuleState):
         tempo = self._tempo
         if tempo is None:
             return _json(wire.UpdateReply.turned_off().to_json())
+        # on the server's one request thread, in front of the lookups behind it: its span
+        # belongs to the request when it reports that request's claim alone
+        attrs: dict[str, Any] = {"claims_reported": len(req.hits)}
+        if len(req.hits) == 1:
+            attrs["request_id"] = next(iter(req.hits))
+        with server_tracer().start_as_current_span("tempokv.update", attributes=attrs):
+            return self._tempo_update(tempo, req)
+
+    def _tempo_update(self, tempo: LiveTempo, req: wire.UpdateRequest) -> bytes:
         hit_tokens: dict[str, int] = {}
         for rid, hit in req.hits.items():
             with self._lock:
@@ -187,10 +198,17 @@ class TempoKVHandlers(ModuleState):
             self._stock_keys[rid] = key
         fut: Future[None] = Future()
         self._tempo_held[rid] = fut
+        held_from = time.time_ns()
 
         def release() -> None:
             try:
-                if not tempo.wait_ready(rid, WAIT_READY_MAX_S):
+                ready = tempo.wait_ready(rid, WAIT_READY_MAX_S)
+                # the held lookup on the request's timeline: vLLM sees "not yet" meanwhile
+                server_tracer().start_span(
+                    "tempokv.hold", start_time=held_from,
+                    attributes={"request_id": rid, "stage_ready": ready},
+                ).end()  # fmt: skip
+                if not ready:
                     log.warning("tempokv: %s not stage-ready in %ss: lookup goes on", rid,
                                 WAIT_READY_MAX_S)  # fmt: skip
                 self._count("lookups_stock")
