@@ -37,13 +37,15 @@ server (``bsr.status`` outcomes) and how many took over 0.1 s.
 
 Evidence: a ``bench`` run under ``--evidence`` (a point per arm and rate, each repeat's
 p95 TTFT, tok/s and goodput as samples; the claims as the run's checks) with the run's
-``timeline.json`` (every process's spans, per request). Last line:
+``timeline.json`` (every process's spans, per request), and per arm where the cells' TTFT
+went: the mean milliseconds per request on each phase of their critical paths. Last line:
 ``fig6 tput tempokv/lmcache @2=R [lo, hi] ... p95 tempokv/lmcache @2=...``: per rate the
 median of the per-repeat ratios with its 95 % bootstrap interval."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import statistics
 import sys
@@ -78,6 +80,14 @@ from bsrctl.stack.extensions import TempoKVLaunch, odirect_allowed
 from bsrctl.stats import paired_ratio_ci
 from bsrctl.tempokv.serving_workload import goodput
 from bsrctl.tempokv.spec import TempoKVSpec
+from bsrctl.trace.collect import read_spans
+from bsrctl.trace.timeline import (
+    CLIENT_TTFT,
+    by_request,
+    critical_path,
+    phase_totals,
+    spans_of,
+)
 
 # the shipped serving workload (ladders/tempokv-serving.yaml: one slot, 12 documents, shaped
 # L2, budget, claims_k), its interval replaced by each rate; its `repeats` is the grid's
@@ -335,6 +345,49 @@ def last_line(
     return "fig6 " + " ".join(parts)
 
 
+def arm_pids(run_dir: Path) -> dict[int, str]:
+    """Every PID an arm's deployments launched (and their recorded children) -> the arm,
+    from each ``r<k>-<arm>/stack/state.json``."""
+    out: dict[int, str] = {}
+    for d in sorted(run_dir.glob("r*-*")):
+        state = d / "stack" / "state.json"
+        if not state.is_file():
+            continue
+        arm = d.name.split("-", 1)[1]
+        for part in json.loads(state.read_text()).get("launched", []):
+            for pid in (part["pid"], *part.get("children", [])):
+                out[pid] = arm
+    return out
+
+
+def where_ttft_went(
+    spans: Sequence[Any], pids: dict[int, str]
+) -> dict[str, tuple[int, float, dict[str, float]]]:
+    """Per arm: (requests, mean TTFT ms, mean ms per phase) over the cells' streamed requests'
+    critical paths (``trace.timeline``); a request is its servers' arm."""
+    paths: dict[str, list[Any]] = {}
+    for rid, mine in by_request(spans).items():
+        arms = {pids[sp.pid] for sp in mine if sp.pid in pids}
+        if len(arms) != 1 or not any(sp.name == CLIENT_TTFT for sp in mine):
+            continue  # a seeding request (not streamed), or no server span of one arm
+        path = critical_path(spans, rid)
+        if path is not None:
+            paths.setdefault(arms.pop(), []).append(path)
+    return {
+        arm: (len(ps), sum(p.ttft_ms for p in ps) / len(ps),
+              {k: v / len(ps) for k, v in phase_totals(ps).items()})
+        for arm, ps in sorted(paths.items())
+    }  # fmt: skip
+
+
+def ttft_lines(got: dict[str, tuple[int, float, dict[str, float]]], top: int = 6) -> list[str]:
+    out = []
+    for arm, (n, mean, phases) in got.items():
+        parts = ", ".join(f"{k} {v:.0f}" for k, v in list(phases.items())[:top])
+        out.append(f"where TTFT went, {arm}: {n} requests, mean {mean:.0f} ms: {parts} ms")
+    return out
+
+
 def workload_overrides(doc: dict[str, Any], ns: argparse.Namespace) -> dict[str, Any]:
     """The spec with the command line's workload flags in its `serving:` section (validated
     with the rest: a bad value exits 2 naming the field)."""
@@ -438,6 +491,9 @@ def main() -> int:
         print(f"FAILURE: stack failed: {e}", flush=True)
         return 3
     print(f"# evidence {evidence} ({verdict}); timeline {evidence / 'timeline.json'}")
+    print()
+    # per arm, from the run's own spans: mean ms per request on each phase of the critical path
+    print("\n".join(ttft_lines(where_ttft_went(spans_of(read_spans(evidence)), arm_pids(run_dir)))))
     print()
     print("\n".join(table(rates, cells)))
     for extra in arms[len(ARMS) :]:

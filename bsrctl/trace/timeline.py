@@ -264,6 +264,17 @@ def _gap(within: Sequence[Span], a: int, b: int) -> Phase:
     return Phase(f"{s.name} (rest)", s.service, a, b, gap=True)
 
 
+def phase_totals(paths: Sequence[CriticalPath]) -> dict[str, float]:
+    """Milliseconds per phase summed over these requests' critical paths, largest first; a
+    span's ``(rest)`` counts as the span's own time (``untraced`` stays its own)."""
+    out: dict[str, float] = {}
+    for path in paths:
+        for ph in path.phases:
+            name = ph.name.removesuffix(" (rest)")
+            out[name] = out.get(name, 0.0) + ph.ms
+    return dict(sorted(out.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
 def slowest(spans: Sequence[Span], n: int = 3) -> list[CriticalPath]:
     """The ``n`` requests with the longest TTFT (ties: by request id)."""
     paths = [p for rid in by_request(spans) if (p := critical_path(spans, rid)) is not None]

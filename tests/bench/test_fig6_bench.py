@@ -220,3 +220,44 @@ def test_a_bad_workload_flag_exits_2_naming_the_field(monkeypatch, capsys) -> No
     assert fig6.main() == 2
     err = capsys.readouterr().err
     assert "serving.turns" in err and err.count("\n") == 1
+
+
+def test_where_ttft_went_is_per_arm_over_the_streamed_requests(tmp_path: Path) -> None:
+    import json
+
+    from bsrctl.trace.timeline import spans_of
+
+    for arm, pid in (("lmcache", 100), ("tempokv", 200)):
+        (tmp_path / f"r0-{arm}" / "stack").mkdir(parents=True)
+        state = {"launched": [{"name": "lmcache", "pid": pid, "children": [pid + 1]}]}
+        (tmp_path / f"r0-{arm}" / "stack" / "state.json").write_text(json.dumps(state))
+    pids = fig6.arm_pids(tmp_path)
+    assert pids == {100: "lmcache", 101: "lmcache", 200: "tempokv", 201: "tempokv"}
+
+    def rec(name: str, service: str, a: int, b: int, rid: str, pid: int) -> dict:
+        ms = 1_000_000
+        return {"name": name, "service": service, "start_ns": a * ms, "end_ns": b * ms,
+                "attributes": {"request_id": rid}, "trace_id": rid, "span_id": name + rid,
+                "parent_span_id": "", "pid": pid}  # fmt: skip
+
+    recs = []
+    for rid, pid, hold in (
+        (f"bsrq-{1:016x}", 200, 30),
+        (f"bsrq-{2:016x}", 201, 50),
+        (f"bsrq-{3:016x}", 100, 0),
+    ):
+        recs += [rec("client.request", "bsrctl", 0, 100, rid, 1),
+                 rec("client.ttft", "bsrctl", 0, 80, rid, 1),
+                 rec("mp.lookup_prefetch", "lmcache", 10 + hold, 60, rid, pid)]  # fmt: skip
+        if hold:
+            recs.append(rec("tempokv.hold", "bsrctl.server", 10, 10 + hold, rid, pid))
+    recs.append(rec("client.request", "bsrctl", 0, 500, f"bsrq-{4:016x}", 1))  # not streamed
+    got = fig6.where_ttft_went(spans_of(recs), pids)
+    assert got == {
+        "lmcache": (1, 80.0, {"mp.lookup_prefetch": 50.0, "untraced": 30.0}),
+        "tempokv": (2, 80.0, {"untraced": 30.0, "tempokv.hold": 40.0, "mp.lookup_prefetch": 10.0}),
+    }
+    assert fig6.ttft_lines(got)[1] == (
+        "where TTFT went, tempokv: 2 requests, mean 80 ms: tempokv.hold 40, untraced 30, "
+        "mp.lookup_prefetch 10 ms"
+    )

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import json
 
-from bsrctl.trace.timeline import chrome_trace, critical_path, render, slowest, spans_of
+from bsrctl.trace.timeline import (
+    chrome_trace,
+    critical_path,
+    phase_totals,
+    render,
+    slowest,
+    spans_of,
+)
 
 R = "bsrq-00000000000000aa"
 T0 = 1_700_000_000_000_000_000
@@ -131,3 +138,16 @@ def test_report_draws_the_slowest_requests_timelines(tmp_path) -> None:
     (plot,) = timeline_plots(tmp_path, doc)
     assert plot.name == "timeline" and plot.svg.startswith("<svg")
     assert R in plot.svg and "bsr.fetch" in plot.svg
+
+
+def test_phase_totals_sum_each_phase_over_requests_rest_counted_as_its_span() -> None:
+    path = critical_path(spans_of(RECORDED), R)
+    assert path is not None
+    assert phase_totals([path, path]) == {
+        "bsr.fetch": 30.0, "vllm.prefill": 20.0, "bsr.install": 20.0, "untraced": 14.0,
+        "bsr.sync": 10.0, "vllm.queue": 10.0,
+    }  # fmt: skip
+    assert list(phase_totals([path])) == [
+        "bsr.fetch", "bsr.install", "vllm.prefill", "untraced", "bsr.sync", "vllm.queue"
+    ]  # largest first, ties by name  # fmt: skip
+    assert phase_totals([]) == {}
