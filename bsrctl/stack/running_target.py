@@ -159,7 +159,12 @@ class RunningTarget(OnDeployment):
             chunks=s.chunks,
             held_chunks=s.held[tier],
             attempts=tuple(
-                {"cached_tokens": a.cached_tokens, "held_chunks": a.held[tier]} for a in s.attempts
+                {
+                    "cached_tokens": a.cached_tokens,
+                    "held_chunks": a.held[tier],
+                    "hidden": list(a.hidden),
+                }
+                for a in s.attempts
             ),
             seed_s=s.seed_s,
         )

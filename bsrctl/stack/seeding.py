@@ -5,7 +5,10 @@ and the failure matrix's cells.
 vLLM answers before LMCache has the KV in L2 (the store RPC is queued, the write-through is
 asynchronous), so a request alone is no proof: each attempt waits until every relied tier
 holds the prompt's whole chunks or ``wait_s`` has passed, and one more cold request (after
-L1 and vLLM's local cache were made to forget) stores the chunks a tier still misses.
+L1 and vLLM's local cache were made to forget) stores the chunks a tier still misses. That
+request runs with every wrapped tier's lookups missing: a tier that already holds the prefix
+(FS, when a Mooncake store failed midway) would otherwise serve it, vLLM would load instead
+of compute, and nothing would be stored again (seen in CI: Mooncake short 6/15 after both).
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from bsrctl.stack.tiers import wait_tiers_hold
+from bsrctl.stack.tiers import lookups_hidden, wait_tiers_hold
 
 SEED_ATTEMPTS = 2  # a cold request, then one more for the chunks a tier still misses
 SEED_WAIT_S = 20.0  # per attempt: how long a tier's write-through may take
@@ -27,6 +30,7 @@ class SeedAttempt:
     cached_tokens: int | None  # of the cold request (vLLM's usage.cached_tokens; None: unreported)
     held: dict[str, int]  # chunks each relied tier held after it (per rank, the least)
     l1_used_before: int | None  # L1 bytes left by the forget before it; None: no forget
+    hidden: tuple[str, ...] = ()  # tiers whose lookups missed while it ran (a retry)
 
 
 @dataclass(frozen=True)
@@ -72,7 +76,8 @@ def seed_tiers(
 
     Before every attempt but the first (and before the first too with `forget_first`), L1
     is emptied through `client` (a BsrModuleClient, waiting up to `forget_wait_s`) and vLLM
-    forgets its local prefix cache, so the request is cold again. What is left in L1 and
+    forgets its local prefix cache; a retry also runs with every wrapped tier's lookups
+    missing (``stack.fault_tiers()``), so it is cold everywhere and stores every chunk again. What is left in L1 and
     vLLM after the last attempt is the caller's to forget."""
     n = len(ids) // chunk_tokens
     t0 = time.monotonic()
@@ -82,9 +87,11 @@ def seed_tiers(
         if i or forget_first:
             l1_left = client.forget(wait_s=forget_wait_s).l1_used_bytes_after
             stack.forget_local()
-        cached = stack.complete(ids, max_tokens).cached_tokens
+        hidden = tuple(stack.fault_tiers()) if i else ()
+        with lookups_hidden(stack, hidden):  # a retry is cold for LMCache too: it stores
+            cached = stack.complete(ids, max_tokens).cached_tokens
         held = wait_tiers_hold(stack, ids, chunk_tokens, tiers, wait_s, ranks)
-        done.append(SeedAttempt(cached, {t: held.get(t, 0) for t in tiers}, l1_left))
+        done.append(SeedAttempt(cached, {t: held.get(t, 0) for t in tiers}, l1_left, hidden))
         if all(held.get(t, 0) == n for t in tiers):
             break
     return TierSeed(tiers, n, tuple(done), round(time.monotonic() - t0, 3))

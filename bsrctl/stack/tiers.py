@@ -5,8 +5,10 @@ wrapper's counters. Seeding and the failure matrix both wait on these."""
 
 from __future__ import annotations
 
+import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -139,13 +141,35 @@ def mooncake_holds(stack: ServingClient, token_ids: list[int], timeout_s: float 
     prefetch with the FS tier's lookups dropped (so only Mooncake can answer), counted by
     Mooncake's fault-wrapper lookup counter. Leaves no rule armed (L1 is forgotten after)."""
     before = int(fault_stats(stack, "mooncake").get("lookup_hit_keys", 0))
-    write_control_file(stack.fault_control("fs"), [{"action": "drop", "phase": "lookup"}])
-    try:
+    with lookups_hidden(stack, ("fs",)):
         found = prefetch_found(stack, prefetch(stack, token_ids), timeout_s)
-    finally:
-        write_control_file(stack.fault_control("fs"), [])
     hits = int(fault_stats(stack, "mooncake").get("lookup_hit_keys", 0)) - before
     return 0 if found is None else min(found, hits)
+
+
+HIDE_LOOKUPS = [{"action": "drop", "phase": "lookup"}]  # a dropped lookup reads as absence
+
+
+@contextmanager
+def lookups_hidden(stack: ServingClient, tiers: tuple[str, ...]) -> Iterator[None]:
+    """Every lookup of `tiers` misses (through their fault wrappers) while the block runs;
+    each tier's rules are put back as they were after it."""
+    saved = {t: _rules_in(stack.fault_control(t)) for t in tiers}
+    try:
+        for t in tiers:
+            write_control_file(stack.fault_control(t), HIDE_LOOKUPS)
+        yield
+    finally:
+        for t, rules in saved.items():
+            write_control_file(stack.fault_control(t), rules)
+
+
+def _rules_in(path: Path) -> list[dict[str, Any]]:
+    """The rules a control file holds (none when it is absent)."""
+    try:
+        return list(json.loads(path.read_text())["rules"])
+    except FileNotFoundError:
+        return []
 
 
 def wait_held(stack: ServingClient, tier: str, before: int, timeout_s: float) -> float:

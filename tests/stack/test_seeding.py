@@ -4,7 +4,9 @@ attempt but the first (and the first too when asked)."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -12,6 +14,7 @@ import pytest
 from bsrctl.lmcache_ext.protocol import ForgetReply
 from bsrctl.stack import seeding
 from bsrctl.stack.seeding import SEED_ATTEMPTS, SeedAttempt, TierSeed, seed_tiers
+from bsrctl.stack.tiers import HIDE_LOOKUPS
 
 IDS = list(range(1000))  # 3 whole chunks of 256 tokens
 
@@ -22,6 +25,22 @@ class FakeDeployment:
 
     held: list[dict[str, int]]  # what the tiers hold after each cold request
     calls: list[str] = field(default_factory=list)
+    control_dir: Path | None = None  # where the tiers' fault control files are
+
+    def fault_tiers(self) -> tuple[str, ...]:
+        return ("fs", "mooncake")
+
+    def fault_control(self, tier: str) -> Path:
+        assert self.control_dir is not None
+        return self.control_dir / f"faults-{tier}.json"
+
+    def rules(self) -> dict[str, list]:
+        """Each tier's armed rules, now."""
+        out = {}
+        for t in self.fault_tiers():
+            path = self.fault_control(t)
+            out[t] = json.loads(path.read_text())["rules"] if path.exists() else []
+        return out
 
     def forget(self, wait_s: float) -> ForgetReply:
         self.calls.append(f"forget {wait_s}")
@@ -33,14 +52,17 @@ class FakeDeployment:
         self.calls.append("forget_local")
 
     def complete(self, ids: list[int], max_tokens: int) -> SimpleNamespace:
-        self.calls.append(f"complete {len(ids)} {max_tokens}")
+        hidden = sorted(t for t, r in self.rules().items() if r == HIDE_LOOKUPS)
+        self.calls.append(
+            f"complete {len(ids)} {max_tokens}" + (f" hidden {hidden}" if hidden else "")
+        )
         return SimpleNamespace(cached_tokens=256 * len([c for c in self.calls if "complete" in c]))
 
 
 @pytest.fixture
-def deployment(monkeypatch: pytest.MonkeyPatch):
+def deployment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
     def make(held: list[dict[str, int]]) -> FakeDeployment:
-        dep = FakeDeployment(held)
+        dep = FakeDeployment(held, control_dir=tmp_path)
 
         def wait(stack, ids, chunk, tiers, wait_s, ranks):
             dep.calls.append(f"wait {chunk} {tiers} {wait_s} {ranks}")
@@ -64,9 +86,14 @@ def test_a_tier_short_after_the_first_request_gets_one_more(deployment) -> None:
     s = seed(dep, ("fs",), forget_first=False, ranks=2)
     assert dep.calls == [
         "complete 1000 8", "wait 256 ('fs',) 20.0 2",
-        "forget 3.0", "forget_local", "complete 1000 8", "wait 256 ('fs',) 20.0 2",
+        "forget 3.0", "forget_local", "complete 1000 8 hidden ['fs', 'mooncake']",
+        "wait 256 ('fs',) 20.0 2",
     ]  # fmt: skip
-    assert s.attempts == (SeedAttempt(256, {"fs": 2}, None), SeedAttempt(512, {"fs": 3}, 7))
+    assert s.attempts == (
+        SeedAttempt(256, {"fs": 2}, None),
+        SeedAttempt(512, {"fs": 3}, 7, ("fs", "mooncake")),
+    )
+    assert dep.rules() == {"fs": [], "mooncake": []}  # the retry's rules are gone after it
     assert (s.chunks, s.held, s.short, s.complete) == (3, {"fs": 3}, {}, True)
 
 
@@ -101,8 +128,8 @@ def test_the_serving_target_records_its_one_tier(deployment, tmp_path) -> None:
         chunks=3,
         held_chunks=3,
         attempts=(
-            {"cached_tokens": 256, "held_chunks": 2},
-            {"cached_tokens": 512, "held_chunks": 3},
+            {"cached_tokens": 256, "held_chunks": 2, "hidden": []},
+            {"cached_tokens": 512, "held_chunks": 3, "hidden": ["fs", "mooncake"]},
         ),
         seed_s=rec.seed_s,
     )
@@ -129,7 +156,9 @@ def test_the_failmatrix_rig_records_every_tier(deployment, tmp_path) -> None:
         "tiers": ["fs"],
         "chunks": 15,
         "held_chunks": {"fs": 15, "mooncake": 0},
-        "attempts": [{"l1_used_before": 7, "cached_tokens": 256, "fs": 15, "mooncake": 0}],
+        "attempts": [
+            {"l1_used_before": 7, "cached_tokens": 256, "fs": 15, "mooncake": 0, "hidden": []}
+        ],
         "seed_s": out["seed_s"],
         "l1_used_after_forget": 7,
     }
@@ -148,3 +177,19 @@ def test_the_failmatrix_rig_records_every_tier(deployment, tmp_path) -> None:
         "prefix: the fault was not injected"
     )
     assert [a["mooncake"] for a in out["attempts"]] == [3, 4]
+
+
+def test_a_retry_is_cold_in_every_tier_and_puts_the_armed_rules_back(deployment) -> None:
+    """Mooncake short after the first request while FS holds everything: without hiding FS,
+    the retry would be served from FS and store nothing (CI: mooncake 6/15 after both)."""
+    dep = deployment([{"mooncake": 1}, {"mooncake": 3}])
+    armed = [{"action": "delay", "delay_s": 1.0, "tasks": [1], "limit": 1}]
+    dep.fault_control("mooncake").write_text(json.dumps({"rules": armed}))
+    s = seed(dep, ("mooncake",), forget_first=True)
+    assert [c for c in dep.calls if c.startswith("complete")] == [
+        "complete 1000 8",
+        "complete 1000 8 hidden ['fs', 'mooncake']",
+    ]
+    assert [a.hidden for a in s.attempts] == [(), ("fs", "mooncake")]
+    assert (s.held, s.complete) == ({"mooncake": 3}, True)
+    assert dep.rules() == {"fs": [], "mooncake": armed}

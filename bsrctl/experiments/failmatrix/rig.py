@@ -149,6 +149,7 @@ class Rig(OnDeployment):
                     "l1_used_before": a.l1_used_before,
                     "cached_tokens": a.cached_tokens,
                     **{"fs": 0, "mooncake": 0, **a.held},
+                    "hidden": list(a.hidden),
                 }
                 for a in s.attempts
             ],
