@@ -77,8 +77,8 @@ def seed_tiers(
     Before every attempt but the first (and before the first too with `forget_first`), L1
     is emptied through `client` (a BsrModuleClient, waiting up to `forget_wait_s`) and vLLM
     forgets its local prefix cache; a retry also runs with every wrapped tier's lookups
-    missing (``stack.fault_tiers()``), so it is cold everywhere and stores every chunk again. What is left in L1 and
-    vLLM after the last attempt is the caller's to forget."""
+    missing (``stack.fault_tiers()``), so it is cold everywhere and stores every chunk again.
+    What is left in L1 and vLLM after the last attempt is the caller's to forget."""
     n = len(ids) // chunk_tokens
     t0 = time.monotonic()
     done: list[SeedAttempt] = []
