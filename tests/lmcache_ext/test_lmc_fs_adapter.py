@@ -205,3 +205,41 @@ def test_close_twice_is_a_no_op(tmp_path):
     adapter.close()
     adapter.close()  # as LMCache's stock FS adapter tolerates it
     assert adapter._load_pool._shutdown
+
+
+def test_lookup_finds_exactly_what_the_stock_lookup_finds_in_one_round_trip(tmp_path, monkeypatch):
+    """bit i iff key i's data file exists, as LMCache's FSL2Adapter reports; the checks
+    are one executor call per task (the stock loop makes one per key)."""
+    from lmcache.v1.distributed.l2_adapters.fs_l2_adapter import FSL2Adapter
+
+    keys = kv.make_keys(8, "lookup")
+    for i in (0, 2, 3, 7):
+        data_file(tmp_path, keys[i]).write_bytes(b"\0" * 4096)
+    stock = FSL2Adapter(FSL2AdapterConfig(base_path=str(tmp_path)))
+    bsr = BsrFSL2Adapter(fs_config(tmp_path))
+    calls: list[int] = []
+    existing = bsr._existing
+    monkeypatch.setattr(bsr, "_existing", lambda ks: calls.append(len(ks)) or existing(ks))
+    try:
+        assert kv.adapter_lookup(stock, keys) == kv.adapter_lookup(bsr, keys) == [0, 2, 3, 7]
+        assert kv.adapter_lookup(bsr, keys[4:]) == [3]
+        assert calls == [8, 4]
+    finally:
+        stock.close()
+        bsr.close()
+
+
+def test_a_lookup_whose_check_raises_completes_as_all_misses(tmp_path, monkeypatch):
+    keys = kv.make_keys(3, "lookup-raises")
+    for k in keys:
+        data_file(tmp_path, k).write_bytes(b"\0" * 4096)
+    bsr = BsrFSL2Adapter(fs_config(tmp_path))
+
+    def boom(ks):
+        raise PermissionError("stat refused")
+
+    monkeypatch.setattr(bsr, "_existing", boom)
+    try:
+        assert kv.adapter_lookup(bsr, keys, timeout_s=10.0) == []
+    finally:
+        bsr.close()
