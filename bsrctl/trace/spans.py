@@ -139,14 +139,20 @@ def window_spans(
             ).end(end_time=anchor.ns(max(a, b)))
 
 
-def trace_restore(request_id: str, rank: int, anchor: Stopwatch, outcome: RestoreOutcome) -> None:
-    """The server module's restore (``bsr.restore``) and its windows' phases as spans."""
+def trace_restore(
+    request_id: str, rank: int, anchor: Stopwatch, outcome: RestoreOutcome, end_ns: int
+) -> None:
+    """The server module's restore (``bsr.restore``, from ``anchor`` to ``end_ns``, Unix
+    ns) and its windows' phases as spans; made after the retrieve answered, on another
+    thread, so every time is given, none read."""
     tracer = server_tracer()
     if not tracer_records(tracer):
         return
     attrs = {"request_id": request_id, "rank": rank, "ok": outcome.ok,
              "windows_done": outcome.windows_done, "failure": outcome.failure.name}  # fmt: skip
-    tracer.start_span("bsr.restore", start_time=anchor.unix_t0_ns, attributes=attrs).end()
+    tracer.start_span("bsr.restore", start_time=anchor.unix_t0_ns, attributes=attrs).end(
+        end_time=end_ns
+    )
     window_spans(tracer, request_id, anchor, outcome.timings, {"rank": rank})
 
 

@@ -39,6 +39,7 @@ class BsrServerModule(TempoKVHandlers, LookupHandlers, RetrieveHandlers, Control
             self._tempo.close()
         self._stall.stop()
         self._probe_pool.shutdown(wait=False, cancel_futures=True)
+        self._trace_pool.shutdown(wait=True)  # the spans still queued, then the exporter
         shutdown_server_tracer()  # its last spans, before the process goes
 
 

@@ -197,7 +197,7 @@ class RetrieveHandlers(ModuleState):
                 with self._lock:
                     self._restoring -= 1
             eb.record_event(event, cc.stream)
-        trace_restore(rid, rank, anchor, outcome)
+        self._trace_pool.submit(trace_restore, rid, rank, anchor, outcome, time.time_ns())
         self._after_restore(key, outcome, time.monotonic() - t0)
         return eb.export_event(event, cc.device), outcome.ok
 
