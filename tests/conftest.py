@@ -199,8 +199,8 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
 def session_leftovers(pool: Path) -> dict[int, str]:
     """Processes still alive whose environment names this session's pool (every process a
     test started inherits it; the pool's path is this session's alone), each with the test
-    that started it (its ``PYTEST_CURRENT_TEST``). This process's own children are left
-    out: they end with it (multiprocessing's resource tracker is one)."""
+    that started it (its ``PYTEST_CURRENT_TEST``) and its command line. This process's own
+    children are left out: they end with it (multiprocessing's resource tracker is one)."""
     import psutil
 
     out: dict[int, str] = {}
@@ -212,7 +212,11 @@ def session_leftovers(pool: Path) -> dict[int, str]:
         except psutil.Error:
             continue
         if env.get(POOL_ENV) == str(pool):
-            out[proc.pid] = env.get("PYTEST_CURRENT_TEST", "?")
+            try:
+                argv = " ".join(proc.cmdline())[:160]
+            except psutil.Error:
+                argv = "?"
+            out[proc.pid] = f"{env.get('PYTEST_CURRENT_TEST', '?')}: {argv}"
     return out
 
 

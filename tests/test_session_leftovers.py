@@ -34,8 +34,9 @@ def test_a_process_of_this_pool_is_found_with_its_test_and_another_pools_is_not(
     a, b = start(ours), start(theirs)
     child = subprocess.Popen(sleep, env={**env, POOL_ENV: str(ours)})  # ends with this process
     try:
-        assert session_leftovers(ours) == {a: "tests/x.py::t (call)"}
-        assert session_leftovers(theirs) == {b: "tests/x.py::t (call)"}
+        argv = f"{sys.executable} -c import time; time.sleep(60)"
+        assert session_leftovers(ours) == {a: f"tests/x.py::t (call): {argv}"}
+        assert session_leftovers(theirs) == {b: f"tests/x.py::t (call): {argv}"}
     finally:
         stop_pids([a, b, child.pid], 5.0)
         child.wait(5)
