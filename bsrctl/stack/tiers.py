@@ -136,17 +136,6 @@ def prefetch_found(stack: ServingClient, request_id: str, timeout_s: float) -> i
     return None
 
 
-def mooncake_holds(stack: ServingClient, token_ids: list[int], timeout_s: float = 15.0) -> int:
-    """Chunks of the prompt Mooncake answers for, by a real lookup through LMCache: a warm
-    prefetch with the FS tier's lookups dropped (so only Mooncake can answer), counted by
-    Mooncake's fault-wrapper lookup counter. Leaves no rule armed (L1 is forgotten after)."""
-    before = int(fault_stats(stack, "mooncake").get("lookup_hit_keys", 0))
-    with lookups_hidden(stack, ("fs",)):
-        found = prefetch_found(stack, prefetch(stack, token_ids), timeout_s)
-    hits = int(fault_stats(stack, "mooncake").get("lookup_hit_keys", 0)) - before
-    return 0 if found is None else min(found, hits)
-
-
 HIDE_LOOKUPS = [{"action": "drop", "phase": "lookup"}]  # a dropped lookup reads as absence
 
 
@@ -170,6 +159,18 @@ def _rules_in(path: Path) -> list[dict[str, Any]]:
         return list(json.loads(path.read_text())["rules"])
     except FileNotFoundError:
         return []
+
+
+def mooncake_holds(stack: ServingClient, token_ids: list[int], timeout_s: float = 15.0) -> int:
+    """Chunks of the prompt Mooncake answers for, by a real lookup through LMCache: a warm
+    prefetch with the FS tier's lookups dropped (so only Mooncake can answer), counted by
+    Mooncake's fault-wrapper lookup counter. The FS tier's rules are as they were after it
+    (L1 is forgotten after)."""
+    before = int(fault_stats(stack, "mooncake").get("lookup_hit_keys", 0))
+    with lookups_hidden(stack, ("fs",)):
+        found = prefetch_found(stack, prefetch(stack, token_ids), timeout_s)
+    hits = int(fault_stats(stack, "mooncake").get("lookup_hit_keys", 0)) - before
+    return 0 if found is None else min(found, hits)
 
 
 def wait_held(stack: ServingClient, tier: str, before: int, timeout_s: float) -> float:

@@ -197,7 +197,10 @@ class RetrieveHandlers(ModuleState):
                 with self._lock:
                     self._restoring -= 1
             eb.record_event(event, cc.stream)
-        self._trace_pool.submit(trace_restore, rid, rank, anchor, outcome, time.time_ns())
+        try:  # spans never decide a restore: a pool already closed only loses them
+            self._trace_pool.submit(trace_restore, rid, rank, anchor, outcome, time.time_ns())
+        except RuntimeError:
+            log.warning("bsr restore of %s: not traced (the module is closing)", rid)
         self._after_restore(key, outcome, time.monotonic() - t0)
         return eb.export_event(event, cc.device), outcome.ok
 
