@@ -86,12 +86,12 @@ def test_a_tier_short_after_the_first_request_gets_one_more(deployment) -> None:
     s = seed(dep, ("fs",), forget_first=False, ranks=2)
     assert dep.calls == [
         "complete 1000 8", "wait 256 ('fs',) 20.0 2",
-        "forget 3.0", "forget_local", "complete 1000 8 hidden ['fs', 'mooncake']",
+        "forget 3.0", "forget_local", "complete 1000 8 hidden ['mooncake']",
         "wait 256 ('fs',) 20.0 2",
     ]  # fmt: skip
     assert s.attempts == (
         SeedAttempt(256, {"fs": 2}, None),
-        SeedAttempt(512, {"fs": 3}, 7, ("fs", "mooncake")),
+        SeedAttempt(512, {"fs": 3}, 7, ("mooncake",)),
     )
     assert dep.rules() == {"fs": [], "mooncake": []}  # the retry's rules are gone after it
     assert (s.chunks, s.held, s.short, s.complete) == (3, {"fs": 3}, {}, True)
@@ -129,7 +129,7 @@ def test_the_serving_target_records_its_one_tier(deployment, tmp_path) -> None:
         held_chunks=3,
         attempts=(
             {"cached_tokens": 256, "held_chunks": 2, "hidden": []},
-            {"cached_tokens": 512, "held_chunks": 3, "hidden": ["fs", "mooncake"]},
+            {"cached_tokens": 512, "held_chunks": 3, "hidden": ["mooncake"]},
         ),
         seed_s=rec.seed_s,
     )
@@ -179,17 +179,28 @@ def test_the_failmatrix_rig_records_every_tier(deployment, tmp_path) -> None:
     assert [a["mooncake"] for a in out["attempts"]] == [3, 4]
 
 
-def test_a_retry_is_cold_in_every_tier_and_puts_the_armed_rules_back(deployment) -> None:
+def test_a_retry_hides_every_tier_but_the_short_ones_and_puts_the_armed_rules_back(
+    deployment,
+) -> None:
     """Mooncake short after the first request while FS holds everything: without hiding FS,
-    the retry would be served from FS and store nothing (CI: mooncake 6/15 after both)."""
+    the retry would be served from FS and store nothing (CI: mooncake 6/15 after both). The
+    short tier itself stays visible: its own prefix serves, vLLM computes the rest, and only
+    that passes through L1 (a prefix longer than L1 is stored in parts)."""
     dep = deployment([{"mooncake": 1}, {"mooncake": 3}])
     armed = [{"action": "delay", "delay_s": 1.0, "tasks": [1], "limit": 1}]
     dep.fault_control("mooncake").write_text(json.dumps({"rules": armed}))
     s = seed(dep, ("mooncake",), forget_first=True)
     assert [c for c in dep.calls if c.startswith("complete")] == [
         "complete 1000 8",
-        "complete 1000 8 hidden ['fs', 'mooncake']",
+        "complete 1000 8 hidden ['fs']",
     ]
-    assert [a.hidden for a in s.attempts] == [(), ("fs", "mooncake")]
+    assert [a.hidden for a in s.attempts] == [(), ("fs",)]
     assert (s.held, s.complete) == ({"mooncake": 3}, True)
     assert dep.rules() == {"fs": [], "mooncake": armed}
+
+
+def test_with_two_relied_tiers_only_the_complete_one_is_hidden(deployment) -> None:
+    dep = deployment([{"fs": 3, "mooncake": 2}, {"fs": 3, "mooncake": 3}])
+    s = seed(dep, ("fs", "mooncake"), forget_first=False)
+    assert [a.hidden for a in s.attempts] == [(), ("fs",)]
+    assert s.complete
