@@ -143,22 +143,25 @@ HIDE_LOOKUPS = [{"action": "drop", "phase": "lookup"}]  # a dropped lookup reads
 def lookups_hidden(stack: ServingClient, tiers: tuple[str, ...]) -> Iterator[None]:
     """Every lookup of `tiers` misses (through their fault wrappers) while the block runs;
     each tier's rules are put back as they were after it."""
-    saved = {t: _rules_in(stack.fault_control(t)) for t in tiers}
+    paths = [stack.fault_control(t) for t in tiers]  # attached: each asks the server
+    saved = [_rules_in(p) for p in paths]
     try:
-        for t in tiers:
-            write_control_file(stack.fault_control(t), HIDE_LOOKUPS)
+        for p in paths:
+            write_control_file(p, HIDE_LOOKUPS)
         yield
     finally:
-        for t, rules in saved.items():
-            write_control_file(stack.fault_control(t), rules)
+        for p, rules in zip(paths, saved, strict=True):
+            write_control_file(p, rules)
 
 
 def _rules_in(path: Path) -> list[dict[str, Any]]:
-    """The rules a control file holds (none when it is absent)."""
+    """The rules a control file holds (none when it is absent; a bare list is rules too,
+    as the fault adapter reads it)."""
     try:
-        return list(json.loads(path.read_text())["rules"])
+        doc = json.loads(path.read_text())
     except FileNotFoundError:
         return []
+    return list(doc["rules"] if isinstance(doc, dict) else doc)
 
 
 def mooncake_holds(stack: ServingClient, token_ids: list[int], timeout_s: float = 15.0) -> int:
