@@ -9,7 +9,7 @@ the LMCache server module's ``--server-module`` config and the restore core's
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -38,8 +38,20 @@ class RestoreTuning(BaseModel):
     load_concurrency: int = Field(
         1, ge=1, description="L2 loads in flight per rank (FS key reads, Mooncake batches)"
     )
-    checksum: bool = Field(True, description="sha256 per L2 object, verified before install")
+    checksum: bool = Field(True, description="a checksum per L2 object, verified before install")
+    # xxh3_128 hashes at memory speed (bench/checksum_speed.py); sha256 is the cryptographic
+    # option. The names are the adapters' (bsrctl.lmcache_ext.adapters.checksum).
+    checksum_algorithm: Literal["xxh3_128", "sha256"] = Field(
+        "xxh3_128", description="the L2 objects' checksum: xxh3_128 or sha256"
+    )
     use_odirect: bool = Field(False, description="FS L2 bypasses the page cache (O_DIRECT)")
+    # How a window reaches L1 (bsrctl.lmcache_ext.windows): "direct", staged by the restoring
+    # thread (the L1 and L2 calls LMCache's prefetch controller makes, without its per-window
+    # bookkeeping); "prefetch", one LMCache prefetch per window. The whole plan (W = 0) is
+    # always LMCache's own prefetch.
+    window_staging: Literal["direct", "prefetch"] = Field(
+        "direct", description="a window staged directly into L1, or by LMCache's prefetch"
+    )
     # Install read-back (bsrctl.restore.readback): each installed window is read back from
     # the engine's KV through LMCache's own store copy and compared with the staged bytes; a
     # mismatch fails the retrieve closed. On in every run bsrctl starts (qualification).

@@ -245,8 +245,11 @@ class StorageSpec(Strict):
     tp_ranks: int = Field(1, ge=1, description="ranks, one StorageManager each (c is per rank)")
     root_dir: Path | None = Field(None, description="L2 files go to ROOT/l2; None: the run dir")
     keep_files: bool = Field(False, description="keep ROOT/l2 after the run (else removed)")
-    destination: Literal["verify", "mmap", "null"] = Field(
-        "verify", description="verify: check every installed byte against canonical bytes"
+    destination: Literal["verify", "mmap", "memory", "null"] = Field(
+        "verify",
+        description="the accuracy pass's: verify checks every installed byte against canonical "
+        "bytes (timed passes then copy into memory, as an install does); mmap, memory, null: "
+        "every pass alike",
     )
     drop_page_cache: bool = Field(False, description="fadvise(DONTNEED) L2 files before restores")
     disk_reserve_bytes: ByteSize = Field(2 << 30, description="free disk to keep beyond L2 files")

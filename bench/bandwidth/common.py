@@ -124,6 +124,10 @@ class TierResult:
         )
 
 
+class ModeFailed(RuntimeError):
+    """A mode's tool failed (fio's exit and message): the mode is dropped, the bench goes on."""
+
+
 class Rounds:
     """Modes measured round-robin: every round runs each mode once, in order."""
 
@@ -144,11 +148,20 @@ class Rounds:
         labels = [label for label, _fn in self.modes]
         return labels[at:] + labels[:at]
 
-    def run(self, repeat: int) -> None:
+    def run(self, repeat: int, say: Callable[[str], None] = print) -> None:
+        """Every round; a mode that raises ``ModeFailed`` is dropped from the bench with
+        one line saying why (its earlier rounds too: its samples would not pair)."""
         fns = dict(self.modes)
         for r in range(repeat):
             for label in self.order(r, repeat):
-                self.runs[label].append(fns[label]())
+                if label not in fns:
+                    continue
+                try:
+                    self.runs[label].append(fns[label]())
+                except ModeFailed as e:
+                    say(f"# {label}: dropped in round {r + 1} ({e})")
+                    del fns[label], self.runs[label]
+                    self.modes = [(k, fn) for k, fn in self.modes if k != label]
 
     def samples(self) -> dict[str, dict[str, list[float]]]:
         """Every pass of each mode in measurement order: seconds, and where measured the

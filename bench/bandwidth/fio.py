@@ -3,7 +3,12 @@ prefix's own L2 files with O_DIRECT, one read of the adapter's size (a whole obj
 adapter reads each object in one ``preadv``, lmcache_ext/adapters/fileio.py ``preadv_full``),
 each file in turn, at queue depths 1-32 on the libaio and io_uring engines (one job per
 object size, all at once, as a restore reads every group's objects). A pass is fio's own
-runtime over the bytes it read; the best mode is this disk's limit."""
+runtime over the bytes it read; the best mode is this disk's limit.
+
+A job names its files by directory (``opendir``: one directory of hard links per object
+size): fio refuses an option value over 4096 characters, and a 64K-token prefix's 512
+objects per size listed in ``filename=`` dropped the job. A fio failure is ``ModeFailed``
+naming the job and fio's own message; the bench drops that mode and goes on."""
 
 from __future__ import annotations
 
@@ -15,7 +20,7 @@ from pathlib import Path
 
 from bsrctl.stack.storage import StorageStack
 
-from .common import Sample
+from .common import ModeFailed, Sample
 
 ENGINES = ("libaio", "io_uring")
 DEPTHS = (1, 2, 4, 8, 16, 32)
@@ -40,28 +45,29 @@ def size_classes(paths: Sequence[Path]) -> dict[int, list[Path]]:
     return dict(sorted(out.items()))
 
 
-def link_files(paths: Sequence[Path], where: Path) -> list[Path]:
-    """Short names for the objects (``where/<i>``, symlinks): fio's file list is one option
-    value, and the L2's own names (key strings, hundreds of them) overflow it."""
-    where.mkdir(parents=True, exist_ok=True)
-    out = []
-    for i, p in enumerate(paths):
-        link = where / str(i)
-        if link.is_symlink() or link.exists():
-            link.unlink()
-        link.symlink_to(p)
-        out.append(link)
+def link_classes(classes: dict[int, list[Path]], where: Path) -> dict[int, Path]:
+    """One directory per size class (``where/objects-<bs>``) holding a hard link to each
+    of its objects (``opendir`` reads regular files only, not symlinks; the links live on
+    the L2's own file system, beside it)."""
+    out = {}
+    for bs, files in classes.items():
+        d = where / f"objects-{bs}"
+        d.mkdir(parents=True, exist_ok=True)
+        for old in d.iterdir():
+            old.unlink()
+        for i, p in enumerate(files):
+            (d / str(i)).hardlink_to(p)
+        out[bs] = d
     return out
 
 
-def job_text(classes: dict[int, list[Path]], engine: str, depth: int) -> str:
+def job_text(dirs: dict[int, Path], engine: str, depth: int) -> str:
     """One job per size class, all at once (a restore reads every group's objects), each
-    reading its files whole in turn at ``depth``; reported as one group."""
+    reading the files of its directory whole in turn at ``depth``; reported as one group."""
     lines = ["[global]", "direct=1", "rw=read", f"ioengine={engine}", f"iodepth={depth}",
              "thread", "file_service_type=sequential", "group_reporting"]  # fmt: skip
-    for bs, files in classes.items():
-        names = ":".join(str(f).replace(":", "\\:") for f in files)
-        lines += [f"[objects-{bs}]", f"bs={bs}", f"filename={names}"]
+    for bs, d in dirs.items():
+        lines += [f"[objects-{bs}]", f"bs={bs}", f"opendir={d}"]
     return "\n".join(lines) + "\n"
 
 
@@ -82,11 +88,20 @@ def parse(out: str) -> Sample:
 
 
 def run_fio(argv: list[str]) -> Sample:
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=FIO_TIMEOUT_S)
+    """One fio run; ``ModeFailed`` with fio's own words when it fails or times out."""
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=FIO_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        raise ModeFailed(f"fio {argv[-1]}: no answer in {FIO_TIMEOUT_S:.0f} s") from None
     if proc.returncode != 0:
-        tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:]
-        raise RuntimeError(f"fio exit {proc.returncode}: {' '.join(tail)[:300]}")
-    return parse(proc.stdout)
+        said = [ln.strip() for ln in (proc.stderr or proc.stdout).splitlines() if ln.strip()]
+        job = next((ln for ln in said if " job " in ln), "")  # "fio: job objects-N dropped"
+        why = next((ln for ln in said if ln != job), "")
+        raise ModeFailed(f"fio exit {proc.returncode}: {job} {why}".strip()[:300])
+    try:
+        return parse(proc.stdout)
+    except (RuntimeError, ValueError, KeyError) as e:
+        raise ModeFailed(f"fio {argv[-1]}: {e}") from None
 
 
 class FioJobs:
@@ -94,23 +109,25 @@ class FioJobs:
 
     def __init__(self, fio: str, paths: Sequence[Path], where: Path) -> None:
         self.fio, self.where = fio, where
-        self.classes = size_classes(link_files(paths, where / "links"))
+        self.classes = size_classes(paths)
+        self.dirs = link_classes(self.classes, where / "links")
 
-    def argv(self, engine: str, depth: int, classes: dict[int, list[Path]] | None = None):
+    def argv(self, engine: str, depth: int, dirs: dict[int, Path] | None = None) -> list[str]:
         job = self.where / f"{engine}-qd{depth}.fio"
-        job.write_text(job_text(classes or self.classes, engine, depth))
+        job.write_text(job_text(dirs or self.dirs, engine, depth))
         return fio_argv(self.fio, job)
 
     def usable(self) -> dict[str, str | None]:
         """Each engine: None when one read of one object works, else why not (io_uring can
         be off in a sandbox's kernel)."""
         bs, files = next(iter(self.classes.items()))
+        one = link_classes({bs: files[:1]}, self.where / "probe")
         out: dict[str, str | None] = {}
         for engine in ENGINES:
             try:
-                run_fio(self.argv(engine, 1, {bs: files[:1]}))
+                run_fio(self.argv(engine, 1, one))
                 out[engine] = None
-            except (RuntimeError, ValueError, subprocess.TimeoutExpired) as e:
+            except ModeFailed as e:
                 out[engine] = str(e)
         return out
 
@@ -130,4 +147,4 @@ def label(engine: str, depth: int) -> str:
 
 
 __all__ = ["DEPTHS", "ENGINES", "FioJobs", "fio_binary", "fio_mode", "job_text", "label",
-           "link_files", "parse", "size_classes"]  # fmt: skip
+           "link_classes", "parse", "size_classes"]  # fmt: skip

@@ -123,7 +123,7 @@ def fs_tier(args: argparse.Namespace, tokens: int, say: Say) -> TierResult:
             label = f"conc sweep: bsr W={w} B={2 * w} load_concurrency={k}"
             rounds.add(label, conc_mode(s2, w, k))
         t0 = time.monotonic()
-        rounds.run(args.repeat)
+        rounds.run(args.repeat, say)
         say(f"# {args.repeat} rounds of {len(rounds.modes)} modes in {time.monotonic() - t0:.0f}s")
         look = lookup_rounds(stack, max(5, args.repeat))
     finally:

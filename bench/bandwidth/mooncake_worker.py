@@ -160,7 +160,7 @@ def mooncake_worker(args: argparse.Namespace, say: Say) -> int:
                 rounds.add(f"lw sweep: bsr W={w0} B={b} load_workers={lw}",
                            lambda s2=s2, b=b: restore_once(s2, w0, b, "lw"))  # fmt: skip
         t0 = time.monotonic()
-        rounds.run(args.repeat)
+        rounds.run(args.repeat, say)
         say(f"# {args.repeat} rounds of {len(rounds.modes)} modes in {time.monotonic() - t0:.0f}s")
         look = lookup_rounds(stack, max(5, args.repeat))
         res = TierResult.of(tokens, table(say, rounds), "client", look, rounds)

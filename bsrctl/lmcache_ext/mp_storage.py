@@ -78,8 +78,10 @@ class ServerRestoreStorage:
         probe_timeout_s: float = 10.0,
         drain_timeout_s: float = 5.0,
         on_window_ready: L1Sampler | None = None,
+        staging: str = "prefetch",
     ) -> None:
         self.sm = storage_manager
+        self.staging = staging
         self.layouts_of = layouts_of
         self.probe_timeout_s = probe_timeout_s
         self.drain_timeout_s = drain_timeout_s
@@ -99,6 +101,7 @@ class ServerRestoreStorage:
                     layouts,
                     probe_timeout_s=self.probe_timeout_s,
                     drain_timeout_s=self.drain_timeout_s,
+                    staging=self.staging,
                 )
                 self._by_registration[reg] = inner
             return inner
@@ -130,14 +133,11 @@ class ServerRestoreStorage:
             self._drain_in_background(ticket)  # the budget may move on; the locks won't leak
 
     def _drain_in_background(self, ticket: _RoutedTicket) -> None:
-        handle = getattr(ticket.ticket, "handle", None)
-
         def drain() -> None:
             try:
-                if handle is not None and self.sm.wait_prefetch_status(handle, DRAIN_BACKGROUND_S):
-                    ticket.inner.release(ticket.ticket)
-                else:
-                    log.error("a timed-out window never finished: its locks expire by TTL")
+                ticket.inner.release(ticket.ticket, DRAIN_BACKGROUND_S)
+            except TimeoutError:
+                log.error("a timed-out window never finished: its locks expire by TTL")
             except Exception:
                 log.exception("background drain of a timed-out window failed")
 

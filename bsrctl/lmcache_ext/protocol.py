@@ -26,6 +26,7 @@ from bsrctl.lmcache_ext.protocol_base import (  # noqa: F401 - the readers, and 
     _int,
     _list_of,
     _obj,
+    _opt_float,
     _opt_int,
     _phases,
     _plain,
@@ -90,7 +91,7 @@ class RestoreOutcomeSummary(Reply):
         {"failure", "detail", "cached_chunks", "windows_done", "bytes_restored"}
         | {"peak_staged_bytes_by_rank"}
     )
-    OPTIONAL: ClassVar[frozenset[str]] = BSR_ONLY | {"window_phases", "readback"}
+    OPTIONAL: ClassVar[frozenset[str]] = BSR_ONLY | {"window_phases", "readback", "retrieve_s"}
 
     request_id: str = _f(_str)
     rank: int | None = _f(_opt_int)  # the worker's TP rank
@@ -98,7 +99,10 @@ class RestoreOutcomeSummary(Reply):
     ok: bool = _f(_bool)
     start_token: int = _f(_int)
     end_token: int = _f(_int)
-    restore_s: float = _f(_float)  # wall time of the retrieve
+    # from the lookup of the prefix to the last byte installed, alike for both modes (the
+    # whole plan fetches in its lookup, BSR in its windows); the retrieve alone when this
+    # server did not see the lookup
+    restore_s: float = _f(_float)
     failure: str | None = _f(_str, default=None)  # FailureKind name ("NONE" when ok)
     detail: str | None = _f(_str, default=None)  # why it failed ("" when ok)
     cached_chunks: int | None = _f(_int, default=None)  # 0 on failure
@@ -110,6 +114,7 @@ class RestoreOutcomeSummary(Reply):
     # wait_s, install_s, sync_s, installed_at_s; absent on the wire when not recorded
     window_phases: tuple[dict[str, float], ...] | None = _f(_phases, default=None)
     readback: ReadbackTotals | None = _f(_reply(ReadbackTotals), default=None)  # None: off
+    retrieve_s: float | None = _f(_opt_float, default=None)  # the retrieve call alone
 
     def __post_init__(self) -> None:
         if self.mode not in ("bsr", "stock"):
@@ -123,7 +128,7 @@ class RestoreOutcomeSummary(Reply):
 
     def to_json(self) -> dict[str, Any]:
         out = super().to_json()
-        for name in ("window_phases", "readback"):
+        for name in ("window_phases", "readback", "retrieve_s"):
             if getattr(self, name) is None:
                 del out[name]
         return {k: v for k, v in out.items() if k not in self.BSR_ONLY or self.mode == "bsr"}

@@ -32,6 +32,10 @@ def _float(v: Any, w: str) -> float:
     return float(v)
 
 
+def _opt_float(v: Any, w: str) -> float | None:
+    return None if v is None else _float(v, w)
+
+
 def _str(v: Any, w: str) -> str:
     if not isinstance(v, str):
         raise ProtocolError(f"{w}: expected a string, got {v!r}")

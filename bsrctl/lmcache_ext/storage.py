@@ -4,9 +4,14 @@
   looked up with a NO_LOCK, ``skip_l2`` prefetch (nothing loaded, locks dropped at once)
   while the adapters work; then each L2 result is collected and ``submit_unlock``-ed. Hit =
   resident in L1 or in any L2. Nothing is staged or locked afterwards.
-- stage: ``submit_prefetch_task`` of the window's columns of every row, LOCK mode,
-  "prefix" fetching. Loaded objects are temporary under the default prefetch policy, so
-  ``finish_read_prefetched`` deletes them and L1 returns to its prior usage.
+- stage (``staging="direct"``, BSR's windows on a single L1): the restoring thread stages
+  the window itself (``bsrctl.lmcache_ext.windows``: L1 read locks, L2 lookups, staging
+  objects, loads), without the prefetch controller's per-window cost.
+- stage (``staging="prefetch"``, the constructor's default: TempoKV's staging ops, the whole
+  plan, or several L1 managers): ``submit_prefetch_task`` of the
+  window's columns of every row, LOCK mode, "prefix" fetching. Loaded objects are temporary
+  under the default prefetch policy, so ``finish_read_prefetched`` deletes them and L1
+  returns to its prior usage.
 - wait: ``wait_prefetch_status`` then ``query_prefetch_status`` (consumed once, kept on
   the ticket).
 - read: ``unsafe_read`` of the locked objects (no extra lock), per row.
@@ -39,8 +44,11 @@ from lmcache.v1.distributed.api import (
 )
 from lmcache.v1.distributed.storage_manager import StorageManager
 
+from bsrctl.lmcache_ext.windows import DirectTicket, DirectWindows
 from bsrctl.registration import Registration
 from bsrctl.restore.types import RestoreRequest, RowId, StageResult, Window
+
+STAGINGS = ("direct", "prefetch")  # restore.window_staging
 
 
 def layout_descs(reg: Registration) -> dict[int, MemoryLayoutDesc]:
@@ -76,11 +84,18 @@ class LMCacheRestoreStorage:
         layouts: Mapping[int, MemoryLayoutDesc],
         probe_timeout_s: float = 30.0,
         drain_timeout_s: float = 120.0,
+        staging: str = "prefetch",
     ) -> None:
+        if staging not in STAGINGS:
+            raise ValueError(f"window_staging {staging!r}: one of {list(STAGINGS)}")
         self.sm = sm
         self.layouts = dict(layouts)
         self.probe_timeout_s = probe_timeout_s
         self.drain_timeout_s = drain_timeout_s
+        # windows staged by the restoring thread (one L1 manager), else by LMCache's controller
+        self.direct = (
+            DirectWindows(sm, self.layouts) if staging == "direct" and not sm.is_multi_l1 else None
+        )
 
     # ---- probe ------------------------------------------------------------------------
 
@@ -152,7 +167,11 @@ class LMCacheRestoreStorage:
 
     # ---- windows ----------------------------------------------------------------------
 
-    def stage(self, request: RestoreRequest[ObjectKey], window: Window) -> LMCacheTicket:
+    def stage(
+        self, request: RestoreRequest[ObjectKey], window: Window
+    ) -> LMCacheTicket | DirectTicket:
+        if self.direct is not None:
+            return self.direct.stage(request, window)
         s, e = window.chunk_start, window.chunk_stop
         handle = self.sm.submit_prefetch_task(
             self._spec(request, s, e, PrefetchLockMode.LOCK),
@@ -165,7 +184,10 @@ class LMCacheRestoreStorage:
             chunk_bytes=tuple(r.chunk_bytes for r in request.rows),
         )
 
-    def wait(self, ticket: LMCacheTicket, timeout_s: float) -> StageResult | None:
+    def wait(self, ticket: LMCacheTicket | DirectTicket, timeout_s: float) -> StageResult | None:
+        if isinstance(ticket, DirectTicket):
+            assert self.direct is not None
+            return self.direct.wait(ticket, timeout_s)
         if ticket.result is None:
             if not self.sm.wait_prefetch_status(ticket.handle, timeout_s):
                 return None
@@ -194,7 +216,13 @@ class LMCacheRestoreStorage:
         ]
 
     @contextmanager
-    def read(self, ticket: LMCacheTicket, num_chunks: int) -> Iterator[dict[RowId, Sequence[Any]]]:
+    def read(
+        self, ticket: LMCacheTicket | DirectTicket, num_chunks: int
+    ) -> Iterator[dict[RowId, Sequence[Any]]]:
+        if isinstance(ticket, DirectTicket):
+            assert self.direct is not None
+            yield dict(self.direct.read(ticket, num_chunks))
+            return
         owners = self._owners(ticket)
         out: dict[RowId, Sequence[Any]] = {}
         for row, keys in zip(ticket.rows, ticket.keys, strict=True):
@@ -206,14 +234,22 @@ class LMCacheRestoreStorage:
             out[row] = objs
         yield out
 
-    def release(self, ticket: LMCacheTicket) -> None:
+    def release(self, ticket: LMCacheTicket | DirectTicket, drain_s: float | None = None) -> None:
+        """Return the window's locks and staging; a load still in flight is drained first,
+        for ``drain_s`` (default ``drain_timeout_s``): TimeoutError after it, nothing freed
+        (call again to drain longer)."""
+        drain_s = self.drain_timeout_s if drain_s is None else drain_s
+        if isinstance(ticket, DirectTicket):
+            assert self.direct is not None
+            self.direct.release(ticket, drain_s)
+            return
         if ticket.released:
             return
         if ticket.result is None:
-            if not self.sm.wait_prefetch_status(ticket.handle, self.drain_timeout_s):
+            if not self.sm.wait_prefetch_status(ticket.handle, drain_s):
                 raise TimeoutError(
                     f"prefetch {ticket.handle.prefetch_request_id} still in flight after "
-                    f"{self.drain_timeout_s}s: its locks expire with LMCache's read TTL"
+                    f"{drain_s}s: its locks expire with LMCache's read TTL"
                 )
             self._take_result(ticket)
         if ticket.hit_keys:

@@ -57,7 +57,7 @@ class AttachedDeployment:
         self.stack.bsr = self.client
         self.live = check_module(self.client)
         config = self.client.status().config
-        keys = ("window_chunks", "admission_budget_chunks", *TIMEOUTS)
+        keys = ("window_chunks", "admission_budget_chunks", "readback", *TIMEOUTS)
         self.operator_config = {k: config[k] for k in keys if k in config}
 
     @property
@@ -73,9 +73,11 @@ class AttachedDeployment:
         assert self.client is not None
         self.client.configure(**module_settings(settings))
 
-    def configure(self, window_chunks: int, budget_chunks: int) -> None:
+    def configure(self, window_chunks: int, budget_chunks: int, readback: bool) -> None:
         assert self.client is not None
-        self.client.configure(window_chunks=window_chunks, admission_budget_chunks=budget_chunks)
+        self.client.configure(
+            window_chunks=window_chunks, admission_budget_chunks=budget_chunks, readback=readback
+        )
 
     def reconnect(self) -> BsrModuleClient:
         """A restarted server runs the operator's config: the run's settings again."""

@@ -5,7 +5,7 @@ round trip) drives.
     dep = make_deployment(spec.stack, run_dir, settings)   # bsrctl.stack.selector, by kind
     dep.check()                     # before anything is computed: ports free / endpoints answer
     dep.up(settings, l1_bytes)      # a running deployment with these W, B and timeouts
-    dep.configure(w, b)             # W and B of the next request, over bsr.configure
+    dep.configure(w, b, readback)   # W, B and the read-back of the next request (bsr.configure)
     dep.stack, dep.client           # its requests and probes; its bsr.* client
     dep.follow_up(ids, n)           # the post-request health check (below)
     dep.describe()                  # the evidence's `stack` block
@@ -143,8 +143,9 @@ class Deployment(Protocol):
         None: the spec's); attached, connect once and set W, B and timeouts (L1 is the
         operator's)."""
 
-    def configure(self, window_chunks: int, budget_chunks: int) -> None:
-        """W and B of the next requests, over bsr.configure."""
+    def configure(self, window_chunks: int, budget_chunks: int, readback: bool) -> None:
+        """W, B and the install read-back (the oracle) of the next requests, over
+        bsr.configure."""
 
     def reconnect(self) -> BsrModuleClient:
         """A new bsr.* client after LMCache restarted (attached: the settings set again)."""

@@ -141,7 +141,8 @@ class LMCacheExtensions:
 
     server_module: ServerModule
     load_concurrency: int = 1  # L2 loads in flight per rank (bsr_fs reads, bsr_mooncake batches)
-    checksum: bool = True  # sha256 per L2 object, verified before install
+    checksum: bool = True  # a checksum per L2 object, verified before install
+    checksum_algorithm: str = "xxh3_128"  # its algorithm (adapters.checksum)
     l2_device: L2Device | None = None  # an SSD-like FS tier (TempoKV); None: as it comes
     tempokv: TempoKVLaunch | None = None  # the runtime adapter in vLLM (TempoKV runs)
     # L1 options without TempoKV (Figure 6's stock arm with TempoKV's options); None: TempoKV's
@@ -169,6 +170,7 @@ class LMCacheExtensions:
             "base_path": str(base_path),
             "load_concurrency": self.load_concurrency,
             "checksum": self.checksum,
+            "checksum_algorithm": self.checksum_algorithm,
         }
         device = self.l2_device
         if device is not None and device.use_odirect:
@@ -182,7 +184,8 @@ class LMCacheExtensions:
         the params name them: two windows' batches fetched at once contend on the store's
         transfer and ran slower than one after the other (bench/restore_bandwidth.py)."""
         inner = {"type": "bsr_mooncake", "load_workers": self.load_concurrency, **params}
-        return fault_wrapped("mooncake", inner, control, verify=self.checksum)
+        verify = self.checksum_algorithm if self.checksum else None
+        return fault_wrapped("mooncake", inner, control, verify=verify)
 
 
 def bsr_extensions(
@@ -204,6 +207,7 @@ def bsr_extensions(
         ServerModule(module_path, config, pythonpath=pythonpath),
         load_concurrency=settings.load_concurrency,
         checksum=settings.checksum,
+        checksum_algorithm=settings.checksum_algorithm,
     )
 
 
@@ -211,17 +215,22 @@ def fault_wrapped(
     name: str,
     inner: dict[str, Any],
     control: Path,
-    verify: bool = False,
+    verify: str | None = None,
     shape: dict[str, float] | None = None,
 ) -> dict[str, Any]:
     """An --l2-adapter spec: `inner` behind bsrctl's fault adapter, loaded via LMCache's
     plugin type (the server builds adapters before any server module runs); `shape`
-    paces its loads (``adapters.shaping``)."""
+    paces its loads (``adapters.shaping``); `verify`: the checksum algorithm the wrapper
+    checks loads with (None: no check)."""
     params: dict[str, Any] = {"name": name, "control_path": str(control), "inner": inner}
     if shape is not None:
         params["shape"] = dict(shape)
     if verify:  # the inner adapter keeps no checksums of its own (Mooncake)
-        params.update(verify=True, checksum_dir=str(control.parent / f"checksums-{name}"))
+        params.update(
+            verify=True,
+            checksum_algorithm=verify,
+            checksum_dir=str(control.parent / f"checksums-{name}"),
+        )
     return {
         "type": "plugin",
         "module_path": FAULT_ADAPTER_MODULE,
@@ -312,11 +321,14 @@ def fault_wrapped_config(
     )
 
 
-def restore_storage(sm: Any, layouts: Mapping[int, Any], drain_timeout_s: float) -> RestoreStorage:
-    """The BSR core's RestoreStorage over one LMCache StorageManager."""
+def restore_storage(
+    sm: Any, layouts: Mapping[int, Any], drain_timeout_s: float, staging: str = "prefetch"
+) -> RestoreStorage:
+    """The BSR core's RestoreStorage over one LMCache StorageManager; ``staging``: how its
+    windows reach L1 (``RestoreSettings.window_staging``; the whole plan's is "prefetch")."""
     from bsrctl.lmcache_ext.storage import LMCacheRestoreStorage
 
-    return LMCacheRestoreStorage(sm, layouts, drain_timeout_s=drain_timeout_s)
+    return LMCacheRestoreStorage(sm, layouts, drain_timeout_s=drain_timeout_s, staging=staging)
 
 
 def layout_descs(reg: Registration) -> dict[int, Any]:

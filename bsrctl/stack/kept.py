@@ -80,8 +80,8 @@ class KeptDeployment:
             self.launched.settings = settings  # the evidence's `settings`: the run's
         self.ups += 1
 
-    def configure(self, window_chunks: int, budget_chunks: int) -> None:
-        self.launched.configure(window_chunks, budget_chunks)
+    def configure(self, window_chunks: int, budget_chunks: int, readback: bool) -> None:
+        self.launched.configure(window_chunks, budget_chunks, readback)
 
     def reconnect(self) -> BsrModuleClient:
         client = self.launched.reconnect()

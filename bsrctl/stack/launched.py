@@ -87,9 +87,11 @@ class LaunchedDeployment:
         self.client = BsrModuleClient(self.stack, timeout_s=self.client_timeout_s)
         self.live = check_module(self.client)
 
-    def configure(self, window_chunks: int, budget_chunks: int) -> None:
+    def configure(self, window_chunks: int, budget_chunks: int, readback: bool) -> None:
         assert self.client is not None
-        self.client.configure(window_chunks=window_chunks, admission_budget_chunks=budget_chunks)
+        self.client.configure(
+            window_chunks=window_chunks, admission_budget_chunks=budget_chunks, readback=readback
+        )
 
     def reconnect(self) -> BsrModuleClient:
         if self.client is not None:

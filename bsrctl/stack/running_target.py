@@ -43,6 +43,7 @@ class RunningTarget(OnDeployment):
         self.reg: Registration = spec.registration_for(self.kind)
         self.run_dir = Path(run_dir)
         self.window_chunks = 0
+        self.readback: bool | None = None  # the module's read-back as set; None: not yet
         self.canonical: dict[Prompt, str] = {}
         self.references: dict[Prompt, Reference] = {}  # ids and logprobs (output check)
         self.vocab = 0
@@ -88,7 +89,7 @@ class RunningTarget(OnDeployment):
         """A deployment with this L1 and these settings: launched, a fresh one; attached,
         the operator's with W, B and timeouts set (its L1 is the operator's)."""
         self.deployment.up(settings, l1_bytes)
-        self.window_chunks = settings.window_chunks
+        self.window_chunks, self.readback = settings.window_chunks, None  # set at the measure
 
     def describe(self) -> dict[str, Any]:
         """The evidence's `stack` block: the deployment's, with the registration restored."""
@@ -124,11 +125,13 @@ class RunningTarget(OnDeployment):
             return None
         return next((g for g in found if first_difference(want, g, "live")), found[0])
 
-    def _set_window(self, window_chunks: int) -> None:
-        if window_chunks != self.window_chunks:
+    def _set_mode(self, window_chunks: int, readback: bool) -> None:
+        """W of the next restore and whether it carries the install read-back (the oracle:
+        on for an accuracy pass where the run's settings have it, off for a timed one)."""
+        if (window_chunks, readback) != (self.window_chunks, self.readback):
             budget = self.settings.admission_budget_chunks if window_chunks else 0
-            self.deployment.configure(window_chunks, budget)
-            self.window_chunks = window_chunks
+            self.deployment.configure(window_chunks, budget, readback)
+            self.window_chunks, self.readback = window_chunks, readback
 
     def store(self, prompts: list[Prompt]) -> None:
         """Compute and store each prompt's prefix, wait until its L2 tier holds every whole
@@ -169,10 +172,13 @@ class RunningTarget(OnDeployment):
             seed_s=s.seed_s,
         )
 
-    def measure(self, prompt: Prompt, window_chunks: int, cold: bool = True) -> RestoreMeasures:
+    def measure(
+        self, prompt: Prompt, window_chunks: int, cold: bool = True, oracle: bool = True
+    ) -> RestoreMeasures:
         """One restore point. `cold`: first compute and store the prefix on these engines
         (False when an earlier deployment of the run stored it into the shared L2, or an
-        earlier repeat of the point on this deployment did)."""
+        earlier repeat of the point on this deployment did). `oracle`: the install read-back
+        on (where the run's settings have it); off, the production path."""
         st, c = self.stack, self.client
         tokens = prompt.tokens
         ids = prompt_ids(prompt.salt, tokens, self.vocab)
@@ -182,7 +188,7 @@ class RunningTarget(OnDeployment):
         if cold and seed is not None:  # a repeat of this point restores it without reseeding
             self.seeded[prompt] = seed
             self.stored[prompt] = self.live_geometry()
-        self._set_window(window_chunks)
+        self._set_mode(window_chunks, oracle and self.settings.readback)
         self.on_phase("forget")
         c.forget(wait_s=120.0)  # L1 emptied first: only the L2 tier can serve
         st.forget_local()  # and vLLM's own prefix cache cannot
@@ -255,6 +261,9 @@ class RunningTarget(OnDeployment):
             "canonical_sha256": self.canonical.get(prompt),
             "ttft_s": round(comp.ttft_s, 4),
             "restore_s": max((o.restore_s for o in outcomes), default=None),
+            "retrieve_s": max(
+                (o.retrieve_s for o in outcomes if o.retrieve_s is not None), default=None
+            ),
             "bytes_restored": restored,
             "bytes_restored_source": "bsr outcomes" if w else "whole-plan gauge",
             "windows_done": sum(o.windows_done or 0 for o in bsr) if w else None,

@@ -19,6 +19,7 @@ from bsrctl.settings import RestoreSettings
 from bsrctl.specs import TargetSpec
 from bsrctl.stack.machine import l1_fits
 from bsrctl.stack.target import Prompt, RestoreMeasures, exact_div
+from bsrctl.trace.collect import COLLECTOR
 
 if TYPE_CHECKING:  # LMCache is imported when a stack is deployed, not with the target
     from bsrctl.stack.storage import StorageStack, StorageStackFactory
@@ -53,6 +54,7 @@ class StorageTarget:
         self.root = Path(spec.storage.root_dir or self.run_dir / "storage")
         self.stack: StorageStack | None = None
         self.settings = RestoreSettings()
+        self.traced = False  # holds the span collector (released at teardown)
         self.on_phase: Callable[[str], None] = lambda _step: None  # seed, forget, restore
 
     @property
@@ -106,6 +108,8 @@ class StorageTarget:
         from bsrctl.stack.storage import StorageStackConfig, deploy
 
         self.settings = settings
+        if not self.traced:  # the run's timeline.json: every restore's windows, phase by phase
+            self.traced = COLLECTOR.acquire(self.spec.stack.trace) is not None
         self.stack = (self.make_stack or deploy)(
             StorageStackConfig(
                 root_dir=self.root,
@@ -126,7 +130,11 @@ class StorageTarget:
     def store(self, prompts: list[Prompt]) -> None:
         """Nothing to do: measure() seeds the L2 files itself (existing ones are reused)."""
 
-    def measure(self, prompt: Prompt, window_chunks: int, cold: bool = True) -> RestoreMeasures:
+    def measure(
+        self, prompt: Prompt, window_chunks: int, cold: bool = True, oracle: bool = True
+    ) -> RestoreMeasures:
+        """One restore of the seeded prefix; ``oracle`` off copies into an anonymous pool
+        (``memory``: a KV install's copy) where the spec's destination compares every byte."""
         st, reg = self.stack, self.reg
         assert st is not None, "measure before deploy"
         tokens = prompt.tokens
@@ -139,8 +147,12 @@ class StorageTarget:
             st.drop_page_cache()
         budget = self.settings.admission_budget_chunks
         self.on_phase("restore")
+        dest = self.spec.storage.destination
         res = st.restore(
-            window_chunks, budget, request_id=f"{prompt.salt}-{tokens}-w{window_chunks}"
+            window_chunks,
+            budget,
+            request_id=f"{prompt.salt}-{tokens}-w{window_chunks}",
+            destination=dest if oracle or dest != "verify" else "memory",
         )
         healthy = st.health()
         released = res.l1_usage_after_bytes == res.l1_usage_before_bytes
@@ -171,6 +183,7 @@ class StorageTarget:
             seed_s=round(seed.seed_s, 4),
             restore_s=round(res.restore_s, 6),
             probe_s=round(res.probe_s, 6),
+            retrieve_s=round(res.retrieve_s, 6),
         )
         return RestoreMeasures(**m)
 
@@ -186,6 +199,9 @@ class StorageTarget:
         if self.stack is not None:
             self.stack.teardown(remove_files=remove_files)
             self.stack = None
+        if self.traced:
+            COLLECTOR.release()
+            self.traced = False
 
     def cleanup(self) -> None:
         """Remove the L2 files and the mmap destination unless storage.keep_files."""

@@ -109,8 +109,10 @@ class RestoreMeasures:
     forced_local: bool | None = None  # storage
     # -- time
     ttft_s: float | None = None  # serving: vLLM's own TTFT histogram delta
+    # from the lookup of the prefix to the last byte installed, alike at W = 0 and W > 0
     restore_s: float | None = None
     probe_s: float | None = None  # storage
+    retrieve_s: float | None = None  # the retrieve alone (serving: the slowest rank's)
     # -- setup
     seed_chunks_expected: int | None = None
     seed_chunks_held: int | None = None
@@ -181,8 +183,12 @@ class Target(Protocol):
     def store(self, prompts: list[Prompt]) -> None:
         """Seed every prompt's prefix into the L2 tier (later deployments restore it)."""
 
-    def measure(self, prompt: Prompt, window_chunks: int, cold: bool = True) -> RestoreMeasures:
-        """One restore point: seed (when cold), forget locally, restore with W, check health."""
+    def measure(
+        self, prompt: Prompt, window_chunks: int, cold: bool = True, oracle: bool = True
+    ) -> RestoreMeasures:
+        """One restore point: seed (when cold), forget locally, restore with W, check health.
+        ``oracle``: the accuracy pass (serving: the install read-back; storage: every
+        installed byte compared); off, the timed production path."""
 
     def forget_salt_files(self) -> None:
         """Bound disk before a new salt: drop the L2 files of the prompts measured so far

@@ -71,6 +71,16 @@ class Collector:
             self._users += 1
             return Endpoints(self._receiver.grpc_endpoint, self._receiver.http_endpoint)
 
+    @contextmanager
+    def holding(self, spec: TraceSpec | None) -> Iterator[None]:
+        """``acquire`` for the block, ``release`` after it."""
+        held = self.acquire(spec) is not None
+        try:
+            yield
+        finally:
+            if held:
+                self.release()
+
     def release(self) -> None:
         with self._lock:
             self._users = max(0, self._users - 1)

@@ -156,5 +156,30 @@ def trace_restore(
     window_spans(tracer, request_id, anchor, outcome.timings, {"rank": rank})
 
 
+def trace_local_restore(
+    tracer: Any,
+    request_id: str,
+    probe_start_ns: int,
+    anchor: Stopwatch,
+    outcome: RestoreOutcome,
+    end_ns: int,
+) -> None:
+    """An in-process restore (the storage stack): ``bsr.probe`` from ``probe_start_ns`` to
+    the restore's start, ``bsr.restore`` from ``anchor`` to ``end_ns`` and its windows'
+    phases, on bsrctl's own tracer (a no-op one when nothing collects)."""
+    if not tracer_records(tracer):
+        return
+    base = {"request_id": request_id}
+    tracer.start_span("bsr.probe", start_time=probe_start_ns, attributes=base).end(
+        end_time=max(probe_start_ns, anchor.unix_t0_ns)
+    )
+    attrs = {**base, "ok": outcome.ok, "windows_done": outcome.windows_done,
+             "failure": outcome.failure.name}  # fmt: skip
+    tracer.start_span("bsr.restore", start_time=anchor.unix_t0_ns, attributes=attrs).end(
+        end_time=end_ns
+    )
+    window_spans(tracer, request_id, anchor, outcome.timings)
+
+
 def tracer_records(tracer: Any) -> bool:
     return not isinstance(tracer, trace.NoOpTracer)

@@ -121,36 +121,62 @@ def test_verify_and_compare_work_on_bench_runs(tmp_path: Path) -> None:
 def test_ttft_bench_points_and_ratios() -> None:
     import ttft_restore
 
-    modes = [(0, 0, True), (4, 8, True), (4, 4, False)]
-    labels = {m: ttft_restore.label(*m) for m in modes}
-    assert list(labels.values()) == ["W=0", "W=4 B=8", "W=4 B=4 -rb"]
-    runs = {
-        "W=0": {"ttft_s": [1.0, 1.0, 1.0], "restore_s": [0.5] * 3, "first_s": [None] * 3,
-                "peak": [900] * 3, "note": [""] * 3},
-        "W=4 B=8": {"ttft_s": [1.2, 1.3, 1.25], "restore_s": [0.7] * 3,
-                    "first_s": [0.01, 0.02, 0.01], "peak": [100] * 3, "note": [""] * 3},
-        "W=4 B=4 -rb": {"ttft_s": [1.1, 1.1, 1.2], "restore_s": [0.6] * 3,
-                        "first_s": [0.01] * 3, "peak": [100] * 3, "note": [""] * 3},
-        "recompute": {"ttft_s": [3.0, 3.1, 2.9], "restore_s": [], "first_s": [], "peak": [],
-                      "note": []},
+    from bsrctl.evidence.verdict import check
+
+    labels = [m.label for m in ttft_restore.MODES]
+    assert labels == ["W=0", "W=4", "W=16", "W=4 prefetch", "W=16 prefetch", "recompute"]
+    ttft = {"W=0": [1.0] * 3, "W=4": [1.2, 1.3, 1.25], "W=16": [1.1, 1.1, 1.2],
+            "W=4 prefetch": [1.5] * 3, "W=16 prefetch": [1.3] * 3,
+            "recompute": [3.0, 3.1, 2.9]}  # fmt: skip
+    timed = {
+        k: {"ttft_s": v, "restore_s": [x / 2 for x in v] if k != "recompute" else [],
+            "first_window_s": [0.01, 0.02, 0.01] if k not in ("W=0", "recompute") else []}
+        for k, v in ttft.items()
     }  # fmt: skip
-    pts, ratios = ttft_restore.points(labels, 16384, runs)
+    peaks: dict[str, list[int | None]] = {k: [] if k == "recompute" else [100] * 4 for k in ttft}
+    peaks["W=16"] = [400, 400, 400, 401]  # one pass staged more: peak_identical FAILs
+    ok = check("install_readback", True, "16 of 16 windows read back, 0 mismatches")
+    pts = ttft_restore.points(16384, timed, peaks, {"W=4": [ok]})
     got = {p.id: p.to_json() for p in pts}
-    assert list(got) == ["ttft/W=0", "ttft/W=4 B=8", "ttft/W=4 B=4 -rb", "ttft/recompute"]
-    assert got["ttft/W=4 B=8"]["params"]["readback"] is True
-    assert got["ttft/W=4 B=4 -rb"]["params"]["readback"] is False
-    assert got["ttft/W=0"]["params"]["readback"] is False  # LMCache's own retrieve
+    assert list(got) == [f"ttft/{k}" for k in labels]
+    assert got["ttft/W=4"]["params"]["window_staging"] == "direct"
+    assert got["ttft/W=4 prefetch"]["params"]["window_staging"] == "prefetch"
+    assert all(p["sample_path"] == "production" for p in got.values())
     assert set(got["ttft/W=0"]["samples"]) == {"ttft_s", "restore_s"}  # no window at W = 0
-    assert got["ttft/W=4 B=8"]["samples"]["first_window_s"] == [0.01, 0.02, 0.01]
-    assert got["ttft/W=4 B=8"]["measures"]["restore_pool_peak_bytes"] == 100
+    assert got["ttft/W=4"]["samples"]["first_window_s"] == [0.01, 0.02, 0.01]
+    assert [c["name"] for c in got["ttft/W=4"]["checks"]] == ["install_readback",
+                                                               "peak_identical"]  # fmt: skip
+    assert got["ttft/W=4"]["measures"]["restore_pool_peak_bytes"] == 100
+    assert got["ttft/W=16"]["verdict"] == "FAIL"
+    assert got["ttft/W=16"]["measures"]["restore_pool_peak_bytes"] is None
     assert got["ttft/recompute"]["samples"] == {"ttft_s": [3.0, 3.1, 2.9]}
-    assert [c["name"] for c in got["ttft/recompute"]["checks"]] == ["measured"]
-    assert all(p.verdict == Verdict.PASS for p in pts)
-    assert ratios == {
-        "W=4 B=8": stats.paired_ratio_ci([1.2, 1.3, 1.25], [1.0] * 3, 0).text(3),
-        "W=4 B=4 -rb": stats.paired_ratio_ci([1.1, 1.1, 1.2], [1.0] * 3, 0).text(3),
-        "whole-plan/recompute": stats.paired_ratio_ci([1.0] * 3, [3.0, 3.1, 2.9], 0).text(3),
-    }
+    ratios = ttft_restore.ratio_table(timed)
+    assert ratios["W=4/ttft_s"] == stats.paired_ratio_ci([1.2, 1.3, 1.25], [1.0] * 3, 0)
+    assert ratios["W=16/restore_s"] == stats.paired_ratio_ci([0.55, 0.55, 0.6], [0.5] * 3, 0)
+    assert ratios["whole-plan/recompute"] == stats.paired_ratio_ci([1.0] * 3, [3.0, 3.1, 2.9], 0)
+    assert sorted(ratios) == sorted(
+        [f"{k}/{w}" for k in labels[1:5] for w in ("ttft_s", "restore_s")]
+        + ["whole-plan/recompute"]
+    )
+
+
+def test_ttft_bench_fixed_cost_is_the_intercept_of_w4_against_w16_windows() -> None:
+    """A window of 1 MiB (W = 4) and of 4 MiB (W = 16): t = a + b * MiB, so a = (4 t4 - t16) / 3
+    per round, per phase and for the window's own work (fetch + install + sync)."""
+    import ttft_restore
+
+    def win(fetch: float, install: float, sync: float) -> dict[str, float]:
+        return {"fetch_s": fetch, "install_s": install, "sync_s": sync}
+
+    # per round: fetch 2 ms + 1 ms/MiB, install 0.5 ms + 2 ms/MiB, sync 0.1 ms flat
+    w4 = [win(0.003, 0.0025, 0.0001)] * 3
+    w16 = [win(0.006, 0.0085, 0.0001)] * 3
+    got = ttft_restore.fixed_costs(w4, w16)
+    fixed = {k: round(v[0].estimate, 9) for k, v in got.items()}
+    assert fixed == {"fetch_s": 2.0, "install_s": 0.5, "sync_s": 0.1, "window": 2.6}
+    per_mib = {k: round(v[1].estimate, 9) for k, v in got.items()}
+    assert per_mib == {"fetch_s": 1.0, "install_s": 2.0, "sync_s": 0.0, "window": 3.0}
+    assert [round(x, 9) for x in got["window"][2]] == [2.6] * 3  # the per-round values
 
 
 def test_bench_point_without_samples_is_unknown() -> None:

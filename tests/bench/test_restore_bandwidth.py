@@ -15,7 +15,16 @@ if str(BENCH) not in sys.path:  # the entry script runs with bench/ first on sys
     sys.path.insert(0, str(BENCH))
 
 from bandwidth import fio  # noqa: E402
-from bandwidth.common import GIB, Lookup, Rounds, Row, Sample, TierResult, table  # noqa: E402
+from bandwidth.common import (  # noqa: E402
+    GIB,
+    Lookup,
+    ModeFailed,
+    Rounds,
+    Row,
+    Sample,
+    TierResult,
+    table,
+)
 from bandwidth.mooncake import ENTRY, read_worker, worker_argv  # noqa: E402
 from bandwidth.summary import fio_ratio, last_line  # noqa: E402
 
@@ -127,12 +136,12 @@ def test_the_bench_deploys_paper_geometry_through_the_storage_target(tmp_path: P
 
 
 def test_fio_reads_each_object_whole_one_job_per_object_size() -> None:
-    classes = {4096: [Path("/l/0"), Path("/l/1")], 1_351_680: [Path("/l/b:2")]}
-    assert fio.job_text(classes, "io_uring", 8).splitlines() == [
+    dirs = {4096: Path("/l/objects-4096"), 1_351_680: Path("/l/objects-1351680")}
+    assert fio.job_text(dirs, "io_uring", 8).splitlines() == [
         "[global]", "direct=1", "rw=read", "ioengine=io_uring", "iodepth=8", "thread",
         "file_service_type=sequential", "group_reporting",
-        "[objects-4096]", "bs=4096", "filename=/l/0:/l/1",
-        "[objects-1351680]", "bs=1351680", "filename=/l/b\\:2",
+        "[objects-4096]", "bs=4096", "opendir=/l/objects-4096",
+        "[objects-1351680]", "bs=1351680", "opendir=/l/objects-1351680",
     ]  # fmt: skip
     assert fio.fio_argv("fio", Path("/j.fio")) == ["fio", "--readonly", "--output-format=json",
                                                     "/j.fio"]  # fmt: skip
@@ -152,10 +161,16 @@ def test_fio_json_gives_its_own_runtime_and_bytes() -> None:
 def test_objects_are_classed_by_their_read_rounded_to_4_kib(tmp_path: Path) -> None:
     for name, size in (("a", 16_408_576), ("b", 1_351_680 + 100), ("c", 16_408_576)):
         (tmp_path / name).write_bytes(bytes(size))
-    links = fio.link_files([tmp_path / n for n in "abc"], tmp_path / "links")
-    assert [p.name for p in links] == ["0", "1", "2"]
-    assert [p.resolve() for p in links] == [tmp_path / n for n in "abc"]
-    assert fio.size_classes(links) == {1_351_680: [links[1]], 16_408_576: [links[0], links[2]]}
+    a, b, c = (tmp_path / n for n in "abc")
+    classes = fio.size_classes([a, b, c])
+    assert classes == {1_351_680: [b], 16_408_576: [a, c]}
+    dirs = fio.link_classes(classes, tmp_path / "links")
+    assert dirs == {bs: tmp_path / "links" / f"objects-{bs}" for bs in classes}
+    big = sorted(dirs[16_408_576].iterdir())
+    assert [p.name for p in big] == ["0", "1"]  # hard links: one inode with its object
+    assert [p.stat().st_ino for p in big] == [a.stat().st_ino, c.stat().st_ino]
+    fio.link_classes(classes, tmp_path / "links")  # again: the same links, none left over
+    assert len(list(dirs[16_408_576].iterdir())) == 2
     (tmp_path / "d").write_bytes(bytes(100))
     with pytest.raises(ValueError, match="an object of 100 B is below one 4096 B block"):
         fio.size_classes([tmp_path / "d"])
@@ -174,6 +189,52 @@ def test_real_fio_reads_every_byte_of_the_files(tmp_path: Path) -> None:
     assert jobs.usable()["libaio"] is None  # ext4 under the test folder takes O_DIRECT
     got = fio.run_fio(jobs.argv("libaio", 4))
     assert got.bytes == 4 << 20 and got.s > 0
+
+
+@pytest.mark.skipif(fio.fio_binary() is None, reason="Debian's fio (make venv installs it)")
+def test_a_job_of_hundreds_of_objects_is_read_whole(tmp_path: Path) -> None:
+    """512 objects of one size: their names listed in ``filename=`` passed fio's 4096
+    character limit on an option value, and fio dropped the job (exit 1)."""
+    paths = [tmp_path / f"object-key-of-some-length-{i:04d}" for i in range(512)]
+    for p in paths:
+        p.write_bytes(bytes(4096))
+    binary = fio.fio_binary()
+    assert binary is not None
+    jobs = fio.FioJobs(binary, paths, tmp_path / "fio")
+    assert fio.run_fio(jobs.argv("libaio", 8)).bytes == 512 * 4096
+
+
+def test_a_failing_fio_is_one_line_naming_the_job_and_its_message(tmp_path: Path) -> None:
+    fake = tmp_path / "fio"
+    fake.write_text(
+        "#!/bin/sh\necho 'value exceeds max length of 4096' >&2\n"
+        "echo 'fio: job objects-1351680 dropped' >&2\nexit 1\n"
+    )
+    fake.chmod(0o755)
+    with pytest.raises(ModeFailed) as e:
+        fio.run_fio([str(fake), "job.fio"])
+    assert str(e.value) == (
+        "fio exit 1: fio: job objects-1351680 dropped value exceeds max length of 4096"
+    )
+
+
+def test_a_mode_that_fails_is_dropped_with_one_line_and_the_rest_go_on() -> None:
+    said: list[str] = []
+    calls = {"n": 0}
+
+    def flaky() -> Sample:
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise ModeFailed("fio exit 1: fio: job objects-4096 dropped")
+        return Sample(1.0, GIB)
+
+    rounds = Rounds()
+    rounds.add("bsr", lambda: Sample(0.5, GIB))
+    rounds.add("fio", flaky)
+    rounds.run(3, said.append)
+    assert said == ["# fio: dropped in round 2 (fio exit 1: fio: job objects-4096 dropped)"]
+    assert list(rounds.runs) == ["bsr"] and len(rounds.runs["bsr"]) == 3
+    assert [label for label, _ in rounds.modes] == ["bsr"]
 
 
 def test_bsr_over_fio_is_paired_by_round_against_the_best_fio_mode() -> None:

@@ -116,8 +116,8 @@ class MutantBsrServerModule(BsrServerModule):
 
     # ---- transfer side ----
 
-    def _after_restore(self, key: IPCCacheServerKey, outcome: RestoreOutcome, dt: float) -> None:
-        super()._after_restore(key, outcome, dt)
+    def _after_restore(self, key: IPCCacheServerKey, outcome: RestoreOutcome, t0: float) -> None:
+        super()._after_restore(key, outcome, t0)
         if not outcome.ok and outcome.windows_done:
             self._partial[key.request_id] = outcome.windows_done * self.window_chunks
 

@@ -96,12 +96,12 @@ def test_slow_tier_holds_every_load_from_window_k_past_the_timeout(tmp_path: Pat
 def test_whole_plan_sets_w_0_for_the_request_and_gives_w_b_back(tmp_path: Path) -> None:
     spec, stack = fake_stack(tmp_path)
     cell = next(c for c in spec.cells if c.id == "whole-plan-past-l1")
-    calls: list[tuple[int, int]] = []
+    calls: list[tuple[int, int, bool]] = []
     inj = WholePlan(stack, cell, [], spec.settings())
-    inj.deployment = SimpleNamespace(configure=lambda w, b: calls.append((w, b)))
+    inj.deployment = SimpleNamespace(configure=lambda w, b, rb: calls.append((w, b, rb)))
     inj.arm()
     inj.recover()
-    assert calls == [(0, 0), (4, 4)]
+    assert calls == [(0, 0, True), (4, 4, True)]  # the cell keeps the oracle on
     assert inj.notes == {"window_chunks": 0, "window_chunks_after": 4}
 
 

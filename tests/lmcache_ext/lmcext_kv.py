@@ -62,11 +62,14 @@ def canonical(key: ObjectKey, chunk_bytes: int) -> torch.Tensor:
     return torch.frombuffer(raw, dtype=torch.uint8).view(ROWS, -1)
 
 
-def build_sm(adapter_configs: list[Any], l1_bytes: int) -> StorageManager:
+def build_sm(adapter_configs: list[Any], l1_bytes: int, shm_name: str = "") -> StorageManager:
+    """A StorageManager over these L2 adapters; ``shm_name``: its L1 pool's own /dev/shm name
+    (LMCache's default is per process: two managers alive at once need their own)."""
+    named = {"shm_name": shm_name} if shm_name else {}
     return StorageManager(
         StorageManagerConfig(
             l1_manager_config=L1ManagerConfig(
-                L1MemoryManagerConfig(size_in_bytes=l1_bytes, use_lazy=False)
+                L1MemoryManagerConfig(size_in_bytes=l1_bytes, use_lazy=False, **named)
             ),
             eviction_config=EvictionConfig("LRU"),
             l2_adapter_config=L2AdaptersConfig(adapter_configs),

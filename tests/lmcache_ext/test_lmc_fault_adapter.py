@@ -148,15 +148,17 @@ def test_control_file_rearms_at_run_time(tmp_path, sm_factory):
         write_control_file(control, [{"action": "explode"}])
 
 
-def test_verify_catches_corruption_the_stock_adapter_serves(tmp_path, sm_factory):
+@pytest.mark.parametrize("algorithm", ["xxh3_128", "sha256"])
+def test_verify_catches_corruption_the_stock_adapter_serves(tmp_path, sm_factory, algorithm):
     """Stock FS has no checksum: a flipped byte is a hit. verify=true makes it a miss."""
     base = tmp_path / "l2"
     sm = sm_factory(
         fault_config(
             base,
-            "verify",
+            f"verify-{algorithm}",
             inner={"type": "fs", "base_path": str(base)},
             verify=True,
+            checksum_algorithm=algorithm,
             checksum_dir=str(tmp_path / "sums"),
         )
     )
@@ -171,10 +173,11 @@ def test_verify_catches_corruption_the_stock_adapter_serves(tmp_path, sm_factory
     got = fetch(sm, keys)
     assert got.hits == [0, 1, 3, 4, 5]
     assert got.exact == got.hits
-    stats = fault_stats("verify")
+    stats = fault_stats(f"verify-{algorithm}")
     assert (stats["verify_mismatch"], stats["verify_missing"]) == (1, 0)
     assert stats["events"] == [{"fault": "verify_mismatch", "chunk_hash": keys[2].chunk_hash.hex()}]
-    assert len(list((tmp_path / "sums").iterdir())) == 6  # digests persisted
+    sums = sorted(p.suffix for p in (tmp_path / "sums").iterdir())
+    assert sums == ["." + algorithm] * 6  # digests persisted, named for their algorithm
 
 
 def test_handle_control_bytes_api(tmp_path, sm_factory):

@@ -108,23 +108,26 @@ def test_on_disk_format_is_the_stock_one(tmp_path):
     assert status["counters"]["checksum_missing"] == 6
 
 
-def test_corrupted_object_is_detected_before_install(tmp_path):
+@pytest.mark.parametrize("algorithm", ["xxh3_128", "sha256"])
+def test_corrupted_object_is_detected_before_install(tmp_path, algorithm):
     keys = kv.make_keys(8, "corrupt")
-    seed(tmp_path, keys, checksum=True)
-    assert (tmp_path / (_object_key_to_filename(keys[5]) + ".sha256")).exists()
+    seed(tmp_path, keys, checksum=True, checksum_algorithm=algorithm)
+    files = sorted(p.name for p in tmp_path.glob(_object_key_to_filename(keys[5]) + "*"))
+    assert files == [_object_key_to_filename(keys[5]) + s for s in ("", "." + algorithm)]
     path = data_file(tmp_path, keys[5])
     raw = bytearray(path.read_bytes())
     raw[12345] ^= 0x01  # one flipped bit, size unchanged
     path.write_bytes(raw)
 
-    got, status = fetch_fresh(fs_config(tmp_path, checksum=True, load_concurrency=4), keys)
+    checked = fs_config(tmp_path, checksum=True, checksum_algorithm=algorithm, load_concurrency=4)
+    got, status = fetch_fresh(checked, keys)
     assert got.hits == [0, 1, 2, 3, 4, 6, 7]
     assert got.exact == got.hits
     assert status["counters"]["checksum_mismatch"] == 1
     assert status["counters"]["loaded"] == 7
 
     # prefix policy (what a restore uses): the prefix stops before the corrupt chunk
-    sm = kv.build_sm([fs_config(tmp_path, checksum=True)], L1)
+    sm = kv.build_sm([fs_config(tmp_path, checksum=True, checksum_algorithm=algorithm)], L1)
     try:
         prefix = kv.prefetch(sm, keys, CHUNK, policy="prefix")
         assert prefix.hits == [0, 1, 2, 3, 4]
@@ -137,6 +140,24 @@ def test_corrupted_object_is_detected_before_install(tmp_path):
     blind, _ = fetch_fresh(fs_config(tmp_path), keys)
     assert blind.hits == list(range(8))
     assert 5 not in blind.exact
+
+
+def test_a_sidecar_of_another_algorithm_is_not_read(tmp_path):
+    """Objects stored with sha256 sidecars, loaded by an xxh3_128 adapter: every load is a
+    checksum_missing miss, never a hit checked against the wrong digest."""
+    keys = kv.make_keys(3, "algo")
+    seed(tmp_path, keys, checksum=True, checksum_algorithm="sha256")
+    got, status = fetch_fresh(fs_config(tmp_path, checksum=True), keys)
+    assert got.hits == []
+    assert status["counters"]["checksum_missing"] == 3
+    assert status["checksum_algorithm"] == "xxh3_128"
+
+
+def test_an_unknown_checksum_algorithm_is_refused(tmp_path):
+    with pytest.raises(
+        ValueError, match=r"checksum_algorithm 'md5': one of \['xxh3_128', 'sha256'\]"
+    ):
+        fs_config(tmp_path, checksum=True, checksum_algorithm="md5")
 
 
 def test_odirect_reads(tmp_path):

@@ -54,13 +54,15 @@ def reg() -> Registration:
     return small_registration()
 
 
-def make_stack(root: Path, reg: Registration, l1_chunks: int) -> StorageStack:
+def make_stack(
+    root: Path, reg: Registration, l1_chunks: int, staging: str = "direct"
+) -> StorageStack:
     return deploy(
         StorageStackConfig(
             root_dir=root,
             registration=reg,
             l1_capacity_bytes=l1_chunks * reg.bytes_per_chunk,
-            restore=RestoreSettings(window_timeout_s=10.0),
+            restore=RestoreSettings(window_timeout_s=10.0, window_staging=staging),
         )
     )
 
@@ -79,12 +81,13 @@ def stack_factory(tmp_path: Path, reg: Registration) -> Iterator[object]:
         s.teardown()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="module", params=["direct", "prefetch"])
 def big_stack(
-    tmp_path_factory: pytest.TempPathFactory, reg: Registration
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, reg: Registration
 ) -> Iterator[StorageStack]:
-    """L1 of 64 chunks per rank: room for any window/budget the properties draw."""
-    stack = make_stack(tmp_path_factory.mktemp("bsr-big"), reg, 64)
+    """L1 of 64 chunks per rank: room for any window/budget the properties draw; windows
+    staged directly (the default) or by LMCache's prefetch: every property holds for both."""
+    stack = make_stack(tmp_path_factory.mktemp("bsr-big"), reg, 64, request.param)
     yield stack
     stack.teardown()
 

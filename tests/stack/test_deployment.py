@@ -196,7 +196,7 @@ def test_launched_without_fs_l2_reads_mooncake(tmp_path) -> None:
 # ---- attached: configure and give back, against a fake client --------------------------------
 
 OPERATOR = {"window_chunks": 0, "admission_budget_chunks": 0, "window_timeout_s": 9.0,
-            "probe_timeout_s": 8.0, "other": "kept"}  # fmt: skip
+            "probe_timeout_s": 8.0, "readback": True, "other": "kept"}  # fmt: skip
 
 
 @pytest.fixture
@@ -229,8 +229,11 @@ def test_attached_sets_w_b_timeouts_and_gives_the_operators_back(operator, tmp_p
     assert client.calls[:3] == ["status", "registration", "status"]
     assert client.calls[3:] == [("configure", module_settings(settings))] * 2
     assert dep.ups == 2
-    dep.configure(8, 8)
-    assert client.calls[-1] == ("configure", {"window_chunks": 8, "admission_budget_chunks": 8})
+    dep.configure(8, 8, False)
+    assert client.calls[-1] == (
+        "configure",
+        {"window_chunks": 8, "admission_budget_chunks": 8, "readback": False},
+    )
     dep.down()
     assert client.calls[-2:] == [("configure", dep.operator_config), "close"]
     assert {k: client.config[k] for k in OPERATOR} == OPERATOR  # the operator's again

@@ -31,7 +31,9 @@ def test_bsr_server_module_from_the_restore_settings() -> None:
             "stall_guard_s": 5.0,
             "load_concurrency": 3,
             "checksum": False,
+            "checksum_algorithm": "xxh3_128",
             "use_odirect": False,
+            "window_staging": "direct",
             "readback": True,
             "window_chunks": 4,
             "admission_budget_chunks": 4,  # B = W when unset

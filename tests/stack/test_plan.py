@@ -73,6 +73,7 @@ def _fs(run: str = "<run>") -> str:
                 "base_path": f"{run}/stack/l2-fs",
                 "load_concurrency": 1,
                 "checksum": True,
+                "checksum_algorithm": "xxh3_128",
             },
         },
     })  # fmt: skip
@@ -268,6 +269,7 @@ def test_dsv4_plan_is_tp2_with_mooncake_over_rdma() -> None:
                 "register_l1": True,
             },
             "verify": True,
+            "checksum_algorithm": "xxh3_128",
             "checksum_dir": "<run>/stack/checksums-mooncake",
         },
     })  # fmt: skip

@@ -198,12 +198,12 @@ class WholePlan(Injector):
     prefix is larger than L1, so the whole plan cannot be held; ``recover`` sets W back."""
 
     def arm(self) -> None:
-        self.deployment.configure(0, 0)
+        self.deployment.configure(0, 0, self.settings.readback)
         self.notes["window_chunks"] = 0
 
     def recover(self) -> None:
         s = self.settings
-        self.deployment.configure(s.window_chunks, s.admission_budget_chunks)
+        self.deployment.configure(s.window_chunks, s.admission_budget_chunks, s.readback)
         self.notes["window_chunks_after"] = self.settings.window_chunks
 
 

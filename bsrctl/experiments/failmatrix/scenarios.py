@@ -85,7 +85,7 @@ def after_whole_plan(rig: ServingRig, cell: CellSpec, ids: list[int]) -> list[Ch
     why = f"the whole plan is {chunks} chunks = {need} B; L1 holds {cap} B (live)"
     past = check("fault_injected", need > cap, why)
     s = rig.spec.settings()
-    rig.deployment.configure(s.window_chunks, s.admission_budget_chunks)
+    rig.deployment.configure(s.window_chunks, s.admission_budget_chunks, s.readback)
     return [
         past,
         restore_again(rig, cell, ids, "bsr_restores_same_prefix", f"W = {s.window_chunks}"),

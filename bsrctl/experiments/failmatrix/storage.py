@@ -36,6 +36,7 @@ from bsrctl.stack.storage import (
     restore_with_fault,
 )
 from bsrctl.stack.storage_target import StorageTarget
+from bsrctl.trace.collect import COLLECTOR
 
 SHM = Path("/dev/shm")
 LEFTOVER_WAIT_S = 5.0  # how long a thread or child of a closed stack may take to end
@@ -157,9 +158,22 @@ def _run(
     spec: FailMatrixSpec, cell: CellSpec, root: Path, make_stack: StorageStackFactory | None
 ) -> CellRun:
     """Deploy, fault, admit again, reseed and follow up, tear down; then the census."""
+    tspec = target_spec(spec, root)
+    # the span collector is the run's, not the stack's: held across the census
+    with COLLECTOR.holding(tspec.stack.trace):
+        return _census_run(spec, cell, root, make_stack, tspec)
+
+
+def _census_run(
+    spec: FailMatrixSpec,
+    cell: CellSpec,
+    root: Path,
+    make_stack: StorageStackFactory | None,
+    tspec: TargetSpec,
+) -> CellRun:
     s = spec.storage
     before = Census.now()
-    target = StorageTarget(target_spec(spec, root), root, make_stack=make_stack)
+    target = StorageTarget(tspec, root, make_stack=make_stack)
     stack = target.deploy(s.l1_capacity_bytes, RestoreSettings.of(spec.restore, 0))
     segments = [stack.l1_segment(r) for r in range(target.reg.tp_size)]
     salt = f"{spec.workload.salt}/{cell.id}"

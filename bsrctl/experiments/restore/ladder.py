@@ -26,7 +26,7 @@ from typing import Any
 from bsrctl.errors import StackFailed
 from bsrctl.evidence import EvidenceWriter, Point, Verdict, merge
 from bsrctl.evidence.verdict import Check, check
-from bsrctl.experiments.restore.repeats import repeated_point
+from bsrctl.experiments.restore.repeats import Pass, repeated_point, rounds
 from bsrctl.experiments.restore.spec import ExperimentSpec, load_experiment
 from bsrctl.experiments.run import Progress, execute, progress
 from bsrctl.specs import stack_selection
@@ -84,24 +84,30 @@ class _Ladder:
         params = {"tokens": tokens, "window_chunks": 0, "l1_capacity_bytes": rung}
         lad = self.spec.ladder
         assert lad is not None
-        ms: list[RestoreMeasures] = []
+        accuracy: RestoreMeasures | None = None
+        timed: list[RestoreMeasures] = []
+        prompt = Prompt(self.spec.salt, tokens)
         try:
             self.target.deploy(rung, self.spec.settings(0))
             if attempt == 1 and not self.w.doc["stack"].get("registration"):
                 self.w.set_stack({**self.target.describe(), **self.selection})
-            for k in range(lad.warmup_rounds + lad.repeats):  # back to back on this rung
-                m = self.target.measure(Prompt(self.spec.salt, tokens), 0, cold=False)
-                if k >= lad.warmup_rounds:
-                    ms.append(m)
+            # back to back on this rung: the accuracy pass, warm-up, the timed passes
+            for kind, _k, _ in rounds(1, lad.repeats, lad.warmup_rounds):
+                m = self.target.measure(prompt, 0, cold=False, oracle=kind.oracle)
+                if kind is Pass.ACCURACY:
+                    accuracy = m
+                elif kind is Pass.TIMED:
+                    timed.append(m)
         except (StackFailed, OSError, RuntimeError, TimeoutError) as exc:
             # Not a capacity answer (engine unhealthy, timeout, L1 not allocatable): UNKNOWN.
             why = f"{type(exc).__name__}: {exc}"
-            ms = [RestoreMeasures(
+            accuracy, timed = RestoreMeasures(
                 tokens, 0, rung, healthy=None, health_detail=f"stack failed: {why}", error=why
-            )]  # fmt: skip
+            ), []  # fmt: skip
         finally:
             self.target.teardown()
-        point = repeated_point(pid, params, ms, self.stack, attempt=attempt)
+        assert accuracy is not None
+        point = repeated_point(pid, params, accuracy, timed, self.stack, attempt=attempt)
         outcome = rung_outcome(point.checks)
         return replace(point, extra={**point.extra, "rung_outcome": outcome}), outcome
 

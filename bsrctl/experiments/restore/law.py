@@ -2,8 +2,9 @@
 least-squares fit of the restore-pool peak against W. PASS only when the slope is within
 ``law.slope_tolerance`` (1%) of the registration's bytes per chunk c and R² >= ``law.min_r2``
 (0.999). The fit is exact (rational arithmetic); the fitted slope is printed. Each W is
-measured ``law.repeats`` times in rotated rounds (default 1: the fit is of bytes, which
-``repeats_identical`` holds equal across repeats)."""
+measured once with the oracle on (the accuracy pass, whose peaks the fit reads) and
+``law.repeats`` times on the production path in rotated rounds (default 1: the fit is of
+bytes, which ``repeats_identical`` holds equal across passes)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from typing import Any
 
 from bsrctl.evidence import EvidenceWriter, Verdict
 from bsrctl.evidence.verdict import Check, check
-from bsrctl.experiments.restore.repeats import repeated_point, round_note, rounds
+from bsrctl.experiments.restore.repeats import Pass, repeated_point, round_note, rounds
 from bsrctl.experiments.restore.spec import load_experiment
 from bsrctl.experiments.run import execute, progress
 from bsrctl.specs import stack_selection
@@ -95,24 +96,24 @@ def run_law(
         target.deploy(l1, spec.settings(first))
         w.set_stack({**target.describe(), **selection})
         wins = list(law.windows_chunks)
-        measured: list[list[RestoreMeasures]] = [[] for _ in wins]
-        seeded: set[int] = set()  # serving: each W's first measurement seeds, as it always did
-        for rnd, order in rounds(len(wins), law.repeats, law.warmup_rounds):
+        accuracy: dict[int, RestoreMeasures] = {}  # each W's accuracy pass seeds (serving)
+        timed: list[list[RestoreMeasures]] = [[] for _ in wins]
+        for kind, k, order in rounds(len(wins), law.repeats, law.warmup_rounds):
             for i in order:
                 win = wins[i]
-                say(f"N = {law.tokens} tokens, W = {win}{round_note(rnd, law.repeats)}")
-                m = target.measure(prompt, win, cold=i not in seeded)
-                seeded.add(i)
+                say(f"N = {law.tokens} tokens, W = {win}{round_note(kind, k, law.repeats)}")
+                m = target.measure(prompt, win, cold=i not in accuracy, oracle=kind.oracle)
                 say.step("check")
-                if rnd < 0:
-                    continue
-                measured[i].append(m)
-                if rnd == law.repeats - 1:
+                if kind is Pass.ACCURACY:
+                    accuracy[i] = m
+                elif kind is Pass.TIMED:
+                    timed[i].append(m)
+                if kind is Pass.TIMED and k == law.repeats - 1:
                     params = {"tokens": law.tokens, "window_chunks": win, "l1_capacity_bytes": l1}
                     pid = f"n{law.tokens}-w{win}"
-                    w.add_point(repeated_point(pid, params, measured[i], stack))
+                    w.add_point(repeated_point(pid, params, accuracy[i], timed[i], stack))
         w.points.sort(key=lambda p: p["params"]["window_chunks"])  # W order, not rotated
-        peaks: list[int | None] = [ms[0].restore_pool_peak_bytes for ms in measured]
+        peaks: list[int | None] = [accuracy[i].restore_pool_peak_bytes for i in range(len(wins))]
         c, fit = law_check(
             list(law.windows_chunks), peaks, reg.bytes_per_chunk, law.slope_tolerance, law.min_r2
         )

@@ -1,26 +1,31 @@
-"""Repeated restore points: the rounds that measure them and the point their repeats make.
+"""Repeated restore points: the passes that measure them and the point their passes make.
 
-A point (an *arm*: one size at one W) is measured once per round. Round r visits the arms
+Every point (an *arm*: one size at one W) runs one **accuracy pass** with the oracle on
+(serving: the install read-back; storage: the destination compares every installed byte
+with its canonical bytes) and ``repeats`` **timed passes** on the production path (oracle
+off: nothing per window that production would not do), as MLPerf LoadGen runs accuracy and
+performance modes apart. No time is taken from the accuracy pass; no byte-oracle verdict
+(``ORACLE_CHECKS``) from a timed pass; every other check (canonical output, the bound, the
+accounting) judges every pass. Round 0 is the accuracy round; round r visits the arms
 rotated by r (arms[r:] + arms[:r]), so slow drift of a shared machine lands on every arm
-about alike and the arms of one round are a paired comparison; warm-up rounds go first, in
-the same rotation, and are discarded.
+about alike and the arms of one round are a paired comparison; warm-up rounds follow the
+accuracy round, in the same rotation, and are discarded.
 
-The repeats of one point make one evidence point (the convention of bsrctl.evidence.schema):
-``measures`` keep every timed measure's median (so every reader of one number keeps
-working), ``samples`` the raw values in measurement order and ``intervals`` the 95 % seeded
-bootstrap interval of the median (``bsrctl.stats.sample_fields``). Byte measures are not
-sampled: they must be identical across repeats, and ``repeats_identical`` FAILs naming each
-one that is not. Every repeat is judged by the acceptance checks; a check whose verdict
-differs between repeats keeps the worst one, with the repeat it came from.
-
-One measurement (repeats 1) gives exactly the point it always gave: no samples, no
-intervals, no ``repeats_identical``.
+The passes of one point make one evidence point (the convention of bsrctl.evidence.schema):
+``measures`` are the accuracy pass's with every timed measure replaced by its timed median,
+``samples`` the timed passes' raw values in measurement order (``sample_path`` says so),
+``intervals`` the 95 % seeded bootstrap interval of the median (``bsrctl.stats.
+sample_fields``, two samples or more) and ``accuracy_pass`` the oracle pass's own times.
+Byte measures are not sampled: they must be identical in every pass, and
+``repeats_identical`` FAILs naming each one that is not. A check whose verdict differs
+between passes keeps the worst one, with the pass it came from.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
+from enum import Enum
 from typing import Any
 
 from bsrctl import stats
@@ -31,10 +36,7 @@ from bsrctl.stack.target import RestoreMeasures
 # The bootstrap's seed: the same samples give the same interval in every run and report.
 SEED = 0
 # Timed measures of RestoreMeasures, sampled where every repeat measured them.
-TIMED = ("ttft_s", "restore_s", "probe_s")
-# Timed measures inside ``readback`` (serving, W > 0): the per-window phases reported
-# (read-back and install + sync seconds), flattened as the schema names nested measures.
-READBACK_TIMED = ("seconds", "install_seconds")
+TIMED = ("ttft_s", "restore_s", "probe_s", "retrieve_s")
 # What must not move between repeats of one point: the restore pool, what was restored and
 # from where, the tokens reused and the output.
 IDENTICAL = (
@@ -48,96 +50,129 @@ IDENTICAL = (
     "verify_mismatches",
 )
 WORST = {Verdict.FAIL: 2, Verdict.UNKNOWN: 1, Verdict.PASS: 0}
+# Checks whose verdict needs the oracle: judged on the accuracy pass only.
+ORACLE_CHECKS = frozenset({"install_readback", "canonical_bytes"})
+# What a point's ``sample_path`` says of its samples.
+PRODUCTION = "production"
 
 
-def rounds(arms: int, repeats: int, warmup: int) -> Iterator[tuple[int, list[int]]]:
-    """(round, arm indices in visiting order) for every round; warm-up rounds are numbered
-    below 0 (-warmup .. -1) and the measured ones 0 .. repeats-1, all rotated by one."""
-    for k in range(warmup + repeats):
+class Pass(Enum):
+    """What a round measures (module doc)."""
+
+    ACCURACY = "accuracy"
+    WARMUP = "warm-up"
+    TIMED = "timed"
+
+    @property
+    def oracle(self) -> bool:
+        return self is Pass.ACCURACY
+
+
+def rounds(arms: int, repeats: int, warmup: int) -> Iterator[tuple[Pass, int, list[int]]]:
+    """(pass, its index among its kind, arm indices in visiting order) for every round: the
+    accuracy round, ``warmup`` discarded rounds, then ``repeats`` timed ones (index 0 ..
+    repeats-1), all rotated by one."""
+    kinds = [Pass.ACCURACY] + [Pass.WARMUP] * warmup + [Pass.TIMED] * repeats
+    seen: dict[Pass, int] = {}
+    for k, kind in enumerate(kinds):
         shift = k % arms if arms else 0
         order = list(range(arms))
-        yield k - warmup, order[shift:] + order[:shift]
+        idx = seen.get(kind, 0)
+        seen[kind] = idx + 1
+        yield kind, idx, order[shift:] + order[:shift]
 
 
-def round_note(rnd: int, repeats: int) -> str:
-    """The console's note of which round a measurement is ("" for a single one)."""
-    if rnd < 0:
+def round_note(kind: Pass, idx: int, repeats: int) -> str:
+    """The console's note of which pass a measurement is."""
+    if kind is Pass.ACCURACY:
+        return " (accuracy pass)"
+    if kind is Pass.WARMUP:
         return " (warm-up, discarded)"
-    return f" (repeat {rnd + 1}/{repeats})" if repeats > 1 else ""
+    return f" (timed {idx + 1}/{repeats})"
 
 
 def timed_samples(ms: Sequence[RestoreMeasures]) -> dict[str, list[float]]:
-    """Each timed measure every repeat measured, in measurement order."""
+    """Each timed measure every timed pass measured, in measurement order."""
     out: dict[str, list[float]] = {}
     for name in TIMED:
         vals = [getattr(m, name) for m in ms]
         if all(v is not None for v in vals):
             out[name] = [float(v) for v in vals]
-    for name in READBACK_TIMED:
-        vals = [(m.readback or {}).get(name) for m in ms]
-        if all(v is not None for v in vals):
-            out[f"readback.{name}"] = [float(v) for v in vals]
     return out
 
 
 def identical_check(ms: Sequence[RestoreMeasures]) -> Check:
-    """``repeats_identical``: every byte measure the same in every repeat; FAIL names each
-    that moved, with its value per repeat."""
+    """``repeats_identical``: every byte measure the same in every pass (the accuracy pass
+    first); FAIL names each that moved, with its value per pass."""
     moved = {}
     for name in IDENTICAL:
         vals = [getattr(m, name) for m in ms]
         if any(v != vals[0] for v in vals[1:]):
             moved[name] = vals
     if moved:
-        said = "; ".join(f"{k} per repeat {v}" for k, v in moved.items())
-        return check("repeats_identical", False, f"differ between the {len(ms)} repeats: {said}")
+        said = "; ".join(f"{k} per pass {v}" for k, v in moved.items())
+        return check("repeats_identical", False, f"differ between the {len(ms)} passes: {said}")
     return check(
         "repeats_identical",
         True,
-        f"{', '.join(IDENTICAL)} identical over {len(ms)} repeats (peak "
+        f"{', '.join(IDENTICAL)} identical over {len(ms)} passes (peak "
         f"{ms[0].restore_pool_peak_bytes} B)",
     )
 
 
-def merged_checks(ms: Sequence[RestoreMeasures], stack: str) -> list[Check]:
-    """Every repeat judged; per check the first repeat's, or the worst where they differ."""
-    judged = [judge(m, stack) for m in ms]
+def merged_checks(
+    accuracy: RestoreMeasures, timed: Sequence[RestoreMeasures], stack: str
+) -> list[Check]:
+    """Every pass judged, in the accuracy pass's check order; an oracle check is the
+    accuracy pass's, any other the worst over the passes that judged it (named)."""
+    passes = [("accuracy pass", judge(accuracy, stack))] + [
+        (f"timed pass {r + 1}", judge(m, stack)) for r, m in enumerate(timed)
+    ]
     out: list[Check] = []
-    for i, first in enumerate(judged[0]):
-        mine = [
-            (r, cs[i]) for r, cs in enumerate(judged) if i < len(cs) and cs[i].name == first.name
-        ]
-        r, worst = max(mine, key=lambda rc: WORST[rc[1].verdict])
+    for first in passes[0][1]:
+        if first.name in ORACLE_CHECKS:
+            out.append(first)
+            continue
+        mine = [(name, c) for name, cs in passes for c in cs if c.name == first.name]
+        which, worst = max(mine, key=lambda nc: WORST[nc[1].verdict])
         if all(c.verdict == first.verdict for _, c in mine):
             out.append(first)
         else:
-            out.append(replace(worst, detail=f"repeat {r}: {worst.detail}"))
+            out.append(replace(worst, detail=f"{which}: {worst.detail}"))
     return out
 
 
 def with_medians(m: RestoreMeasures, medians: dict[str, float]) -> RestoreMeasures:
-    """The first repeat's measures with every sampled measure replaced by its median."""
-    top = {k: v for k, v in medians.items() if "." not in k}
-    readback = dict(m.readback) if m.readback is not None else None
-    for k, v in medians.items():
-        if k.startswith("readback.") and readback is not None:
-            readback[k.removeprefix("readback.")] = v
-    return replace(m, **top, readback=readback)
+    """The accuracy pass's measures with every sampled measure replaced by its timed median
+    (its read-back seconds stay: they time the oracle, on the accuracy pass)."""
+    return replace(m, **medians)
+
+
+def accuracy_times(m: RestoreMeasures) -> dict[str, float]:
+    """The accuracy pass's own times: shown beside the timed medians, never sampled."""
+    return {k: float(v) for k in TIMED if (v := getattr(m, k)) is not None}
 
 
 def repeated_point(
     point_id: str,
     params: dict[str, Any],
-    ms: Sequence[RestoreMeasures],
+    accuracy: RestoreMeasures,
+    timed: Sequence[RestoreMeasures],
     stack: str,
     **extra: Any,
 ) -> Point:
-    """One evidence point from a point's repeats (module doc)."""
-    if not ms:
-        raise ValueError(f"{point_id}: no repeats measured")
-    if len(ms) == 1:
-        return Point(point_id, params, ms[0].to_json(), judge(ms[0], stack), extra)
-    medians, samples, intervals = stats.sample_fields(timed_samples(ms), SEED)
-    checks = (*merged_checks(ms, stack), identical_check(ms))
-    more = {**extra, "repeats": len(ms), "samples": samples, "intervals": intervals}
-    return Point(point_id, params, with_medians(ms[0], medians).to_json(), checks, more)
+    """One evidence point from a point's accuracy pass and timed passes (module doc); no
+    timed pass (the stack failed before one): the accuracy pass's point, no samples."""
+    if not timed:
+        return Point(point_id, params, accuracy.to_json(), judge(accuracy, stack), extra)
+    medians, samples, intervals = stats.sample_fields(timed_samples(timed), SEED)
+    checks = (*merged_checks(accuracy, timed, stack), identical_check([accuracy, *timed]))
+    more = {
+        **extra,
+        "repeats": len(timed),
+        "samples": samples,
+        "intervals": intervals,
+        "sample_path": PRODUCTION,
+        "accuracy_pass": accuracy_times(accuracy),
+    }
+    return Point(point_id, params, with_medians(accuracy, medians).to_json(), checks, more)

@@ -6,7 +6,8 @@ window is switched at run time), so one run shows a flat restore pool for W > 0 
 growing one for W = 0, and W's TTFT (storage: restore time) against the whole plan's per
 size, as the ratio over paired repeats with its interval (``sweep.whole_plan_max_ratio``
 judges it). Each point is measured ``sweep.repeats`` times in rotated rounds
-(``repeats.rounds``). ``repeat_new_salt`` reruns the largest size once with a fresh salt.
+(``repeats.rounds``), after its accuracy pass. ``repeat_new_salt`` reruns the largest size
+once with a fresh salt (one pass, the oracle on: its verdict is bytes).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from bsrctl import stats
 from bsrctl.evidence import EvidenceWriter, Verdict
 from bsrctl.evidence.verdict import Check, check
 from bsrctl.experiments.restore.acceptance import restore_point
-from bsrctl.experiments.restore.repeats import SEED, repeated_point, round_note, rounds
+from bsrctl.experiments.restore.repeats import SEED, Pass, repeated_point, round_note, rounds
 from bsrctl.experiments.restore.spec import ExperimentSpec, load_experiment
 from bsrctl.experiments.run import execute, progress
 from bsrctl.specs import stack_selection
@@ -50,7 +51,7 @@ def run_sweep(
     windows = [sw.window_chunks] + ([0] if sw.whole_plan_contrast and sw.window_chunks else [])
     arms = [(n, win) for n in sw.sizes_tokens for win in windows]
     say.watch(target)
-    say.expect(len(arms) + (1 if new_salt else 0))  # points (a point: all its repeats)
+    say.expect(len(arms) + (1 if new_salt else 0))  # points (a point: all its passes)
 
     def body(w: EvidenceWriter) -> tuple[dict[str, Any], list[Check]]:
         prompts = [Prompt(spec.salt, n) for n in sw.sizes_tokens]
@@ -62,21 +63,24 @@ def run_sweep(
         say(f"deploying: L1 {target.l1_bytes(l1)} B, W = {sw.window_chunks}")
         target.deploy(l1, spec.settings(sw.window_chunks, sw.admission_budget_chunks))
         w.set_stack({**target.describe(), **selection})
-        measured: list[list[RestoreMeasures]] = [[] for _ in arms]
-        seeded: set[int] = set()  # serving: an arm's first measurement seeds its prefix
-        for rnd, order in rounds(len(arms), sw.repeats, sw.warmup_rounds):
+        accuracy: dict[int, RestoreMeasures] = {}  # the accuracy pass also seeds (serving)
+        timed: list[list[RestoreMeasures]] = [[] for _ in arms]
+        for kind_, k, order in rounds(len(arms), sw.repeats, sw.warmup_rounds):
             for i in order:
                 n, win = arms[i]
-                say(f"N = {n} tokens, W = {win}{round_note(rnd, sw.repeats)}")
-                m = target.measure(Prompt(spec.salt, n), win, cold=i not in seeded)
-                seeded.add(i)
+                say(f"N = {n} tokens, W = {win}{round_note(kind_, k, sw.repeats)}")
+                m = target.measure(
+                    Prompt(spec.salt, n), win, cold=i not in accuracy, oracle=kind_.oracle
+                )
                 say.step("check")
-                if rnd < 0:
-                    continue  # warm-up: discarded
-                measured[i].append(m)
-                if rnd == sw.repeats - 1:  # the point's last repeat: on disk now
+                if kind_ is Pass.ACCURACY:
+                    accuracy[i] = m
+                elif kind_ is Pass.TIMED:
+                    timed[i].append(m)
+                if kind_ is Pass.TIMED and k == sw.repeats - 1:  # its last pass: on disk now
                     pid = f"n{n}-w{win}"
-                    w.add_point(repeated_point(pid, _params(n, win, l1), measured[i], kind))
+                    point = repeated_point(pid, _params(n, win, l1), accuracy[i], timed[i], kind)
+                    w.add_point(point)
         by_id = {f"n{n}-w{win}": k for k, (n, win) in enumerate(arms)}
         w.points.sort(key=lambda p: by_id.get(p["id"], len(arms)))  # arm order, not rotated
         if new_salt:

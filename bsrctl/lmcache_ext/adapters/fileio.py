@@ -24,7 +24,7 @@ def buffer_address(buf: Any) -> int:
     return ctypes.addressof(ctypes.c_char.from_buffer(mv))
 
 
-def read_buffered(path: Path, dst: Any) -> int:
+def read_buffered(path: str | Path, dst: Any) -> int:
     """Bytes read, or -1 when the file's size is not len(dst)."""
     with open(path, "rb", buffering=0) as f:
         if os.fstat(f.fileno()).st_size != len(dst):
@@ -39,7 +39,7 @@ def read_buffered(path: Path, dst: Any) -> int:
         return total
 
 
-def read_odirect(path: Path, dst: Any) -> int:
+def read_odirect(path: str | Path, dst: Any) -> int:
     """O_DIRECT read; a page-aligned bounce buffer when dst or its size is unaligned."""
     size = len(dst)
     fd = os.open(path, os.O_RDONLY | os.O_DIRECT)

@@ -1,20 +1,22 @@
-"""Filesystem L2 adapter with load concurrency, optional O_DIRECT and sha256 sidecars.
+"""Filesystem L2 adapter with load concurrency, optional O_DIRECT and checksum sidecars.
 
 A subclass of LMCache 0.5.6's stock ``FSL2Adapter`` (``lmcache.v1.distributed.l2_adapters.
 fs_l2_adapter``): same directory layout, same file names (one ``<key>.data`` file of raw
 object bytes per ``ObjectKey``), same per-key lookup (file exists), same task/event-fd
 protocol and hit bitmaps (bit i set iff object i was read completely). What changes:
 
-- lookups: the stock checks (a key's data file exists), all of a task's keys in one
-  executor round trip instead of one per key (the stock ``aiofiles`` loop).
+- lookups: the stock checks (a key's data file exists), made on the submitting thread
+  instead of one event-loop and executor round trip per key (the stock ``aiofiles`` loop).
 - ``load_concurrency`` (env ``LMCACHE_FS_LOAD_CONCURRENCY`` when the field is absent, as in
   the BSR paper): the keys of load tasks are read by a pool of that many threads, instead of
-  one key at a time. Reads still fill the caller's preallocated L1 objects; a key's bit is
-  set only when its whole object was read (and verified), so the bitmaps are the same.
+  one key at a time, handed to the pool on the submitting thread (no event-loop hop). Reads
+  still fill the caller's preallocated L1 objects; a key's bit is set only when its whole
+  object was read (and verified), so the bitmaps are the same.
 - ``use_odirect``: reads bypass the page cache (honest SSD reads). The base path must be on a
   filesystem that takes O_DIRECT (checked at start, tmpfs refuses). Unaligned destinations
   or sizes go through a page-aligned bounce buffer instead of silently falling back.
-- ``checksum``: at store time a sidecar ``<key>.data.sha256`` ("<hex digest> <size>") is
+- ``checksum``: at store time a sidecar ``<key>.data.<algorithm>`` ("<hex digest> <size>";
+  ``checksum_algorithm`` xxh3_128 by default, or sha256: ``adapters.checksum``) is
   written before the data file; at load the object's bytes are hashed and compared, and a
   mismatch, a missing sidecar, or a file whose size is not the object's size is a miss. The
   bad bytes only ever sat in the L1 write buffer the prefetch controller then discards
@@ -35,7 +37,8 @@ module and finds ``BsrFSL2AdapterConfig`` by the ``<class_name>Config`` conventi
       --l2-adapter '{"type": "plugin", "module_path": "bsrctl.lmcache_ext.adapters.fs",
                      "class_name": "BsrFSL2Adapter",
                      "adapter_params": {"base_path": "/run/l2", "load_concurrency": 4,
-                                        "checksum": true, "use_odirect": false}}'
+                                        "checksum": true, "checksum_algorithm": "xxh3_128",
+                                        "use_odirect": false}}'
 
 In-process (``StorageManager``) the type is also registered as ``"bsr_fs"``: build the config
 with ``BsrFSL2AdapterConfig.from_dict({...})`` or ``--l2-adapter '{"type": "bsr_fs", ...}'``
@@ -44,11 +47,11 @@ in a process that imported this module first.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -62,14 +65,14 @@ from lmcache.v1.distributed.l2_adapters.config import (
     register_l2_adapter_type,
 )
 from lmcache.v1.distributed.l2_adapters.factory import register_l2_adapter_factory
-from lmcache.v1.distributed.l2_adapters.fs_l2_adapter import FSL2Adapter, FSL2AdapterConfig
+from lmcache.v1.distributed.l2_adapters.fs_l2_adapter import (
+    FSL2Adapter,
+    FSL2AdapterConfig,
+    _object_key_to_filename,
+)
 
 from bsrctl.evidence.atomic import write_atomic
-from bsrctl.lmcache_ext.adapters.checksum import (
-    format_checksum,
-    parse_checksum,
-    sha256_hex,
-)
+from bsrctl.lmcache_ext.adapters.checksum import ALGORITHMS, DEFAULT_ALGORITHM, Checksum
 from bsrctl.lmcache_ext.adapters.fileio import (
     check_odirect_supported,
     odirect_aligned,
@@ -81,7 +84,6 @@ logger = init_logger(__name__)
 
 TYPE_NAME = "bsr_fs"
 ENV_LOAD_CONCURRENCY = "LMCACHE_FS_LOAD_CONCURRENCY"
-SIDECAR_SUFFIX = ".sha256"
 
 
 # ---------------------------------------------------------------------------
@@ -102,7 +104,7 @@ def _load_concurrency_from_env() -> int:
 
 class BsrFSL2AdapterConfig(FSL2AdapterConfig):
     """Stock FS fields (base_path, relative_tmp_dir, read_ahead_size, use_odirect) plus
-    load_concurrency and checksum."""
+    load_concurrency, checksum and checksum_algorithm."""
 
     def __init__(
         self,
@@ -112,6 +114,7 @@ class BsrFSL2AdapterConfig(FSL2AdapterConfig):
         use_odirect: bool = False,
         load_concurrency: int = 1,
         checksum: bool = False,
+        checksum_algorithm: str = DEFAULT_ALGORITHM,
     ):
         super().__init__(base_path, relative_tmp_dir, read_ahead_size, use_odirect)
         if isinstance(load_concurrency, bool) or not isinstance(load_concurrency, int):
@@ -119,7 +122,8 @@ class BsrFSL2AdapterConfig(FSL2AdapterConfig):
         if load_concurrency < 1:
             raise ValueError(f"load_concurrency must be >= 1, got {load_concurrency}")
         self.load_concurrency = load_concurrency  # threads reading load-task keys at once
-        self.checksum = checksum  # write sha256 sidecars at store, verify them at load
+        self.checksum = checksum  # write checksum sidecars at store, verify them at load
+        self.checksum_algorithm = Checksum(checksum_algorithm)  # raises on an unknown name
 
     @classmethod
     def from_dict(cls, d: dict) -> BsrFSL2AdapterConfig:
@@ -131,6 +135,7 @@ class BsrFSL2AdapterConfig(FSL2AdapterConfig):
             "use_odirect",
             "load_concurrency",
             "checksum",
+            "checksum_algorithm",
             # keys the server's generic parser handles itself
             "affinity_tag",
             "shared",
@@ -158,6 +163,7 @@ class BsrFSL2AdapterConfig(FSL2AdapterConfig):
             use_odirect=stock.use_odirect,
             load_concurrency=load_concurrency,
             checksum=checksum,
+            checksum_algorithm=d.get("checksum_algorithm", DEFAULT_ALGORITHM),
         )
 
     @classmethod
@@ -166,13 +172,25 @@ class BsrFSL2AdapterConfig(FSL2AdapterConfig):
             FSL2AdapterConfig.help() + "\n"
             f"- load_concurrency (int): keys read at once (default ${ENV_LOAD_CONCURRENCY} "
             "or 1)\n"
-            "- checksum (bool): sha256 sidecar at store, verified at load (default false)"
+            "- checksum (bool): a checksum sidecar at store, verified at load (default false)\n"
+            f"- checksum_algorithm (str): one of {list(ALGORITHMS)} (default "
+            f"{DEFAULT_ALGORITHM})"
         )
 
 
 # ---------------------------------------------------------------------------
 # adapter
 # ---------------------------------------------------------------------------
+
+
+@dataclass
+class _LoadTask:
+    """One load task in flight: its keys, the bits of those read whole, reads left."""
+
+    task_id: L2TaskId
+    keys: list[ObjectKey]
+    bitmap: Any  # lmcache Bitmap
+    left: int  # shares not finished (under the adapter's counters lock)
 
 
 class BsrFSL2Adapter(FSL2Adapter):
@@ -186,6 +204,7 @@ class BsrFSL2Adapter(FSL2Adapter):
         self._closed = False
         self._load_concurrency = config.load_concurrency
         self._checksum = config.checksum
+        self._sum = config.checksum_algorithm
         self._load_pool = ThreadPoolExecutor(
             max_workers=config.load_concurrency, thread_name_prefix="bsr-fs-load"
         )
@@ -207,10 +226,11 @@ class BsrFSL2Adapter(FSL2Adapter):
         self._inflight_loads = 0
         self._peak_inflight_loads = 0  # high-water mark of concurrent key reads
         logger.info(
-            "BsrFSL2Adapter base_path=%s load_concurrency=%d checksum=%s use_odirect=%s",
+            "BsrFSL2Adapter base_path=%s load_concurrency=%d checksum=%s (%s) use_odirect=%s",
             config.base_path,
             config.load_concurrency,
             config.checksum,
+            self._sum.algorithm,
             config.use_odirect,
         )
 
@@ -233,6 +253,7 @@ class BsrFSL2Adapter(FSL2Adapter):
             base_path=self._fs_root,
             load_concurrency=self._load_concurrency,
             checksum=self._checksum,
+            checksum_algorithm=self._sum.algorithm,
             counters=self.counters(),
         )
         return status
@@ -247,58 +268,88 @@ class BsrFSL2Adapter(FSL2Adapter):
 
     # ---- lookup --------------------------------------------------------
 
-    async def _execute_lookup(self, keys: list[ObjectKey], task_id: L2TaskId) -> None:
-        """The stock lookup's checks (bit i set iff object i's data file exists) in one
-        executor round trip per task. The stock one awaits ``aiofiles.os.path.exists`` key
-        by key, a round trip through the loop's default executor for every key: a
-        64-chunk probe spent 13 ms there on the CPU stack (bench/fs_lookup.py has both).
-        A check that raises reports every key of the task a miss, instead of never
-        completing the task."""
+    def submit_lookup_and_lock_task(
+        self, keys: list[ObjectKey], group_layout_descs: dict
+    ) -> L2TaskId:
+        """The stock lookup's checks (bit i set iff object i's data file exists), made on
+        the caller's thread before the task id is returned; the result is then reported
+        through the lookup event fd as the stock adapter reports it. The stock one awaits
+        ``aiofiles.os.path.exists`` key by key, a round trip through its event loop's
+        default executor for every key: a 64-chunk probe spent 13 ms there on the CPU
+        stack, and every hop is a GIL hand-over (bench/fs_lookup.py has both). A stat is
+        microseconds on a local disk. A check that raises reports every key a miss. The
+        FS adapter locks nothing (stock: ``submit_unlock`` is a no-op)."""
+        with self._lock:
+            task_id = self._get_next_task_id()
         bitmap = Bitmap(len(keys))
         try:
-            for i in await self._loop.run_in_executor(None, self._existing, keys):
+            for i in self._existing(keys):
                 bitmap.set(i)
         except Exception:
             logger.exception("BsrFSL2Adapter lookup task %s failed: all misses", task_id)
         with self._lock:
             self._completed_lookup_tasks[task_id] = bitmap
         self._lookup_efd.notify()
+        return task_id
 
     def _existing(self, keys: list[ObjectKey]) -> list[int]:
         """Indices of the keys whose data file exists."""
-        return [i for i, key in enumerate(keys) if os.path.exists(self._key_to_path(key))]
+        root, exists, name = self._fs_root, os.path.exists, _object_key_to_filename
+        return [i for i, key in enumerate(keys) if exists(os.path.join(root, name(key)))]
 
     # ---- load ----------------------------------------------------------
 
-    async def _execute_load(
-        self, keys: list[ObjectKey], objects: list[Any], task_id: L2TaskId
-    ) -> None:
-        bitmap = Bitmap(len(keys))
-        try:
-            futures = [
-                self._loop.run_in_executor(self._load_pool, self._load_one, key, obj.byte_array)
-                for key, obj in zip(keys, objects, strict=True)
-            ]
-            results = await asyncio.gather(*futures, return_exceptions=True)
-            for i, ok in enumerate(results):
-                if ok is True:
-                    bitmap.set(i)
-                elif isinstance(ok, BaseException):
-                    logger.error("BsrFSL2Adapter load of %s failed: %r", keys[i], ok)
-        except Exception:
-            logger.exception("BsrFSL2Adapter load task %s failed", task_id)
-        loaded = [keys[i] for i in bitmap.get_indices_list()]
+    def submit_load_task(self, keys: list[ObjectKey], objects: list[Any]) -> L2TaskId:
+        """The task's keys split over the load pool (``load_concurrency`` threads, each
+        reading its share in turn straight into the L1 objects); the last share to finish
+        reports the bitmap through the load event fd. No event-loop hop: the stock adapter
+        schedules a coroutine on its loop thread, which hands each key to an executor (two
+        GIL hand-overs more per task, and a pool submission per key)."""
+        with self._lock:
+            task_id = self._get_next_task_id()
+        shares = min(self._load_concurrency, len(keys))
+        task = _LoadTask(task_id, keys, Bitmap(len(keys)), shares)
+        if not keys:
+            self._complete_load(task)
+            return task_id
+        bufs = [obj.byte_array for obj in objects]
+        if len(bufs) != len(keys):
+            raise ValueError(f"load task: {len(keys)} keys but {len(bufs)} objects")
+        for k in range(shares):
+            try:
+                self._load_pool.submit(self._load_share, task, range(k, len(keys), shares), bufs)
+            except RuntimeError:  # the pool is shut down (closing): that share is all misses
+                logger.warning("BsrFSL2Adapter load task %s submitted after close", task_id)
+                self._share_done(task)
+        return task_id
+
+    def _load_share(self, task: _LoadTask, indices: range, bufs: list[Any]) -> None:
+        read = []
+        for i in indices:
+            try:
+                if self._load_one(task.keys[i], bufs[i]):
+                    read.append(i)
+            except Exception:
+                logger.exception("BsrFSL2Adapter load of %s failed", task.keys[i])
+        with self._counters_lock:
+            for i in read:
+                task.bitmap.set(i)
+        self._share_done(task)
+
+    def _share_done(self, task: _LoadTask) -> None:
+        with self._counters_lock:
+            task.left -= 1
+            done = task.left == 0
+        if done:
+            self._complete_load(task)
+
+    def _complete_load(self, task: _LoadTask) -> None:
+        loaded = [task.keys[i] for i in task.bitmap.get_indices_list()]
         if loaded:
             self._notify_keys_accessed(loaded)
         with self._lock:
-            self._completed_load_tasks[task_id] = bitmap
+            self._completed_load_tasks[task.task_id] = task.bitmap
         self._load_efd.notify()
-
-    def _count(self, name: str, key_file: str | None = None) -> None:
-        with self._counters_lock:
-            self._counters[name] += 1
-            if key_file is not None:
-                self._corrupt_keys.append(key_file)
 
     def _load_one(self, key: ObjectKey, dst: Any) -> bool:
         """Read one object into dst; True only if it is whole (and verified)."""
@@ -306,61 +357,58 @@ class BsrFSL2Adapter(FSL2Adapter):
             self._inflight_loads += 1
             self._peak_inflight_loads = max(self._peak_inflight_loads, self._inflight_loads)
         t0 = time.monotonic_ns()
-        ok = False
+        outcome, bad = "read_error", False
         try:
-            ok = self._load_one_unlocked(key, dst)
-            return ok
+            outcome, bad = self._read_object(key, dst)
         finally:
             dt = time.monotonic_ns() - t0
-            with self._counters_lock:
+            ok = outcome == "loaded"
+            with self._counters_lock:  # one hold for every counter of this read
                 self._inflight_loads -= 1
                 self._counters["read_ns"] += dt
                 self._counters["read_bytes"] += len(dst) if ok else 0
+                self._counters[outcome] += 1
+                if bad:
+                    self._corrupt_keys.append(_object_key_to_filename(key))
+        return ok
 
-    def _load_one_unlocked(self, key: ObjectKey, dst: Any) -> bool:
-        path = self._key_to_path(key)
+    def _read_object(self, key: ObjectKey, dst: Any) -> tuple[str, bool]:
+        """(the counter this read lands in, whether the object on disk is bad)."""
+        name = _object_key_to_filename(key)
+        path = os.path.join(self._fs_root, name)  # str paths: pathlib costs more than a stat
         size = len(dst)
         expected: tuple[str, int] | None = None
         if self._checksum:
             try:
-                expected = parse_checksum(_sidecar(path).read_text())
-            except OSError:
+                with open(path + self._sum.suffix, encoding="ascii") as f:
+                    expected = self._sum.parse(f.read())
+            except (OSError, ValueError):
                 expected = None
             if expected is None:
-                self._count("checksum_missing", path.name)
-                logger.warning("no valid checksum sidecar for %s: reported as a miss", path.name)
-                return False
+                logger.warning("no valid checksum sidecar for %s: reported as a miss", name)
+                return "checksum_missing", True
         try:
             if self._use_odirect:
                 num_read = read_odirect(path, dst)
             else:
                 num_read = read_buffered(path, dst)
         except FileNotFoundError:
-            self._count("missing")
-            return False
+            return "missing", False
         except OSError:
             logger.exception("BsrFSL2Adapter failed to read %s", path)
-            self._count("read_error")
-            return False
+            return "read_error", False
         if num_read != size:
-            self._count("size_mismatch", path.name)
             logger.warning(
                 "size mismatch for %s: object %d bytes, file gave %s: reported as a miss",
-                path.name,
+                name,
                 size,
                 num_read,
             )
-            return False
-        if expected is not None:
-            digest = sha256_hex(dst)
-            if digest != expected[0] or size != expected[1]:
-                self._count("checksum_mismatch", path.name)
-                logger.warning(
-                    "checksum mismatch for %s (corrupted object): reported as a miss", path.name
-                )
-                return False
-        self._count("loaded")
-        return True
+            return "size_mismatch", True
+        if expected is not None and not self._sum.matches(dst, expected):
+            logger.warning("checksum mismatch for %s (corrupted object): reported as a miss", name)
+            return "checksum_mismatch", True
+        return "loaded", False
 
     # ---- store ---------------------------------------------------------
 
@@ -391,12 +439,12 @@ class BsrFSL2Adapter(FSL2Adapter):
     def _store_one(self, key: ObjectKey, buf: Any) -> int | None:
         """Write one object (sidecar first). None when it was already on disk."""
         final, tmp = self._key_to_file_and_tmp_path(key)
-        sidecar = _sidecar(final)
+        sidecar = self._sidecar(final)
         if final.exists() and (not self._checksum or sidecar.exists()):
             return None
         size = len(buf)
         if self._checksum:
-            write_atomic(sidecar, format_checksum(sha256_hex(buf), size).encode())
+            write_atomic(sidecar, self._sum.line(buf).encode())
         try:
             mv = memoryview(buf).cast("B")
             if self._use_odirect and odirect_aligned(mv):
@@ -415,15 +463,16 @@ class BsrFSL2Adapter(FSL2Adapter):
     async def _execute_delete(self, keys: list[ObjectKey]) -> tuple[list[ObjectKey], list[int]]:
         deleted = await super()._execute_delete(keys)
         for key in keys:
-            try:
-                _sidecar(self._key_to_path(key)).unlink(missing_ok=True)
-            except OSError:
-                logger.warning("could not remove the checksum sidecar of %s", key)
+            path = self._key_to_path(key)
+            for algorithm in ALGORITHMS:  # every sidecar, whichever algorithm wrote it
+                try:
+                    path.with_name(path.name + "." + algorithm).unlink(missing_ok=True)
+                except OSError:
+                    logger.warning("could not remove the %s sidecar of %s", algorithm, key)
         return deleted
 
-
-def _sidecar(data_path: Path) -> Path:
-    return data_path.with_name(data_path.name + SIDECAR_SUFFIX)
+    def _sidecar(self, data_path: Path) -> Path:
+        return data_path.with_name(data_path.name + self._sum.suffix)
 
 
 # ---------------------------------------------------------------------------

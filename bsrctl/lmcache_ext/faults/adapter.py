@@ -3,7 +3,7 @@
 Faults happen by real means inside the L2 layer of a real LMCache process: a dropped key's
 load reports failure (its bytes never become visible, exactly as an L2 read error), a delayed
 task's result is withheld so the caller's own window timeout fires, and a verified load whose
-bytes do not match the sha256 taken at store time is reported as a miss. Nothing tells the
+bytes do not match the checksum taken at store time is reported as a miss. Nothing tells the
 code under test that a fault happened.
 
 Config: ``faults.config``; rules: ``faults.rules`` (arming rules, by control file or
@@ -40,7 +40,6 @@ from lmcache.v1.distributed.l2_adapters.factory import (
 )
 from lmcache.v1.platform import create_event_notifier
 
-from bsrctl.lmcache_ext.adapters.checksum import format_checksum, sha256_hex
 from bsrctl.lmcache_ext.adapters.shaping import ShapingSchedule
 from bsrctl.lmcache_ext.extensions import register_control
 from bsrctl.lmcache_ext.faults.config import TYPE_NAME, BsrFaultL2AdapterConfig
@@ -72,7 +71,9 @@ class BsrFaultL2Adapter(FaultPump, L2AdapterInterface):
             ControlFile(Path(config.control_path), logger) if config.control_path else None
         )
         self._verify = config.verify
-        self._digests = Digests(Path(config.checksum_dir) if config.checksum_dir else None)
+        self._digests = Digests(
+            Path(config.checksum_dir) if config.checksum_dir else None, config.checksum
+        )
         # loads paced by a device of the spec's speed (the page cache would make them free)
         self._shaping = ShapingSchedule(config.shape) if config.shape is not None else None
         self._lock = threading.Lock()
@@ -184,7 +185,7 @@ class BsrFaultL2Adapter(FaultPump, L2AdapterInterface):
             # Hash now: the buffers are only guaranteed until the inner store completes.
             for key, obj in zip(keys, objects, strict=True):
                 buf = obj.byte_array
-                self._digests.put(key, format_checksum(sha256_hex(buf), len(buf)))
+                self._digests.put(key, self._digests.checksum.line(buf))
         return self._inner.submit_store_task(keys, objects)
 
     def pop_completed_store_tasks(self) -> dict:

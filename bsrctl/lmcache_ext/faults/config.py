@@ -6,7 +6,8 @@
                              # whenever its mtime or size changes; absent file = no rules;
                              # a change seen before a task's submission applies to it
  "rules": [...],             # initial rules (see ``faults.rules``)
- "verify": false,            # sha256 at store, checked at load (any inner adapter)
+ "verify": false,            # a checksum at store, checked at load (any inner adapter)
+ "checksum_algorithm": "xxh3_128",  # verify's algorithm: xxh3_128 | sha256 (adapters.checksum)
  "checksum_dir": null,       # where verify keeps digests (else in memory, lost at exit)
  "shape": null}              # {"bandwidth_bytes_s", "latency_s"}: each load's result is
                              # withheld until a FIFO device of that speed finished it
@@ -23,6 +24,7 @@ from lmcache.v1.distributed.l2_adapters.config import (
 # the inner types bsr_fs and bsr_mooncake are registered by importing their modules
 from bsrctl.lmcache_ext.adapters import fs as _fs  # noqa: F401
 from bsrctl.lmcache_ext.adapters import mooncake as _mooncake  # noqa: F401
+from bsrctl.lmcache_ext.adapters.checksum import DEFAULT_ALGORITHM, Checksum
 from bsrctl.lmcache_ext.adapters.shaping import DeviceShape
 from bsrctl.lmcache_ext.faults.rules import parse_rules
 
@@ -39,12 +41,14 @@ class BsrFaultL2AdapterConfig(L2AdapterConfigBase):
         verify: bool = False,
         checksum_dir: str | None = None,
         shape: DeviceShape | None = None,
+        checksum: Checksum | None = None,
     ) -> None:
         self.inner_config = inner_config  # wrapped adapter (name per LMCache's unwrap helper)
         self.name = name  # registry name for run-time control
         self.control_path = control_path  # JSON rules file, re-read on change
         self.rules = list(rules or [])  # initial rules (validated)
-        self.verify = verify  # sha256 at store, checked at load
+        self.verify = verify  # a checksum at store, checked at load
+        self.checksum = checksum or Checksum()  # verify's algorithm
         self.checksum_dir = checksum_dir  # persisted digests for verify (else memory)
         self.shape = shape  # the device each load is paced by (None: unshaped)
         parse_rules(self.rules)
@@ -52,7 +56,7 @@ class BsrFaultL2AdapterConfig(L2AdapterConfigBase):
     @classmethod
     def from_dict(cls, d: dict) -> BsrFaultL2AdapterConfig:
         known = {"type", "inner", "name", "control_path", "rules", "verify", "checksum_dir"}
-        known |= {"shape"}
+        known |= {"shape", "checksum_algorithm"}
         known |= {"affinity_tag", "shared", "eviction", "persist_enabled", "serde"}
         unknown = sorted(set(d) - known)
         if unknown:
@@ -78,8 +82,16 @@ class BsrFaultL2AdapterConfig(L2AdapterConfigBase):
         if checksum_dir is not None and not isinstance(checksum_dir, str):
             raise ValueError("checksum_dir must be a string")
         shape = DeviceShape.parse(d.get("shape"))
+        checksum = Checksum(d.get("checksum_algorithm", DEFAULT_ALGORITHM))
         return cls(
-            inner_config, name, control_path, d.get("rules", []), verify, checksum_dir, shape
+            inner_config,
+            name,
+            control_path,
+            d.get("rules", []),
+            verify,
+            checksum_dir,
+            shape,
+            checksum,
         )
 
     @classmethod

@@ -22,7 +22,6 @@ from lmcache.v1.distributed.api import ObjectKey
 from lmcache.v1.distributed.l2_adapters.base import L2AdapterInterface, L2TaskId
 from lmcache.v1.platform.event_notifier import EventNotifier, consume_fd
 
-from bsrctl.lmcache_ext.adapters.checksum import sha256_hex
 from bsrctl.lmcache_ext.faults.rules import PHASES
 from bsrctl.lmcache_ext.faults.verify import Digests
 
@@ -212,7 +211,7 @@ class FaultPump:
                     self._stats["verify_missing"] += 1
                     self._record({"fault": "verify_missing", "chunk_hash": key.chunk_hash.hex()})
                 logger.warning("no stored digest for %s: reported as a miss", key)
-            elif sha256_hex(buf) != expected[0] or len(buf) != expected[1]:
+            elif not self._digests.checksum.matches(buf, expected):
                 bitmap.clear(i)
                 with self._lock:
                     self._stats["verify_mismatch"] += 1

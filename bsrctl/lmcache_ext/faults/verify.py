@@ -1,4 +1,4 @@
-"""verify: sha256 of every stored object, checked when it is loaded back."""
+"""verify: a checksum of every stored object, checked when it is loaded back."""
 
 from __future__ import annotations
 
@@ -9,15 +9,17 @@ from lmcache.v1.distributed.api import ObjectKey
 from lmcache.v1.distributed.l2_adapters.fs_l2_adapter import _object_key_to_filename
 
 from bsrctl.evidence.atomic import write_atomic
-from bsrctl.lmcache_ext.adapters.checksum import parse_checksum
+from bsrctl.lmcache_ext.adapters.checksum import Checksum
 
 
 class Digests:
-    """verify's sha256 lines ("<hex> <size>") per key file name: in memory, and in
-    ``<dir>/<key file>.sha256`` when a checksum dir is set (they then outlive the process)."""
+    """verify's checksum lines ("<hex> <size>") per key file name: in memory, and in
+    ``<dir>/<key file>.<algorithm>`` when a checksum dir is set (they then outlive the
+    process)."""
 
-    def __init__(self, directory: Path | None) -> None:
+    def __init__(self, directory: Path | None, checksum: Checksum) -> None:
         self._dir = directory
+        self.checksum = checksum
         if directory is not None:
             directory.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
@@ -28,7 +30,7 @@ class Digests:
         with self._lock:
             self._lines[name] = line
         if self._dir is not None:
-            write_atomic(self._dir / (name + ".sha256"), line.encode())
+            write_atomic(self._dir / (name + self.checksum.suffix), line.encode())
 
     def get(self, key: ObjectKey) -> tuple[str, int] | None:
         name = _object_key_to_filename(key)
@@ -36,7 +38,7 @@ class Digests:
             line = self._lines.get(name)
         if line is None and self._dir is not None:
             try:
-                line = (self._dir / (name + ".sha256")).read_text()
+                line = (self._dir / (name + self.checksum.suffix)).read_text()
             except OSError:
                 line = None
-        return parse_checksum(line) if line else None
+        return self.checksum.parse(line) if line else None

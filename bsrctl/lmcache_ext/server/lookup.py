@@ -151,6 +151,7 @@ class LookupHandlers(ModuleState):
         rid = key.request_id
         try:
             self._count("lookups")
+            self._lookup_seen(rid)
             if self._forced(rid):
                 return
             if self._tempo_gate(key, tp_size):

@@ -111,7 +111,8 @@ class RetrieveHandlers(ModuleState):
                 ok=ok,
                 start_token=key.start,
                 end_token=key.end,
-                restore_s=round(time.monotonic() - t0, 6),
+                restore_s=round(self._since_lookup(key.request_id, t0), 6),
+                retrieve_s=round(time.monotonic() - t0, 6),
             )
         )
         return handle, ok
@@ -201,11 +202,12 @@ class RetrieveHandlers(ModuleState):
             self._trace_pool.submit(trace_restore, rid, rank, anchor, outcome, time.time_ns())
         except RuntimeError:
             log.warning("bsr restore of %s: not traced (the module is closing)", rid)
-        self._after_restore(key, outcome, time.monotonic() - t0)
+        self._after_restore(key, outcome, t0)
         return eb.export_event(event, cc.device), outcome.ok
 
-    def _after_restore(self, key: IPCCacheServerKey, outcome: RestoreOutcome, dt: float) -> None:
+    def _after_restore(self, key: IPCCacheServerKey, outcome: RestoreOutcome, t0: float) -> None:
         rid = key.request_id
+        retrieve_s, restore_s = time.monotonic() - t0, self._since_lookup(rid, t0)
         self._count("windows", outcome.windows_done)
         self._count("bytes_restored", outcome.bytes_restored)
         rb = outcome.readback
@@ -233,7 +235,8 @@ class RetrieveHandlers(ModuleState):
                 windows_done=outcome.windows_done,
                 bytes_restored=outcome.bytes_restored,
                 peak_staged_bytes_by_rank=dict(outcome.peak_staged_bytes_by_rank),
-                restore_s=round(dt, 6),
+                restore_s=round(restore_s, 6),
+                retrieve_s=round(retrieve_s, 6),
                 window_phases=tuple(t.to_json() for t in outcome.timings),
                 readback=None if rb is None else ReadbackTotals.from_json(rb.to_json()),
             )

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import os
 import threading
-from collections import Counter, deque
+import time
+from collections import Counter, OrderedDict, deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from enum import IntEnum
 from typing import Any
@@ -35,6 +36,7 @@ from bsrctl.restore.stall import StallWatch
 log = init_logger("bsrctl.lmcache_ext.server")
 
 RECENT_OUTCOMES = 64  # retrieve outcomes kept for bsr.status
+LOOKUPS_KEPT = 4096  # lookup arrival times kept (one per request in flight)
 
 
 class Mode(IntEnum):
@@ -106,6 +108,8 @@ class ModuleState:
         self._trace_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bsr-trace")
         self._stall = StallWatch().start()
         self._stock_keys: dict[str, IPCCacheServerKey] = {}  # W=0: lookup key per request
+        # when each request's lookup arrived (restore_s starts there); the newest LOOKUPS_KEPT
+        self._lookup_at: OrderedDict[str, float] = OrderedDict()
         self._stock_staged: dict[str, dict[int, int]] = {}  # W=0: whole-plan bytes per rank
         self._counters: Counter[str] = Counter()
         self._l1_used_peak = 0
@@ -151,6 +155,7 @@ class ModuleState:
             probe_timeout_s=cfg.probe_timeout_s,
             drain_timeout_s=cfg.drain_timeout_s,
             on_window_ready=self._sample_l1,
+            staging=cfg.window_staging,
         )
         core = cfg.model_copy(
             update={
@@ -210,6 +215,22 @@ class ModuleState:
         part = {r: b for r, b in part.items() if b}
         if part:
             self.gauge.remove(part)
+
+    def _lookup_seen(self, request_id: str) -> None:
+        """The first lookup of a request (vLLM may ask again while it waits) starts its
+        ``restore_s``; a request that never retrieves ages out."""
+        now = time.monotonic()
+        with self._lock:
+            if request_id not in self._lookup_at:
+                self._lookup_at[request_id] = now
+                while len(self._lookup_at) > LOOKUPS_KEPT:
+                    self._lookup_at.popitem(last=False)
+
+    def _since_lookup(self, request_id: str, retrieve_start: float) -> float:
+        """Seconds from the request's lookup (else from its retrieve) to now."""
+        with self._lock:
+            start = self._lookup_at.get(request_id, retrieve_start)
+        return time.monotonic() - start
 
     def _record_outcome(self, summary: RestoreOutcomeSummary) -> None:
         with self._lock:

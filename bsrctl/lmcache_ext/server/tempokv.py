@@ -82,7 +82,8 @@ class TempoKVHandlers(ModuleState):
                     f"{chunk} (--chunk-size): the claims' objects would be the wrong chunks"
                 )
             live = LiveConfig.from_json(cfg.to_json())
-            storage = ServerRestoreStorage(self._sm, self._layouts_of)
+            # TempoKV's pins are a prefetch's read locks (tempokv_device): staged by LMCache
+            storage = ServerRestoreStorage(self._sm, self._layouts_of, staging="prefetch")
             self._tempo = LiveTempo(storage, live)
             return _json(wire.ConfigureReply(True, cfg, None).to_json())
         except Exception as e:

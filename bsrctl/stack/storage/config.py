@@ -10,7 +10,7 @@ from bsrctl.errors import BadInput
 from bsrctl.registration import Registration
 from bsrctl.settings import RestoreSettings
 
-DESTINATIONS = ("verify", "mmap", "null")
+DESTINATIONS = ("verify", "mmap", "memory", "null")
 L2_ADAPTERS = ("auto", "stock", "bsr_fs", "bsr_mooncake")
 
 
@@ -70,8 +70,9 @@ class StorageRestoreResult:
     gauge_peak_bytes_by_rank: dict[int, int]  # the core's staging accounting, per rank
     rws_bound_bytes: int  # W * c_allocated + aux (0 for W = 0)
     bytes_restored: int  # bytes installed into the destination
-    restore_s: float  # wall time of the windowed restore (after the probe)
+    restore_s: float  # from the lookup (probe) of the prefix to the last byte installed
     probe_s: float  # wall time of the probe-only lookup
+    retrieve_s: float  # the restore after the probe (restore_s - probe_s)
     verify_ok: bool | None  # every installed byte canonical (None: destination doesn't verify)
     verify_mismatches: int  # objects whose bytes were not canonical
     blocks_valid: int  # destination blocks valid after the restore

@@ -18,7 +18,9 @@ class PoolDestination:
     """A request's destination blocks: one per (row, chunk); valid bit per block.
 
     mode "verify": compare each installed object with canonical bytes, keep nothing.
-    mode "mmap": copy into a file-backed pool (rows x chunks x object bytes).
+    mode "mmap": copy into a file-backed pool (rows x chunks x object bytes), synced.
+    mode "memory": copy into an anonymous pool of that size (a KV install's copy, nothing
+    compared: the timed passes' production path).
     mode "null": count bytes only.
     """
 
@@ -39,17 +41,20 @@ class PoolDestination:
         self.valid = {r.row: bytearray(n) for r in request.rows}
         self.mismatches = 0
         self._lock = threading.Lock()
-        self._pool: np.memmap | None = None
+        self._pool: np.ndarray | None = None
         self._offsets: dict[RowId, int] = {}
-        if mode == "mmap" and n:
-            dest_dir.mkdir(parents=True, exist_ok=True)
+        if mode in ("mmap", "memory") and n:
             off = 0
             for r in request.rows:
                 self._offsets[r.row] = off
                 off += r.chunk_bytes * n
-            self._pool = np.memmap(
-                dest_dir / f"{request.request_id}.pool", np.uint8, "w+", shape=(off,)
-            )
+            if mode == "memory":
+                self._pool = np.zeros(off, np.uint8)
+            else:
+                dest_dir.mkdir(parents=True, exist_ok=True)
+                self._pool = np.memmap(
+                    dest_dir / f"{request.request_id}.pool", np.uint8, "w+", shape=(off,)
+                )
 
     def install(
         self,
@@ -73,7 +78,7 @@ class PoolDestination:
                     if not np.array_equal(buf, want):
                         with self._lock:
                             self.mismatches += 1
-                elif self.mode == "mmap" and self._pool is not None:
+                elif self._pool is not None:
                     at = self._offsets[row] + chunk * size
                     self._pool[at : at + size] = buf
                 self.valid[row][chunk] = 1
@@ -81,7 +86,7 @@ class PoolDestination:
         return done
 
     def sync(self, request_id: str) -> None:
-        if self._pool is not None:
+        if isinstance(self._pool, np.memmap):
             self._pool.flush()
 
     def mark_invalid(self, request_id: str) -> None:
@@ -97,8 +102,8 @@ class PoolDestination:
         return sum(len(b) for b in self.valid.values())
 
     def close(self) -> None:
-        if self._pool is not None:
+        if isinstance(self._pool, np.memmap):
             path = Path(self._pool.filename)
             del self._pool
-            self._pool = None
             path.unlink(missing_ok=True)
+        self._pool = None

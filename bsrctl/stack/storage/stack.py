@@ -42,6 +42,8 @@ from bsrctl.stack.storage.config import (
 from bsrctl.stack.storage.destinations import PoolDestination
 from bsrctl.stack.storage.files import drop_file_cache, write_file
 from bsrctl.stack.storage.ranks import L1HighWater, PerRankStorage
+from bsrctl.trace.collect import COLLECTOR
+from bsrctl.trace.spans import Stopwatch, trace_local_restore
 
 
 @dataclass
@@ -320,16 +322,17 @@ class StorageStack:
         settings = self.config.restore.with_window(window_chunks, budget_chunks)
         request = self.request(rid, seeded.hashes)
         pool = self.destination(request, seeded.salt, destination)
-        return RestoreJob(
-            request, settings.core_config(pipeline=pipeline), self.rank_storage(), pool, pool
-        )
+        storage = self.rank_storage(window_chunks)
+        return RestoreJob(request, settings.core_config(pipeline=pipeline), storage, pool, pool)
 
-    def rank_storage(self) -> PerRankStorage:
-        """Every rank's StorageManager behind one RestoreStorage."""
+    def rank_storage(self, window_chunks: int = 1) -> PerRankStorage:
+        """Every rank's StorageManager behind one RestoreStorage: windows (W > 0) staged as
+        ``restore.window_staging`` says, the whole plan (W = 0) by LMCache's prefetch."""
         drain_s = max(60.0, self.config.restore.window_timeout_s)
+        staging = self.config.restore.window_staging if window_chunks else "prefetch"
         return PerRankStorage(
             {
-                r: extensions.restore_storage(sm, self.layouts, drain_s)
+                r: extensions.restore_storage(sm, self.layouts, drain_s, staging)
                 for r, sm in self.managers.items()
             }
         )
@@ -343,7 +346,7 @@ class StorageStack:
         One restorer owns one admission budget: use one restorer from several threads to
         restore several requests under a common B.
         """
-        store = storage if storage is not None else self.rank_storage()
+        store = storage if storage is not None else self.rank_storage(config.window_chunks)
         return BoundedRestorer(store, config, markers=self.markers)
 
     def destination(
@@ -366,14 +369,21 @@ class StorageStack:
     def _run(self, restorer: BoundedRestorer, job: RestoreJob) -> StorageRestoreResult:
         reg, cfg, request, pool = self.registration, restorer.config, job.request, job.pool
         before = self.l1_usage_bytes()
+        probe_ns = time.time_ns()
         t0 = time.monotonic()
         plan = restorer.probe(request)
         t1 = time.monotonic()
         for hw in self.high_water.values():
             hw.reset()
+        anchor = Stopwatch()
         outcome: RestoreOutcome = restorer.restore(plan, job.destination)
         t2 = time.monotonic()
+        end_ns = time.time_ns()
         self.last_outcome = outcome
+        # the run's timeline (a no-op tracer when the run collects nothing)
+        trace_local_restore(
+            COLLECTOR.tracer(), request.request_id, probe_ns, anchor, outcome, end_ns
+        )
         if plan.forced_local:
             # No external tokens were reported: the request is admitted for local prefill,
             # which clears its marker (the engine's successful RUNNING admission).
@@ -399,8 +409,9 @@ class StorageStack:
             else 0,
             l1_allocation_unit_bytes=unit,
             bytes_restored=outcome.bytes_restored,
-            restore_s=t2 - t1,
+            restore_s=t2 - t0,
             probe_s=t1 - t0,
+            retrieve_s=t2 - t1,
             verify_ok=verify,
             verify_mismatches=pool.mismatches,
             blocks_valid=pool.blocks_valid,

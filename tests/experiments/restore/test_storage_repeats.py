@@ -1,7 +1,9 @@
-"""Repeated restore points (``sweep.repeats``): rotated rounds, samples and intervals of the
-timed measures, byte measures identical across repeats (a repeat whose peak moved FAILs
-naming it), and BSR against the whole plan judged over the paired repeats. The pure parts
-on synthetic measures; the sweeps on the real storage stack (small geometry, seconds)."""
+"""Repeated restore points (``sweep.repeats``): an accuracy pass with the oracle, then rotated
+timed rounds on the production path, samples and intervals of the timed measures only, byte
+measures identical across passes (a pass whose peak moved FAILs naming it), oracle checks
+from the accuracy pass only, and BSR against the whole plan judged over the paired timed
+repeats. The pure parts on synthetic measures; the sweeps on the real storage stack (small
+geometry, seconds)."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import pytest
 from bsrctl import stats
 from bsrctl.evidence.verdict import Verdict
 from bsrctl.experiments.restore.repeats import (
+    Pass,
     identical_check,
     merged_checks,
     repeated_point,
@@ -26,14 +29,17 @@ from bsrctl.stack.target import RestoreMeasures
 C = 262_144
 
 
-def test_rounds_rotate_by_one_after_the_warmup() -> None:
+def test_rounds_accuracy_then_warmup_then_timed_rotated_by_one() -> None:
+    A, W, T = Pass.ACCURACY, Pass.WARMUP, Pass.TIMED
     assert list(rounds(3, 3, 1)) == [
-        (-1, [0, 1, 2]),
-        (0, [1, 2, 0]),
-        (1, [2, 0, 1]),
-        (2, [0, 1, 2]),
+        (A, 0, [0, 1, 2]),
+        (W, 0, [1, 2, 0]),
+        (T, 0, [2, 0, 1]),
+        (T, 1, [0, 1, 2]),
+        (T, 2, [1, 2, 0]),
     ]
-    assert list(rounds(2, 1, 0)) == [(0, [0, 1])]  # one measurement: the order it always had
+    assert list(rounds(2, 1, 0)) == [(A, 0, [0, 1]), (T, 0, [1, 0])]
+    assert [k.oracle for k, _, _ in rounds(1, 2, 1)] == [True, False, False, False]
 
 
 def test_defaults_sweep_five_with_one_warmup_round_law_and_ladder_one() -> None:
@@ -57,38 +63,57 @@ def _m(restore_s: float, peak: int = 2 * C, **kw: Any) -> RestoreMeasures:
     )  # fmt: skip
 
 
-def test_one_repeat_is_the_point_it_always_was() -> None:
-    p = repeated_point("n1024-w2", {"tokens": 1024}, [_m(0.5)], "storage").to_json()
+ACC = {"verify_ok": True, "verify_mismatches": 0}  # the oracle's verdict (accuracy pass)
+TIMED = {"verify_ok": None, "verify_mismatches": 0}  # no byte compared (production path)
+
+
+def test_no_timed_pass_is_the_accuracy_pass_alone() -> None:
+    p = repeated_point("n1024-w2", {"tokens": 1024}, _m(0.5, **ACC), [], "storage").to_json()
     assert "samples" not in p and "intervals" not in p and "repeats" not in p
     assert p["measures"]["restore_s"] == 0.5
     assert "repeats_identical" not in [c["name"] for c in p["checks"]]
 
 
-def test_repeats_keep_medians_samples_and_intervals() -> None:
-    ms = [_m(0.5), _m(0.2), _m(0.4)]
-    p = repeated_point("n1024-w2", {"tokens": 1024}, ms, "storage").to_json()
-    assert p["repeats"] == 3
+def test_samples_come_from_the_timed_passes_only() -> None:
+    ms = [_m(0.5, **TIMED), _m(0.2, **TIMED), _m(0.4, **TIMED)]
+    p = repeated_point("n1024-w2", {"tokens": 1024}, _m(9.0, **ACC), ms, "storage").to_json()
+    assert (p["repeats"], p["sample_path"]) == (3, "production")
     assert p["samples"] == {"restore_s": [0.5, 0.2, 0.4], "probe_s": [0.001] * 3}
+    assert p["accuracy_pass"] == {"restore_s": 9.0, "probe_s": 0.001}  # never sampled
     assert p["measures"]["restore_s"] == 0.4 and p["measures"]["probe_s"] == 0.001
     iv = stats.median_ci([0.5, 0.2, 0.4], 0)
     assert p["intervals"] == {"restore_s": [iv.lo, iv.hi], "probe_s": [0.001, 0.001]}
+    checks = {c["name"]: c for c in p["checks"]}
+    # the byte oracle judged on the accuracy pass; the timed passes compared nothing
+    assert checks["canonical_bytes"]["verdict"] == "PASS"
     assert p["checks"][-1]["name"] == "repeats_identical"
     assert p["checks"][-1]["verdict"] == "PASS"
+    one = repeated_point("p", {}, _m(9.0, **ACC), [_m(0.5, **TIMED)], "storage").to_json()
+    assert one["samples"]["restore_s"] == [0.5] and "restore_s" not in one["intervals"]
 
 
-def test_a_peak_that_moves_between_repeats_fails_naming_it() -> None:
+def test_a_peak_that_moves_between_passes_fails_naming_it() -> None:
     c = identical_check([_m(0.5), _m(0.5, peak=3 * C), _m(0.5)])
     assert c.verdict == Verdict.FAIL
     assert c.detail == (
-        f"differ between the 3 repeats: restore_pool_peak_bytes per repeat "
-        f"[{2 * C}, {3 * C}, {2 * C}]"
+        f"differ between the 3 passes: restore_pool_peak_bytes per pass [{2 * C}, {3 * C}, {2 * C}]"
     )
 
 
-def test_a_check_failing_in_one_repeat_fails_the_point_naming_the_repeat() -> None:
-    got = {c.name: c for c in merged_checks([_m(0.1), _m(0.1, peak=9 * C)], "storage")}
+def test_a_check_failing_in_one_timed_pass_fails_the_point_naming_the_pass() -> None:
+    got = {
+        c.name: c for c in merged_checks(_m(0.1, **ACC), [_m(0.1, **TIMED, peak=9 * C)], "storage")
+    }
     assert got["bounded_restore"].verdict == Verdict.FAIL
-    assert got["bounded_restore"].detail.startswith(f"repeat 1: peak {9 * C} B > ")
+    assert got["bounded_restore"].detail.startswith(f"timed pass 1: peak {9 * C} B > ")
+
+
+def test_an_oracle_verdict_is_the_accuracy_pass_s() -> None:
+    bad = {"verify_ok": False, "verify_mismatches": 2}
+    got = {c.name: c for c in merged_checks(_m(0.1, **bad), [_m(0.1, **TIMED)], "storage")}
+    assert got["canonical_bytes"].verdict == Verdict.FAIL  # a mismatch in the oracle pass
+    got = {c.name: c for c in merged_checks(_m(0.1, **ACC), [_m(0.1, **bad)], "storage")}
+    assert got["canonical_bytes"].verdict == Verdict.PASS  # a timed pass judges no bytes
 
 
 def _pt(n: int, w: int, key: str, xs: list[float]) -> dict[str, Any]:
@@ -141,13 +166,13 @@ def _doc(out: Path) -> dict[str, Any]:
     return load_evidence(run / "evidence.json")
 
 
-def _record_calls(monkeypatch) -> list[tuple[int, int]]:
-    calls: list[tuple[int, int]] = []
+def _record_calls(monkeypatch) -> list[tuple[int, int, bool]]:
+    calls: list[tuple[int, int, bool]] = []
     real = storage_target.StorageTarget.measure
 
-    def measure(self, prompt, window_chunks, cold=True):  # noqa: ANN001, ANN202
-        calls.append((prompt.tokens, window_chunks))
-        return real(self, prompt, window_chunks, cold)
+    def measure(self, prompt, window_chunks, cold=True, oracle=True):  # noqa: ANN001, ANN202
+        calls.append((prompt.tokens, window_chunks, oracle))
+        return real(self, prompt, window_chunks, cold, oracle)
 
     monkeypatch.setattr(storage_target.StorageTarget, "measure", measure)
     return calls
@@ -158,15 +183,22 @@ def test_storage_sweep_with_three_repeats(small_spec, tmp_path: Path, monkeypatc
     out = tmp_path / "out"
     assert run_sweep(_spec(small_spec, "repeats: 3"), out, "storage", quiet=True) == Verdict.PASS
     arms = [(n, w) for n in (1024, 2048, 4096) for w in (2, 0)]
-    rotated = [arms[k:] + arms[:k] for k in range(4)]  # warm-up round, then 3 rotated ones
-    assert calls == [a for order in rotated for a in order]
+    # the accuracy round, a warm-up round, then 3 timed rounds, each rotated by one
+    rotated = [arms[k:] + arms[:k] for k in range(5)]
+    assert calls == [(*a, k == 0) for k, order in enumerate(rotated) for a in order]
     doc = _doc(out)
     assert [p["id"] for p in doc["points"]] == [f"n{n}-w{w}" for n, w in arms]
     for p in doc["points"]:
         n, w = p["params"]["tokens"], p["params"]["window_chunks"]
-        assert p["repeats"] == 3 and set(p["samples"]) == {"restore_s", "probe_s"}
+        timed = {"restore_s", "probe_s", "retrieve_s"}
+        assert p["repeats"] == 3 and set(p["samples"]) == timed
+        assert p["sample_path"] == "production" and set(p["accuracy_pass"]) == timed
         assert all(len(v) == 3 for v in p["samples"].values())
-        assert set(p["intervals"]) == {"restore_s", "probe_s"}
+        assert set(p["intervals"]) == timed
+        # restore_s spans the lookup too: the probe and the retrieve after it
+        spans = (p["samples"][k] for k in ("restore_s", "probe_s", "retrieve_s"))
+        for a, b, c in zip(*spans, strict=True):
+            assert a >= b and a >= c
         for k, xs in p["samples"].items():
             iv = stats.median_ci(xs, 0)
             assert p["measures"][k] == iv.estimate and p["intervals"][k] == [iv.lo, iv.hi]
@@ -174,7 +206,9 @@ def test_storage_sweep_with_three_repeats(small_spec, tmp_path: Path, monkeypatc
         assert m["restore_pool_peak_bytes"] == (2 * C if w else (n // 256) * C)
         assert m["bytes_restored"] == (n // 256) * C and m["cached_tokens"] == n
         ident = next(c for c in p["checks"] if c["name"] == "repeats_identical")
-        assert ident["verdict"] == "PASS" and "over 3 repeats" in ident["detail"]
+        assert ident["verdict"] == "PASS" and "over 4 passes" in ident["detail"]
+        verified = next(c for c in p["checks"] if c["name"] == "canonical_bytes")
+        assert verified["verdict"] == "PASS"  # from the accuracy pass's byte compare
         assert p["verdict"] == "PASS"
     ratios = doc["summary"]["whole_plan_ratio_by_tokens"]
     assert sorted(ratios) == ["1024", "2048", "4096"]  # JSON keys
@@ -189,7 +223,11 @@ def test_storage_sweep_with_three_repeats(small_spec, tmp_path: Path, monkeypatc
     md = (out / doc["run_id"] / "summary.md").read_text()
     assert "Restore time, median [95 % CI] over 3 repeats: N = 1024 W = 2 " in md
     assert "restore_s W / whole plan at N = 1024: " in md
-    assert "| repeats |" in md.splitlines()[md.splitlines().index("## Points") + 2]
+    lines = md.splitlines()
+    head = lines[lines.index("## Points") + 2]
+    assert "| restore (timed) |" in head and head.endswith("| restore (accuracy pass) | passes |")
+    assert lines[lines.index("## Points") + 4].endswith(" | 1 accuracy + 3 timed |")
+    assert "Times are from the timed passes on the production path" in md
 
 
 def test_a_repeat_whose_peak_differs_fails_the_point(
@@ -198,11 +236,11 @@ def test_a_repeat_whose_peak_differs_fails_the_point(
     real = storage_target.StorageTarget.measure
     seen: list[int] = []
 
-    def measure(self, prompt, window_chunks, cold=True):  # noqa: ANN001, ANN202
-        m = real(self, prompt, window_chunks, cold)
+    def measure(self, prompt, window_chunks, cold=True, oracle=True):  # noqa: ANN001, ANN202
+        m = real(self, prompt, window_chunks, cold, oracle)
         if (prompt.tokens, window_chunks) == (2048, 2):
             seen.append(1)
-            if len(seen) == 2:  # the point's second measured repeat stages one chunk more
+            if len(seen) == 3:  # the point's second timed pass stages one chunk more
                 return dataclasses.replace(m, restore_pool_peak_bytes=3 * C)
         return m
 
@@ -216,12 +254,12 @@ def test_a_repeat_whose_peak_differs_fails_the_point(
     assert ident == {
         "name": "repeats_identical",
         "verdict": "FAIL",
-        "detail": f"differ between the 3 repeats: restore_pool_peak_bytes per repeat "
-        f"[{2 * C}, {3 * C}, {2 * C}]",
+        "detail": f"differ between the 4 passes: restore_pool_peak_bytes per pass "
+        f"[{2 * C}, {2 * C}, {3 * C}, {2 * C}]",
     }
     assert bad["verdict"] == "FAIL"
     bounded = next(c for c in bad["checks"] if c["name"] == "bounded_restore")
-    assert bounded["verdict"] == "FAIL" and bounded["detail"].startswith("repeat 1: ")
+    assert bounded["verdict"] == "FAIL" and bounded["detail"].startswith("timed pass 2: ")
     assert {pid for pid, p in pts.items() if p["verdict"] == "FAIL"} == {"n2048-w2"}
 
 

@@ -215,7 +215,7 @@ def test_every_bsr_reply_parses_as_its_protocol_type_byte_for_byte(bsr_sm_server
     assert server.lookup(toks, "r-proto") == 4
     outcome = restore(server, toks, "r-proto", VerifyingDestination([b""] * 4, fail_window=0))
     key = IPCCacheServerKey(MODEL, 1, 0, tuple(toks), 0, 4 * CHUNK, "r-proto")
-    m._after_restore(key, outcome, 0.5)  # what a failed windowed retrieve records
+    m._after_restore(key, outcome, time.monotonic() - 0.5)  # a failed windowed retrieve's
     for method, kind in REPLY_TYPES.items():
         raw = getattr(m, method)(authed() if method in ("bsr_reset_peak", "bsr_forget") else b"")
         parsed = kind.from_json(json.loads(raw))
@@ -254,3 +254,33 @@ def test_bsr_fault_dispatches_through_the_extension_registry(bsr_sm_server, monk
         "ok": False,
         "error": "fault adapter unavailable: none loaded in this server process",
     }
+
+
+def test_restore_s_runs_from_the_requests_first_lookup(bsr_sm_server, monkeypatch) -> None:
+    """restore_s starts at the request's first lookup (vLLM may look up again while it
+    waits), retrieve_s at its retrieve; a request whose lookup this server never saw falls
+    back to the retrieve; the newest LOOKUPS_KEPT lookups are kept."""
+    from bsrctl.lmcache_ext.server import state
+
+    server = bsr_sm_server(8 * C_BYTES, window_chunks=2)
+    m = server.module
+    toks = make_tokens(4, salt=22)
+    server.seed(toks)
+    now = [100.0]
+    monkeypatch.setattr(state.time, "monotonic", lambda: now[0])
+    assert server.lookup(toks, "r-span") == 4  # first lookup at t = 100
+    now[0] = 101.0
+    m._lookup_seen("r-span")  # asked again at t = 101: the first one stays
+    outcome = restore(server, toks, "r-span", VerifyingDestination([b""] * 4))
+    key = IPCCacheServerKey(MODEL, 1, 0, tuple(toks), 0, 4 * CHUNK, "r-span")
+    now[0] = 102.5
+    m._after_restore(key, outcome, 102.0)  # its retrieve began at t = 102
+    other = IPCCacheServerKey(MODEL, 1, 0, tuple(toks), 0, 4 * CHUNK, "r-unseen")
+    m._after_restore(other, outcome, 102.25)
+    status = StatusReply.from_json(json.loads(m.bsr_status(b"")))
+    seen, unseen = status.recent_outcomes[-2:]
+    assert (seen.request_id, seen.restore_s, seen.retrieve_s) == ("r-span", 2.5, 0.5)
+    assert (unseen.request_id, unseen.restore_s, unseen.retrieve_s) == ("r-unseen", 0.25, 0.25)
+    for i in range(state.LOOKUPS_KEPT):
+        m._lookup_seen(f"r-{i}")
+    assert len(m._lookup_at) == state.LOOKUPS_KEPT and "r-span" not in m._lookup_at

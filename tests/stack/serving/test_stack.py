@@ -67,6 +67,7 @@ def test_lmcache_loads_the_callers_module_and_adapters(tmp_path: Path, no_wait: 
             "base_path": str(tmp_path / "stack" / "l2-fs"),
             "load_concurrency": 4,
             "checksum": True,
+            "checksum_algorithm": "xxh3_128",
         },
     }
     assert moon["adapter_params"] == {
@@ -80,6 +81,7 @@ def test_lmcache_loads_the_callers_module_and_adapters(tmp_path: Path, no_wait: 
         },
         "verify": True,
         "checksum_dir": str(tmp_path / "stack" / "checksums-mooncake"),
+        "checksum_algorithm": "xxh3_128",
     }
     assert (tmp_path / "stack" / "l2-fs").is_dir()
 

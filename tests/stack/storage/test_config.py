@@ -15,7 +15,8 @@ from bsrctl.stack.storage import FAULT_KINDS, FaultSpec, StorageStackConfig  # n
 
 def test_unknown_values_are_bad_input(tmp_path: Path) -> None:
     reg = tiny_llama_cpu()
-    with pytest.raises(BadInput, match=r"destination 'disk': one of \('verify', 'mmap', 'null'\)"):
+    one_of = r"one of \('verify', 'mmap', 'memory', 'null'\)"
+    with pytest.raises(BadInput, match=r"destination 'disk': " + one_of):
         StorageStackConfig(tmp_path, reg, 1 << 20, destination="disk")
     with pytest.raises(BadInput, match="l2_adapter 'nfs'"):
         StorageStackConfig(tmp_path, reg, 1 << 20, l2_adapter="nfs")
