@@ -38,11 +38,12 @@ mode with every round's pass seconds and time to the first window as samples (me
 interval), the median pass's rate and the staging peak (``peak_identical`` FAILs when it
 moves between rounds); its folder is printed before the last lines.
 
-Last line: ``fs: bsr/best-raw=X.XX bsr/whole-plan=Y.YY bsr/fio=F.FF [lo, hi] mooncake:
-bsr/best-raw=Z.ZZ peak_bytes=N`` at the largest size and the first W, B = 2W; bsr/fio is the
-median over rounds of BSR's rate over the best fio mode's in the same round, with its 95 %
-bootstrap interval; N is that run's staging peak per rank (B·c exactly when the restore pool
-is flat).
+Last line: ``fs: bsr/best-raw=X.XX bsr/whole-plan=Y.YY bsr/fio@8192=F.FF [lo, hi]
+bsr/fio@65536=… mooncake: bsr/best-raw=Z.ZZ peak_bytes=N`` for the first W, B = 2W, at the
+largest size but bsr/fio, given at every size: the median over rounds of BSR's rate over the
+best fio mode's in the same round, with its 95 % bootstrap interval; N is the largest size's
+staging peak per rank (B·c exactly when the restore pool is flat). A fio mode that fails is
+dropped with one line naming its job and fio's message; the others go on.
 
 The parts live in bench/bandwidth/ (by tier: ``fs``, ``mooncake`` and ``mooncake_worker``; the
 shared ``common``, ``stacks``, ``raw``, ``summary``); every stack is deployed the one way

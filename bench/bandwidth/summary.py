@@ -17,10 +17,11 @@ def goal_label(w: int) -> str:
 
 
 def last_line(fs: list[TierResult], mc: list[TierResult], w: int) -> str:
-    """``fs: bsr/best-raw=X.XX bsr/whole-plan=Y.YY mooncake: bsr/best-raw=Z.ZZ peak_bytes=N``
-    (each tier's part only when it ran): the ratios at the largest size (the whole-plan one
-    at the largest size whose whole plan ran), N the goal row's staging peak per rank (the
-    FS tier's when it ran)."""
+    """``fs: bsr/best-raw=X.XX bsr/whole-plan=Y.YY bsr/fio@8192=F [lo, hi] bsr/fio@65536=…
+    mooncake: bsr/best-raw=Z.ZZ peak_bytes=N`` (each tier's part only when it ran): the
+    ratios at the largest size (the whole-plan one at the largest size whose whole plan
+    ran), BSR against fio at every size, N the goal row's staging peak per rank (the FS
+    tier's when it ran)."""
     label = goal_label(w)
     fields: list[str] = []
     peak = None
@@ -34,7 +35,7 @@ def last_line(fs: list[TierResult], mc: list[TierResult], w: int) -> str:
             fields.append(f"bsr/whole-plan={x.rate[label] / x.whole:.2f}")
         else:
             fields.append("bsr/whole-plan=n/a")
-        fields.append(fio_ratio(r, label))
+        fields += [fio_ratio(x, label, tag=f"@{x.tokens}") for x in fs]
         peak = r.row(label).peak
     if mc:
         r = mc[-1]
@@ -48,17 +49,18 @@ def round_rates(res: TierResult, label: str) -> list[float]:
     return [res.row(label).bytes / s for s in res.samples[label]["pass_s"]]
 
 
-def fio_ratio(res: TierResult, label: str, seed: int = 0) -> str:
-    """``bsr/fio=X [lo, hi]``: BSR's rate over the best fio mode's (the best median rate),
-    paired by round; ``n/a`` without fio modes."""
+def fio_ratio(res: TierResult, label: str, seed: int = 0, tag: str = "") -> str:
+    """``bsr/fio<tag>=X [lo, hi]``: BSR's rate over the best fio mode's (the best median
+    rate), paired by round; ``n/a`` without fio modes (none ran, or every one dropped)."""
+    name = f"bsr/fio{tag}"
     fios = [r for r in res.rows if r.label.startswith("fio")]
     if not fios or label not in res.samples:
-        return "bsr/fio=n/a"
+        return f"{name}=n/a"
     best = max(fios, key=lambda r: r.rate)
     iv = paired_ratio_ci(round_rates(res, label), round_rates(res, best.label), seed)
     if not iv.testable:
-        return f"bsr/fio={iv.estimate:.2f} [1 round: no interval]"
-    return f"bsr/fio={iv.estimate:.2f} [{iv.lo:.2f}, {iv.hi:.2f}]"
+        return f"{name}={iv.estimate:.2f} [1 round: no interval]"
+    return f"{name}={iv.estimate:.2f} [{iv.lo:.2f}, {iv.hi:.2f}]"
 
 
 def tier_points(tier: str, results: list[TierResult]) -> list[Point]:

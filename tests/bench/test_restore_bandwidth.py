@@ -115,11 +115,11 @@ def test_last_line_format() -> None:
     ]
     mc = [tier(65536, {"client batch_get_into (8 objects/batch)": 4.0, goal: 3.0})]  # fmt: skip
     assert last_line(fs, mc, 8) == (
-        "fs: bsr/best-raw=0.80 bsr/whole-plan=1.25 bsr/fio=n/a mooncake: bsr/best-raw=0.75 "
-        "peak_bytes=100"
+        "fs: bsr/best-raw=0.80 bsr/whole-plan=1.25 bsr/fio@8192=n/a bsr/fio@65536=n/a "
+        "mooncake: bsr/best-raw=0.75 peak_bytes=100"
     )
     assert last_line(fs[1:], [], 8) == (
-        "fs: bsr/best-raw=0.80 bsr/whole-plan=n/a bsr/fio=n/a peak_bytes=100"
+        "fs: bsr/best-raw=0.80 bsr/whole-plan=n/a bsr/fio@65536=n/a peak_bytes=100"
     )
     assert last_line([], mc, 8) == "mooncake: bsr/best-raw=0.75 peak_bytes=100"
 
