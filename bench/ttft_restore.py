@@ -233,9 +233,7 @@ def main() -> int:
         return out
 
     def body(w: Any) -> tuple[dict[str, Any], list[Check]]:
-        from bsrctl.stack.model import prepare_model
-
-        target.vocab = prepare_model(spec.stack.vllm).vocab
+        target.prepare([prompt])  # the vocabulary and the canonical output (no connector)
         target.deploy(spec.stack.lmcache.l1_size_bytes, spec.settings(4))
         w.set_stack(target.describe())
         target.store([prompt])
