@@ -19,16 +19,15 @@ sha256/xxh3_128=11.2 [10.8, 12] crc32c/xxh3_128=2.7 [2.5, 2.9]``.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import crc32c
 import torch
+from chunk_args import chunk_args
 from lmcache.v1.memory_management import MemoryObjMetadata, TensorMemoryObj
 
 from bsrctl.experiments.bench import SEED, bench_point, run_bench
@@ -50,16 +49,9 @@ def memory_obj(raw: torch.Tensor) -> TensorMemoryObj:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--rounds", type=int, default=9)
-    ap.add_argument("--chunks", type=int, default=64)
-    ap.add_argument("--chunk-bytes", type=int, default=262144)
-    ap.add_argument("--evidence", type=Path, default=Path("reports"))
-    args = ap.parse_args()
-    for name in ("rounds", "chunks", "chunk_bytes"):
-        if getattr(args, name) < 1:
-            print(f"--{name.replace('_', '-')} must be >= 1", file=sys.stderr)
-            return 2
+    args = chunk_args(__doc__.split("\n\n")[0])
+    if args is None:
+        return 2
     gen = torch.Generator().manual_seed(SEED)
     objs = [memory_obj(torch.randint(0, 256, (args.chunk_bytes,), dtype=torch.uint8,
                                      generator=gen)) for _ in range(args.chunks)]  # fmt: skip

@@ -13,16 +13,15 @@ the order of the two ways alternates between rounds so drift hits both. Evidence
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import statistics
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import torch
+from chunk_args import chunk_args
 from lmcache.v1.memory_management import MemoryObjMetadata, TensorMemoryObj
 
 from bsrctl.experiments.bench import SEED, bench_point, run_bench
@@ -47,16 +46,9 @@ WAYS: dict[str, Callable[[Any, Any], bool]] = {"digest": digests_equal, "direct"
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--rounds", type=int, default=9)
-    ap.add_argument("--chunks", type=int, default=64)
-    ap.add_argument("--chunk-bytes", type=int, default=262144)
-    ap.add_argument("--evidence", type=Path, default=Path("reports"))
-    args = ap.parse_args()
-    for name in ("rounds", "chunks", "chunk_bytes"):
-        if getattr(args, name) < 1:
-            print(f"--{name.replace('_', '-')} must be >= 1", file=sys.stderr)
-            return 2
+    args = chunk_args(__doc__.split("\n\n")[0])
+    if args is None:
+        return 2
     gen = torch.Generator().manual_seed(SEED)
     staged = [torch.randint(0, 256, (args.chunk_bytes,), dtype=torch.uint8, generator=gen)
               for _ in range(args.chunks)]  # fmt: skip
