@@ -6,10 +6,11 @@ with its canonical bytes) and ``repeats`` **timed passes** on the production pat
 off: nothing per window that production would not do), as MLPerf LoadGen runs accuracy and
 performance modes apart. No time is taken from the accuracy pass; no byte-oracle verdict
 (``ORACLE_CHECKS``) from a timed pass; every other check (canonical output, the bound, the
-accounting) judges every pass. Round 0 is the accuracy round; round r visits the arms
-rotated by r (arms[r:] + arms[:r]), so slow drift of a shared machine lands on every arm
-about alike and the arms of one round are a paired comparison; warm-up rounds follow the
-accuracy round, in the same rotation, and are discarded.
+accounting) judges every pass. The accuracy round comes first, in arm order; then
+``warmup`` discarded rounds; then the timed rounds, timed round r visiting the arms rotated
+by r (arms[r:] + arms[:r]), so slow drift of a shared machine lands on every arm about alike
+and the arms of one round are a paired comparison. With one timed pass the points thus
+complete in arm order, as a single-measurement run's did.
 
 The passes of one point make one evidence point (the convention of bsrctl.evidence.schema):
 ``measures`` are the accuracy pass's with every timed measure replaced by its timed median,
@@ -71,14 +72,14 @@ class Pass(Enum):
 def rounds(arms: int, repeats: int, warmup: int) -> Iterator[tuple[Pass, int, list[int]]]:
     """(pass, its index among its kind, arm indices in visiting order) for every round: the
     accuracy round, ``warmup`` discarded rounds, then ``repeats`` timed ones (index 0 ..
-    repeats-1), all rotated by one."""
+    repeats-1); round k of each kind rotated by k."""
     kinds = [Pass.ACCURACY] + [Pass.WARMUP] * warmup + [Pass.TIMED] * repeats
     seen: dict[Pass, int] = {}
-    for k, kind in enumerate(kinds):
-        shift = k % arms if arms else 0
-        order = list(range(arms))
+    for kind in kinds:
         idx = seen.get(kind, 0)
         seen[kind] = idx + 1
+        shift = idx % arms if arms else 0
+        order = list(range(arms))
         yield kind, idx, order[shift:] + order[:shift]
 
 

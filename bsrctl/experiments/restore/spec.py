@@ -62,7 +62,7 @@ def _repeats(default: int, why: str) -> Any:
         default,
         ge=1,
         description=f"measurements of every timed measure of a point (default {default}: "
-        f"{why}); rounds visit the points in an order rotated by one each round, so drift "
+        f"{why}); timed rounds visit the points in an order rotated by one each round, so drift "
         f"hits every point alike; byte measures must be identical across them",
     )
 

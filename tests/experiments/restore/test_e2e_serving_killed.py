@@ -20,9 +20,11 @@ import pytest
 from bsrctl.stack.process import pids_alive
 
 from .e2e_support import SMOKE, launched_pids, require_server_module
-from .test_killed_runs import DRIVER, ROOT, wait_points
+from .test_killed_runs import DRIVER, ROOT, hang_after_points, wait_points
 
 pytestmark = pytest.mark.e2e
+# cpu-smoke's sweep: 2 sizes, at W = 2 and W = 0
+SMOKE_SWEEP_ARMS = 4
 LIBRARY_LINE = re.compile(r"LMCache|^(INFO|WARNING|DEBUG|ERROR)\b|\b(INFO|WARNING) \d\d-\d\d ")
 
 
@@ -33,7 +35,7 @@ def test_sigkilled_serving_sweep_quiet_console_and_shm_reclaimed(tmp_path: Path)
         **os.environ,
         "PYTHONPATH": str(ROOT),
         "BSRCTL_TEST_HANG_TARGET": "serving",
-        "BSRCTL_TEST_HANG_AT": "2",
+        "BSRCTL_TEST_HANG_AT": str(hang_after_points(SMOKE_SWEEP_ARMS, 1)),
         "BSRCTL_SHM_LEDGER": str(ledger),
         "LMCACHE_LOG_LEVEL": "INFO",
     }
@@ -56,6 +58,8 @@ def test_sigkilled_serving_sweep_quiet_console_and_shm_reclaimed(tmp_path: Path)
         pids = launched_pids(run_dir)
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
+        if not pids:  # failed before the point: still stop what it launched, by PID
+            pids = [p for d in out.glob("*/") for p in launched_pids(d)]
         for pid in pids_alive(pids):
             os.kill(pid, signal.SIGKILL)
         stdout, stderr = proc.communicate(timeout=60)

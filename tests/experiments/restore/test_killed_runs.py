@@ -22,10 +22,22 @@ ROOT = Path(__file__).resolve().parents[3]
 DRIVER = Path(__file__).with_name("hang_driver.py")
 
 
-def start_sweep(spec: Path, out: Path, hang_at: int = 3, **env: str) -> subprocess.Popen[bytes]:
+def hang_after_points(arms: int, points: int) -> int:
+    """The measure to hang on once ``points`` points are written: every arm's accuracy pass
+    comes first, then one timed pass completes each point (one repeat)."""
+    return arms + points + 1
+
+
+# small_spec's sweep: 3 sizes, at W = 2 and W = 0
+SMALL_ARMS = 6
+
+
+def start_sweep(
+    spec: Path, out: Path, hang_at: int = hang_after_points(SMALL_ARMS, 2), **env: str
+) -> subprocess.Popen[bytes]:
     """`bsrctl sweep SPEC --stack storage` in its own process (and process group, so that a
-    test can kill the whole group as CI's job cancel or the OOM killer would); its third
-    measure hangs."""
+    test can kill the whole group as CI's job cancel or the OOM killer would); the measure
+    after its second point hangs."""
     return subprocess.Popen(
         [sys.executable, str(DRIVER), "sweep", str(spec), "--stack", "storage", "--out", str(out)],
         env={

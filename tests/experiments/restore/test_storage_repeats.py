@@ -29,16 +29,19 @@ from bsrctl.stack.target import RestoreMeasures
 C = 262_144
 
 
-def test_rounds_accuracy_then_warmup_then_timed_rotated_by_one() -> None:
+def test_rounds_accuracy_then_warmup_then_timed_each_kind_rotated_by_its_index() -> None:
     A, W, T = Pass.ACCURACY, Pass.WARMUP, Pass.TIMED
-    assert list(rounds(3, 3, 1)) == [
+    assert list(rounds(3, 4, 2)) == [
         (A, 0, [0, 1, 2]),
-        (W, 0, [1, 2, 0]),
-        (T, 0, [2, 0, 1]),
-        (T, 1, [0, 1, 2]),
-        (T, 2, [1, 2, 0]),
+        (W, 0, [0, 1, 2]),
+        (W, 1, [1, 2, 0]),
+        (T, 0, [0, 1, 2]),
+        (T, 1, [1, 2, 0]),
+        (T, 2, [2, 0, 1]),
+        (T, 3, [0, 1, 2]),
     ]
-    assert list(rounds(2, 1, 0)) == [(A, 0, [0, 1]), (T, 0, [1, 0])]
+    # one timed pass: its points complete in arm order
+    assert list(rounds(2, 1, 0)) == [(A, 0, [0, 1]), (T, 0, [0, 1])]
     assert [k.oracle for k, _, _ in rounds(1, 2, 1)] == [True, False, False, False]
 
 
@@ -183,8 +186,8 @@ def test_storage_sweep_with_three_repeats(small_spec, tmp_path: Path, monkeypatc
     out = tmp_path / "out"
     assert run_sweep(_spec(small_spec, "repeats: 3"), out, "storage", quiet=True) == Verdict.PASS
     arms = [(n, w) for n in (1024, 2048, 4096) for w in (2, 0)]
-    # the accuracy round, a warm-up round, then 3 timed rounds, each rotated by one
-    rotated = [arms[k:] + arms[:k] for k in range(5)]
+    # the accuracy round, a warm-up round, then 3 timed rounds rotated by their index
+    rotated = [arms[k:] + arms[:k] for k in (0, 0, 0, 1, 2)]
     assert calls == [(*a, k == 0) for k, order in enumerate(rotated) for a in order]
     doc = _doc(out)
     assert [p["id"] for p in doc["points"]] == [f"n{n}-w{w}" for n, w in arms]

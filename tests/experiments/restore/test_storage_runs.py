@@ -164,7 +164,7 @@ def test_ladder_stops_where_machine_memory_ends(small_spec, tmp_path: Path) -> N
 
 def _interrupt_second_point(monkeypatch, how: str) -> None:
     """Interrupt the measure after the first point is written: the accuracy round (6 arms),
-    then the timed round's first arm (rotated by one: n1024-w0) completes its point."""
+    then the timed round's first arm (n1024-w2) completes its point."""
     real = storage_target.StorageTarget.measure
     calls = {"n": 0}
 
@@ -190,7 +190,7 @@ def test_interrupted_sweep_leaves_valid_incomplete_evidence(
         run_sweep(spec, out, "storage", quiet=True)
     doc = evidence(out)
     assert (doc["complete"], doc["verdict"]) == (False, "UNKNOWN")
-    assert [p["id"] for p in doc["points"]] == ["n1024-w0"]
+    assert [p["id"] for p in doc["points"]] == ["n1024-w2"]
     assert doc["summary"]["aborted"].startswith("interrupted: ")
     if how == "sigterm":
         assert "SIGTERM" in doc["summary"]["aborted"]
