@@ -1,6 +1,6 @@
 """Every rendering of a run, from its evidence.json alone, never from live state.
 
-``render(doc)`` picks the renderer of the run's kind; ``write_summary(run_dir)`` writes
+``render(doc)`` picks the renderer of the run's kind (``kinds``); ``write_summary(run_dir)`` writes
 summary.md with it. Runs write their summary.md through this same function, so
 ``bsrctl report RUN`` reproduces it byte for byte. ``write_report(run_dirs)`` renders one
 run or several into report.md and a self-contained report.html with the figures
@@ -9,39 +9,17 @@ run or several into report.md and a self-contained report.html with the figures
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from importlib import import_module
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from bsrctl.evidence import load_evidence
+from bsrctl.report.kinds import RENDERERS, render, renderer
+
+__all__ = ["RENDERERS", "render", "renderer", "write_report", "write_summary"]
 
 if TYPE_CHECKING:
     from bsrctl.report.document import Written
-
-# kind -> module under bsrctl.report holding `render(doc) -> str`
-RENDERERS = {
-    "ladder": "restore",
-    "sweep": "restore",
-    "law": "restore",
-    "roundtrip": "restore",
-    "failmatrix": "failmatrix",
-    "tempokv": "tempokv",
-    "bench": "bench",
-    "soak": "soak",
-}
-
-
-def renderer(kind: str) -> Callable[[dict[str, Any]], str]:
-    module = RENDERERS.get(kind)
-    if module is None:
-        raise ValueError(f"no renderer for evidence kind {kind!r}; known: {sorted(RENDERERS)}")
-    return import_module(f"bsrctl.report.{module}").render  # type: ignore[no-any-return]
-
-
-def render(doc: dict[str, Any]) -> str:
-    """summary.md of one run."""
-    return renderer(doc["kind"])(doc)
 
 
 def write_summary(run_dir: Path) -> Path:

@@ -17,6 +17,7 @@ from typing import Any
 
 from bsrctl.evidence import load_evidence
 from bsrctl.report.figures import Plot, available, plots
+from bsrctl.report.kinds import render
 from bsrctl.report.timeline_figure import timeline_plots
 
 STYLE = """
@@ -66,8 +67,6 @@ def _with_figures(lines: list[str], figs: list[str]) -> list[str]:
 
 
 def _markdown(docs: list[dict[str, Any]], figures: dict[str, list[tuple[Plot, str]]]) -> str:
-    from bsrctl.report import render
-
     lines = [f"# bsrctl report: {len(docs)} run{'s' if len(docs) != 1 else ''}", ""]
     lines += ["| run | kind | stack | complete | verdict |", "|---|---|---|---|---|"]
     lines += [

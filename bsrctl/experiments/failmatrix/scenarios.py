@@ -14,26 +14,25 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from bsrctl.evidence import Point
 from bsrctl.evidence.verdict import Check, check
+from bsrctl.experiments.failmatrix.background import Background
 from bsrctl.experiments.failmatrix.injectors import INJECTORS, clear_rules
-from bsrctl.experiments.failmatrix.rig import FORGET_WAIT_S
+from bsrctl.experiments.failmatrix.not_run import unseeded_point
+from bsrctl.experiments.failmatrix.rig import FORGET_WAIT_S, Rig
 from bsrctl.experiments.failmatrix.spec import FIELD_REPORTS, CellSpec
 from bsrctl.prompts import expected_external_tokens, tokens_sha256
 from bsrctl.stack.bsr_client import outcomes_since
 
-if TYPE_CHECKING:
-    from bsrctl.experiments.failmatrix.serving import ServingRig
 
-
-def pool_bound_bytes(rig: ServingRig, cell: CellSpec) -> int:
+def pool_bound_bytes(rig: Rig, cell: CellSpec) -> int:
     """B x c + aux: the deployment's admission budget, each chunk c bytes on a rank."""
     return rig.spec.settings().budget_chunks * rig.spec.bytes_per_chunk() + cell.aux_bytes
 
 
-def restore_again(rig: ServingRig, cell: CellSpec, ids: list[int], name: str, why: str) -> Check:
+def restore_again(rig: Rig, cell: CellSpec, ids: list[int], name: str, why: str) -> Check:
     """L1 and vLLM's local cache forget; the prompt is sent once more. PASS when it restored
     its full prefix (cached tokens, one committed restore of its own, none failed), its output
     is canonical and the pool's peak stayed within B x c + aux."""
@@ -65,7 +64,7 @@ def restore_again(rig: ServingRig, cell: CellSpec, ids: list[int], name: str, wh
     )
 
 
-def after_master_restart(rig: ServingRig, cell: CellSpec, ids: list[int]) -> list[Check]:
+def after_master_restart(rig: Rig, cell: CellSpec, ids: list[int]) -> list[Check]:
     """A new store after the restart, then the prefix must hit again (Mooncake #2254: a
     restarted instance never hits its own KV again)."""
     s = rig.seed(ids, ("mooncake",))
@@ -76,7 +75,7 @@ def after_master_restart(rig: ServingRig, cell: CellSpec, ids: list[int]) -> lis
     return [restore_again(rig, cell, ids, "hits_after_new_store", "stored again after the restart")]
 
 
-def after_whole_plan(rig: ServingRig, cell: CellSpec, ids: list[int]) -> list[Check]:
+def after_whole_plan(rig: Rig, cell: CellSpec, ids: list[int]) -> list[Check]:
     """The fault was real (the prefix is larger than the live L1), then the same prefix
     with BSR's W back on the same deployment."""
     assert rig.client is not None
@@ -95,7 +94,7 @@ def after_whole_plan(rig: ServingRig, cell: CellSpec, ids: list[int]) -> list[Ch
 LATER_REQUESTS = 3  # storage_node_lost: requests sent while the storage node is gone
 
 
-def after_storage_node_lost(rig: ServingRig, cell: CellSpec, ids: list[int]) -> list[Check]:
+def after_storage_node_lost(rig: Rig, cell: CellSpec, ids: list[int]) -> list[Check]:
     """Every later request, with the storage node still gone, completes with the canonical
     output (LMCache #1814: another node's engine crashed on its next request)."""
     assert rig.client is not None
@@ -117,18 +116,16 @@ def after_storage_node_lost(rig: ServingRig, cell: CellSpec, ids: list[int]) -> 
                   + "; ".join(f"#{i} {what} in {s} s" for i, what, s in done))]  # fmt: skip
 
 
-FOLLOW_ONS: dict[str, Callable[[ServingRig, CellSpec, list[int]], list[Check]]] = {
+FOLLOW_ONS: dict[str, Callable[[Rig, CellSpec, list[int]], list[Check]]] = {
     "mooncake_master_restarted": after_master_restart,
     "whole_plan_past_l1": after_whole_plan,
     "storage_node_lost": after_storage_node_lost,
 }
 
 
-def run_concurrent(rig: ServingRig, cell: CellSpec, t_cell: float) -> Point:
+def run_concurrent(rig: Rig, cell: CellSpec, t_cell: float) -> Point:
     """Seed every prompt into the FS L2, forget L1 and vLLM's local cache, send them all at
     once (Mooncake isolated away, as the cell's source fs says), wait within the bound."""
-    from bsrctl.experiments.failmatrix.serving import Background
-
     assert rig.client is not None
     wl = rig.spec.workload
     prompts = rig.cell_prompts(cell)
@@ -140,7 +137,8 @@ def run_concurrent(rig: ServingRig, cell: CellSpec, t_cell: float) -> Point:
         "mix_tokens": cell.mix(),
     }
     if short:
-        return rig._unseeded(cell, t_cell, {"complete": False, "prompts": seeds}, [], short)
+        seed = {"complete": False, "prompts": seeds}
+        return unseeded_point(rig.spec, cell, t_cell, seed, [], short)
     inj = INJECTORS[cell.fault](rig.stack, cell, [], rig.spec.settings())
     inj.isolate()
     rig.client.forget(wait_s=FORGET_WAIT_S)

@@ -10,7 +10,6 @@ named checks of ``failmatrix.checks`` (``record``).
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -18,6 +17,7 @@ from typing import Any
 
 from bsrctl.evidence import Point
 from bsrctl.evidence.verdict import Check, check
+from bsrctl.experiments.failmatrix.background import Background
 from bsrctl.experiments.failmatrix.checks import Observation, serving_checks
 from bsrctl.experiments.failmatrix.injectors import (
     ATTACH_COMMANDS,
@@ -25,6 +25,7 @@ from bsrctl.experiments.failmatrix.injectors import (
     Injector,
     L1Exhausted,
 )
+from bsrctl.experiments.failmatrix.not_run import unknown_point, unseeded_point
 from bsrctl.experiments.failmatrix.rig import Rig
 from bsrctl.experiments.failmatrix.scenarios import FOLLOW_ONS, run_concurrent
 from bsrctl.experiments.failmatrix.spec import FIELD_REPORTS, CellSpec
@@ -82,13 +83,13 @@ class ServingRig(Rig):
         t_cell = time.monotonic()
         missing = self.missing_commands(cell)
         if missing:  # an attached deployment: bsrctl kills or restarts nothing by itself
-            return self._unrunnable(cell, t_cell, missing)
+            return unknown_point(self.spec, cell, t_cell, "operator_command", missing)
         self.ensure_up()
         if cell.fault == "concurrent_restores":
             return run_concurrent(self, cell, t_cell)
         seeded = self.seed_cell(cell)
         if seeded.short:  # never inject a fault over a prefix the tiers do not hold
-            return self._unseeded(cell, t_cell, seeded.seed, seeded.flood, seeded.short)
+            return unseeded_point(self.spec, cell, t_cell, seeded.seed, seeded.flood, seeded.short)
         if after_seed is not None:
             after_seed()
         sent = self.inject_and_request(cell, seeded, t_cell)
@@ -234,41 +235,6 @@ class ServingRig(Rig):
             + " (bsrctl stops or restarts nothing it did not start)"
         )
 
-    def _unknown(self, cell: CellSpec, t_cell: float, name: str, why: str, **extra: Any) -> Point:
-        """A cell that could not run as specified: one UNKNOWN check, never PASS."""
-        wl = self.spec.workload
-        return Point(
-            id=cell.id,
-            params=cell.model_dump(),
-            measures={
-                "covers": FIELD_REPORTS.get(cell.fault, ""),
-                "tokens": wl.prompt_tokens,
-                "window_chunks": wl.window_chunks,
-                "cached_tokens": None,
-                "expected_cached_tokens": None,
-                "time_to_fallback_s": None,
-                "cell_s": round(time.monotonic() - t_cell, 3),
-                **extra,
-            },
-            checks=(check(name, None, why),),
-        )
-
-    def _unrunnable(self, cell: CellSpec, t_cell: float, why: str) -> Point:
-        """A cell an attached deployment cannot run: UNKNOWN naming what is missing."""
-        return self._unknown(cell, t_cell, "operator_command", why)
-
-    def _unseeded(
-        self,
-        cell: CellSpec,
-        t_cell: float,
-        seed: dict[str, Any],
-        flood: list[dict[str, Any]],
-        reason: str,
-    ) -> Point:
-        """A cell whose setup could not reach the seeded state: UNKNOWN, never PASS."""
-        extra = {"seed": seed, **({"flood_seeds": flood} if flood else {})}
-        return self._unknown(cell, t_cell, "setup_seeded", reason, **extra)
-
 
 def fault_placed_checks(cell: CellSpec, inj: Injector, strike_error: str) -> list[Check]:
     """``fault_injected`` when the fault may not have been placed: UNKNOWN when its strike
@@ -289,32 +255,6 @@ def fault_placed_checks(cell: CellSpec, inj: Injector, strike_error: str) -> lis
             f"threshold {L1_FULL_FRACTION:.0%})",
         )
     ]
-
-
-class Background:
-    """A request running in a thread, started at construction; ``answer_s`` is send ->
-    answer (or explicit error), None until it returned. The soak sends its rounds this way."""
-
-    def __init__(self, fn: Callable[[], Any]) -> None:
-        self._box: dict[str, Any] = {}
-        self.sent_s = time.monotonic()
-        self._thread = threading.Thread(target=self._run, args=(fn,), daemon=True)
-        self._thread.start()
-
-    def _run(self, fn: Callable[[], Any]) -> None:
-        try:
-            self._box["result"] = fn()
-        except BaseException as exc:  # recorded as the request's explicit error
-            self._box["error"] = exc
-        self._box["answer_s"] = time.monotonic() - self.sent_s
-
-    @property
-    def answer_s(self) -> float | None:
-        return self._box.get("answer_s")
-
-    def wait(self, timeout_s: float) -> tuple[Any, BaseException | None, bool]:
-        self._thread.join(timeout_s)
-        return self._box.get("result"), self._box.get("error"), not self._thread.is_alive()
 
 
 def _delta(before: dict[str, int], after: dict[str, int], needle: str) -> dict[str, int]:

@@ -25,10 +25,10 @@ import psutil
 from bsrctl.evidence import Point
 from bsrctl.evidence.verdict import Check, check
 from bsrctl.experiments.failmatrix.spec import FIELD_REPORTS, STORE_FAULTS, CellSpec, FailMatrixSpec
+from bsrctl.experiments.failmatrix.storage_spec import storage_registration, target_spec
 from bsrctl.experiments.failmatrix.store_faults import run_store_cell
-from bsrctl.registration import Registration
 from bsrctl.settings import RestoreSettings
-from bsrctl.specs import StorageSpec, TargetSpec
+from bsrctl.specs import TargetSpec
 from bsrctl.stack.storage import (
     FaultSpec,
     StorageRestoreResult,
@@ -42,23 +42,6 @@ SHM = Path("/dev/shm")
 LEFTOVER_WAIT_S = 5.0  # how long a thread or child of a closed stack may take to end
 
 __all__ = ["StorageStackFactory", "run_storage_cell", "storage_checks", "storage_registration"]
-
-
-def target_spec(spec: FailMatrixSpec, root: Path | None = None) -> TargetSpec:
-    """The storage cells' deployment as a TargetSpec: the matrix's stack (chunk size),
-    restore tuning and ``storage`` geometry; every installed byte verified."""
-    s = spec.storage
-    return TargetSpec(
-        stack=spec.stack,
-        restore=spec.restore,
-        registration=s.registration,
-        storage=StorageSpec(tp_ranks=s.tp_ranks, root_dir=root, destination="verify"),
-    )
-
-
-def storage_registration(spec: FailMatrixSpec) -> Registration:
-    """The geometry the storage cells store and restore."""
-    return target_spec(spec).registration_for("storage")
 
 
 @dataclass(frozen=True)

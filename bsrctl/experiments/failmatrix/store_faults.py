@@ -33,6 +33,7 @@ from bsrctl.errors import StackFailed
 from bsrctl.evidence import Point
 from bsrctl.evidence.verdict import Check, check
 from bsrctl.experiments.failmatrix.spec import FIELD_REPORTS, CellSpec, FailMatrixSpec
+from bsrctl.experiments.failmatrix.storage_spec import storage_registration
 from bsrctl.settings import RestoreSettings
 from bsrctl.stack.storage import StorageStack, StorageStackConfig, StorageStackFactory, deploy
 from bsrctl.stack.storage.canonical import CanonicalKV
@@ -207,8 +208,6 @@ def run_store_cell(
     make_stack: StorageStackFactory | None = None,
 ) -> Point:
     """One store-fault cell; ``make_stack`` replaces the stack (the tests' broken adapters)."""
-    from bsrctl.experiments.failmatrix.storage import storage_registration
-
     t_cell = time.monotonic()
     reg = storage_registration(spec)
     root = Path(run_dir) / "storage" / cell.id

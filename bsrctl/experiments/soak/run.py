@@ -23,9 +23,9 @@ from typing import Any
 from bsrctl.errors import BadInput
 from bsrctl.evidence import EvidenceWriter, Point, Verdict
 from bsrctl.evidence.verdict import Check, check
+from bsrctl.experiments.failmatrix.background import Background
 from bsrctl.experiments.failmatrix.injectors import INJECTORS, Injector, clear_rules
 from bsrctl.experiments.failmatrix.rig import FORGET_WAIT_S, HEALTH_TOKENS, Rig
-from bsrctl.experiments.failmatrix.serving import Background
 from bsrctl.experiments.run import execute, progress
 from bsrctl.experiments.soak.checker import (
     Sent,
