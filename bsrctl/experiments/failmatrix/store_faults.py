@@ -37,7 +37,7 @@ from bsrctl.experiments.failmatrix.storage_spec import storage_registration
 from bsrctl.settings import RestoreSettings
 from bsrctl.stack.storage import StorageStack, StorageStackConfig, StorageStackFactory, deploy
 from bsrctl.stack.storage.canonical import CanonicalKV
-from bsrctl.stack.storage.stack import _Seeded
+from bsrctl.stack.storage.config import SeededPrefix
 
 PAGE = 4096
 STORE_WAIT_S = 10.0  # one object's store through the store controller
@@ -120,7 +120,7 @@ class StoreRig:
     def seeded(self, salt: str, chunks: int) -> None:
         """What the next restore requests: the salt's first ``chunks`` chunks."""
         hashes = CanonicalKV(self.reg, salt).chunk_hashes(chunks)
-        self.stack.seeded = _Seeded(salt, chunks * self.reg.chunk_tokens, hashes)
+        self.stack.seeded = SeededPrefix(salt, chunks * self.reg.chunk_tokens, tuple(hashes))
 
     def _wait_stored(self, rank: int, path: Path, size: int) -> None:
         """Until the object's file is whole, or the store controller stayed idle for

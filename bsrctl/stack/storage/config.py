@@ -44,6 +44,15 @@ class StorageStackConfig:
 
 
 @dataclass(frozen=True)
+class SeededPrefix:
+    """The prefix the stack holds now: what forget() and drop_page_cache() act on."""
+
+    salt: str
+    tokens: int
+    hashes: tuple[bytes, ...]
+
+
+@dataclass(frozen=True)
 class SeedResult:
     """What seed() wrote."""
 

@@ -8,7 +8,7 @@ import os
 import shutil
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +35,7 @@ from bsrctl.stack import extensions, shm_ledger
 from bsrctl.stack.storage import l2
 from bsrctl.stack.storage.canonical import CanonicalKV
 from bsrctl.stack.storage.config import (
+    SeededPrefix,
     SeedResult,
     StorageRestoreResult,
     StorageStackConfig,
@@ -44,13 +45,6 @@ from bsrctl.stack.storage.files import drop_file_cache, write_file
 from bsrctl.stack.storage.ranks import L1HighWater, PerRankStorage
 from bsrctl.trace.collect import COLLECTOR
 from bsrctl.trace.spans import Stopwatch, trace_local_restore
-
-
-@dataclass
-class _Seeded:
-    salt: str
-    tokens: int
-    hashes: list[bytes] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -79,7 +73,7 @@ class StorageStack:
         self.layouts = extensions.layout_descs(self.registration)
         self.managers: dict[int, StorageManager] = {}
         self.high_water: dict[int, L1HighWater] = {}
-        self.seeded: _Seeded | None = None
+        self.seeded: SeededPrefix | None = None
         self.last_outcome: RestoreOutcome | None = None  # the core's outcome of the last restore
         self.markers = ForceLocalMarkers()  # force-local markers outlive single restores
         # On record before LMCache creates the L1 pools: a SIGKILLed run leaks none of them.
@@ -218,7 +212,7 @@ class StorageStack:
                             key,
                             data if data is not None else canon.object_bytes(h, rank, g.index),
                         )
-        self.seeded = _Seeded(salt, n * reg.chunk_tokens, hashes)
+        self.seeded = SeededPrefix(salt, n * reg.chunk_tokens, tuple(hashes))
         return SeedResult(n * reg.chunk_tokens, n, written, nbytes, time.monotonic() - t0)
 
     def mooncake_store(self, rank: int) -> Any:
