@@ -378,9 +378,14 @@ def main() -> int:
     print("\n".join(ttft_lines(where_ttft_went(spans, arm_pids(run_dir)))))
     if on_dax:  # where the time goes, before any ratio
         at = ns.timeline_rate if ns.timeline_rate in rates else max(rates)
-        rows = {arm: rows_of(spans, cells[0][arm][at].request_ids) for arm in arms}
+        # the repeat whose p95 ratio at that rate is the median one: a typical repeat
+        by = sorted(range(len(cells)), key=lambda i: ratio(cells[i]["tempokv"][at].p95_s,
+                                                           cells[i][base][at].p95_s))  # fmt: skip
+        k = by[len(by) // 2]
+        rows = {arm: rows_of(spans, cells[k][arm][at].request_ids) for arm in arms}
         for arm in arms:
             print()
+            print(f"repeat {k} (the median p95 ratio at {at:g} rps):")
             print("\n".join(timeline_lines(arm, at, rows[arm])))
         print(f"\ntimeline figure {draw(rows, at, run_dir / 'fig6-timeline.svg')}")
     print()

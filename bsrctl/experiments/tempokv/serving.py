@@ -261,6 +261,8 @@ def run_serving(
         # beside the launch's decision in ``stack``, and the sim cross-check's KV pool
         "engine": engines[-1] if engines else None,
     }
+    if stack.fast_tier is not None:  # the arena, cgroups, throttle, and the seal's base/limit
+        summary["fast_tier"] = {**stack.fast_tier.describe(), "sealed": stack.sealed}
     return summary, _run_checks(rows)
 
 

@@ -75,6 +75,7 @@ class ServingStack(ServingClient):
         # vLLM) in the environment, to bsrctl's bsr.* client through this attribute.
         self.control_token: str | None = new_token()
         self.fast_tier: FastTier | None = None  # the flash tier's arena and cgroups, once up
+        self.sealed: dict[str, int] | None = None  # its seal after seeding (base, limit, ...)
 
     def _launch(self, part: Supervised) -> None:
         key = "vllm" if part.name.startswith("vllm") else part.name
