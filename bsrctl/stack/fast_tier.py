@@ -401,3 +401,23 @@ class FastTier:
             self.loop = None
         self.backing.unlink(missing_ok=True)
         return left
+
+
+def remove_from_state(desc: dict[str, Any], roots: SysRoots = SysRoots()) -> list[str]:
+    """`bsrctl stack down` of a stack whose bsrctl died: its fast tier (``describe()`` in its
+    state.json) removed once its processes are stopped: the two cgroups by path (only ones
+    this module names, ``bsrctl-*``), the loop device only while it is still backed by this
+    arena's file, then the file. What could not be removed."""
+    left = []
+    for key in ("memory_cgroup", "blkio_cgroup"):
+        path = desc.get(key)
+        if path and Path(path).name.startswith("bsrctl-") and not _rmdir(Path(path), 10.0):
+            left.append(path)
+    arena, backing = desc.get("arena_path"), desc.get("arena_backing")
+    if arena and backing:
+        name = os.path.basename(arena)
+        ours = roots.block / name / "loop" / "backing_file"
+        if ours.is_file() and ours.read_text().strip() == backing:
+            detach_loop(LoopDevice(arena, name, (0, 0)))
+        Path(backing).unlink(missing_ok=True)
+    return left

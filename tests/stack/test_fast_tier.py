@@ -59,6 +59,8 @@ def removed(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
 
     def rmdir(path: Path, timeout_s: float = 0.0) -> bool:
         got.append(path)
+        if not path.exists():
+            return True
         for f in path.iterdir():
             f.unlink()
         path.rmdir()
@@ -186,3 +188,23 @@ def test_mapped_ranges_of_the_arena_from_proc_maps(tmp_path: Path) -> None:
     )
     assert ft.mapped_ranges(42, "/dev/loop0", tmp_path) == [(0x7F69CD7FB000, 0x7F69D17FB000)]
     assert ft.mapped_ranges(43, "/dev/loop0", tmp_path) == []
+
+
+def test_stack_down_from_state_removes_the_tier_of_a_dead_run(
+    tmp_path: Path, sysfs: SysRoots, removed: list[Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    loops = Loops()
+    t = tier(tmp_path, sysfs, loops)
+    t.up()
+    desc = t.describe()  # what state.json holds while the stack is up
+    back = sysfs.block / "loop7" / "loop" / "backing_file"
+    back.parent.mkdir()
+    back.write_text(f"{t.backing}\n")
+    detached: list[str] = []
+    monkeypatch.setattr(ft, "detach_loop", lambda dev: detached.append(dev.path))
+    assert ft.remove_from_state(desc, sysfs) == []
+    assert [p.name for p in removed] == [f"bsrctl-{os.getpid()}-loop7"] * 2
+    assert detached == ["/dev/loop7"] and not t.backing.exists()
+    back.write_text("/somewhere/else.img\n")  # the loop device was reused by someone else
+    removed.clear()
+    assert ft.remove_from_state(desc, sysfs) == [] and detached == ["/dev/loop7"]
