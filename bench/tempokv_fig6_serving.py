@@ -1,11 +1,25 @@
-"""The paper's Figure 6 on the CPU serving stack: TempoKV against unmodified LMCache with the
-fast tier as its L1 (LMCache-DAX: no adapter, no controller), across offered request rates.
-Prints p95 TTFT and output throughput per rate and their ratios. Long-document prompts are
-made locally (no hub).
+"""The paper's Figure 6 on the CPU serving stack, across offered request rates: TempoKV
+against unmodified LMCache. Prints p95 TTFT and output throughput per rate and their ratios.
+Long-document prompts are made locally (no hub).
 
-    flock /work/heavy.lock python bench/tempokv_fig6_serving.py [--repeats R] [SPEC.yaml] [RATES...]
+    flock /tmp/bsrctl-heavy.lock python bench/tempokv_fig6_serving.py [--repeats R] \
+        [--baseline fs|dax] [SPEC.yaml] [RATES...]
 
-Two arms, each its own deployment, made by ``serving.deployment_for`` (the run's path:
+``--baseline dax`` is Figure 6 as §5.3 ran it: LMCache-DAX (unmodified vLLM and LMCache, no
+adapter, no TempoKV, the server module's TempoKV off; LMCache's whole L1 the flash tier's
+arena, ``serving.fast_tier``) against TempoKV on the same tier (staging = mlock of arena
+ranges through the same read throttle), default spec ``ladders/tempokv-fig6-dax.yaml`` and
+rates 0.2-4 rps. Each cell starts with vLLM's prefix cache forgotten and the fast tier
+cleared (the flash copy kept); the tier's counters are recorded per cell, each arm's LMCache
+argv and the tier (arena, cgroup limit, throttle rate) per deployment. It prints first
+where the time goes (each arm's retrieval timeline at the highest rate, and its figure),
+then the ratios, the paper's magnitudes beside them, the goals; last line ``fig6-dax tput
+tempokv/lmcache-dax @R=... p95 tempokv/lmcache-dax @R=...``.
+
+``--baseline fs`` (the default) is today's analogue, a question of its own: TempoKV against
+stock LMCache with a DRAM L1 and a shaped FS L2, a common deployment; its lookup starts the
+L2 read at arrival (close to the Immediate policy with an L1 under no pressure). Two arms,
+each its own deployment, made by ``serving.deployment_for`` (the run's path:
 ``make_deployment`` with TempoKV's ``extend``) with the same server module and the same shaped
 (O_DIRECT where taken) FS L2:
 
@@ -35,35 +49,52 @@ LMCache options: ``retain`` and the long read TTL), ``--threads-arm`` (the stock
 LMCache server on one OpenMP thread). Each cell also prints its stock retrieves' time in the
 server (``bsr.status`` outcomes) and how many took over 0.1 s.
 
-Evidence: a ``bench`` run under ``--evidence`` (a point per arm and rate, each repeat's
-p95 TTFT, tok/s and goodput as samples; the claims as the run's checks) with the run's
-``timeline.json`` (every process's spans, per request), and per arm where the cells' TTFT
-went: the mean milliseconds per request on each phase of their critical paths. Last line:
+The bench's parts live in ``bench/fig6/``. Evidence: a ``bench`` run under ``--evidence``
+(a point per arm and rate, each repeat's p95 TTFT, tok/s and goodput as samples; the
+claims as the run's checks) with the run's ``timeline.json`` (every process's spans, per
+request), and per arm where the cells' TTFT went: the mean milliseconds per request on
+each phase of their critical paths. Last line:
 ``fig6 tput tempokv/lmcache @2=R [lo, hi] ... p95 tempokv/lmcache @2=...``: per rate the
 median of the per-repeat ratios with its 95 % bootstrap interval."""
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import statistics
 import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import yaml
+from fig6 import dax
+from fig6.cells import (
+    BASE,
+    DAX_BASE,
+    Cell,
+    Cells,
+    Spread,
+    bench_points,
+    claim_checks,
+    claims,
+    last_line,
+    ratio,
+    spread,
+    table,
+    tier_cells,
+)
+from fig6.cells import arm_orders as _arm_orders
+from fig6.timeline import draw
+from fig6.where import arm_pids, rows_of, timeline_lines, ttft_lines, where_ttft_went
 from pydantic import ValidationError
 
 from bsrctl.errors import StackFailed
-from bsrctl.evidence.verdict import Check, check
-from bsrctl.experiments.bench import SEED, bench_point, run_bench
+from bsrctl.evidence.verdict import Check
+from bsrctl.experiments.bench import run_bench
 from bsrctl.experiments.tempokv import calls
-from bsrctl.experiments.tempokv.expectations import ordering_claim
 from bsrctl.experiments.tempokv.serving import (
     _arrivals,
     _p95,
@@ -77,23 +108,18 @@ from bsrctl.spec_io import describe_error
 from bsrctl.stack.bsr_client import outcomes_since
 from bsrctl.stack.deployment import Deployment
 from bsrctl.stack.extensions import TempoKVLaunch, odirect_allowed
-from bsrctl.stats import paired_ratio_ci
 from bsrctl.tempokv.serving_workload import goodput
 from bsrctl.tempokv.spec import TempoKVSpec
 from bsrctl.trace.collect import read_spans
-from bsrctl.trace.timeline import (
-    CLIENT_TTFT,
-    by_request,
-    critical_path,
-    phase_totals,
-    spans_of,
-)
+from bsrctl.trace.timeline import spans_of
+
+__all__ = ["Cell", "Spread", "claim_checks", "claims", "last_line", "ratio", "spread", "table"]
 
 # the shipped serving workload (ladders/tempokv-serving.yaml: one slot, 12 documents, shaped
 # L2, budget, claims_k), its interval replaced by each rate; its `repeats` is the grid's
 DEFAULT_SPEC = Path(__file__).resolve().parents[1] / "ladders" / "tempokv-serving.yaml"
 DEFAULT_RATES = (2.0, 4.0, 8.0, 12.0, 16.0)
-ARMS = ("lmcache", "tempokv")
+ARMS = (BASE, "tempokv")
 # `--adapter-arm`: the TempoKV stack with the controller off (vLLM runs the adapter, which
 # reports to a server that answers "off"): what the adapter alone costs against stock
 ADAPTER_ARM = "adapter"
@@ -107,43 +133,12 @@ RETAIN_ARM = "lmcache-retain"
 # (``lmcache.cpu_threads: 1``): its copies' parallel regions then never span the core the
 # engine's pinned OMP thread spins on
 THREADS_ARM = "lmcache-t1"
-NAMES = {"tempokv": "TempoKV", ADAPTER_ARM: "adapter only", LOCAL_ARM: "adapter, no RPC",
-         RETAIN_ARM: "stock + retain", THREADS_ARM: "stock, server 1 thread"}  # fmt: skip
+STOCK_ARMS = (BASE, DAX_BASE, RETAIN_ARM, THREADS_ARM)  # vLLM and LMCache unmodified
 SLOW_RETRIEVE_S = 0.1  # a retrieve this long is counted slow (the two modes: ms vs 0.24+ s)
 
 
 def arm_orders(repeats: int, arms: tuple[str, ...] = ARMS) -> list[tuple[str, ...]]:
-    """The arms' order in each repeat: AB, BA, AB, ... (drift over the run hits both)."""
-    return [arms if k % 2 == 0 else arms[::-1] for k in range(repeats)]
-
-
-@dataclass(frozen=True)
-class Spread:
-    median: float
-    lo: float
-    hi: float
-
-
-def spread(xs: Sequence[float]) -> Spread:
-    """Median, min and max of the per-repeat values (NaN when there are none)."""
-    if not xs:
-        return Spread(math.nan, math.nan, math.nan)
-    return Spread(statistics.median(xs), min(xs), max(xs))
-
-
-def ratio(a: float, b: float) -> float:
-    return a / b if b else math.nan
-
-
-@dataclass(frozen=True)
-class Cell:
-    p95_s: float
-    tok_s: float
-    canonical: int
-    requests: int
-    controller: str  # what tempokv.status said after the cell ("" for the baseline)
-    goodput: float = math.nan  # share of requests with TTFT <= serving.slo_ttft_s (NaN: none)
-    retrieves_s: tuple[float, ...] = ()  # each stock retrieve's time in the server (bsr.status)
+    return _arm_orders(repeats, arms)
 
 
 def in_process(tk: TempoKVLaunch) -> TempoKVLaunch:
@@ -165,7 +160,7 @@ def arm_deployment(spec: TempoKVSpec, arm: str, run_dir: Path) -> Deployment:
     dep, _info = deployment_for(
         spec,
         run_dir,
-        with_adapter=arm not in ("lmcache", RETAIN_ARM, THREADS_ARM),
+        with_adapter=arm not in STOCK_ARMS,
         launch=launch,
         l1=l1 if arm == RETAIN_ARM else None,
     )
@@ -173,10 +168,13 @@ def arm_deployment(spec: TempoKVSpec, arm: str, run_dir: Path) -> Deployment:
 
 
 def run_arm(
-    spec: TempoKVSpec, arm: str, run_dir: Path, rates: Sequence[float], prep: Any, rep: int
-) -> dict[float, Cell]:
+    spec: TempoKVSpec, arm: str, run_dir: Path, rates: Sequence[float], prep: Any, rep: int,
+    deployments: dict[str, list[Any]] | None = None,
+) -> dict[float, Cell]:  # fmt: skip
+    """One repeat of an arm: stack up, documents seeded, every rate, stack down."""
     run = spec.serving
     dep = arm_deployment(spec, arm, run_dir)
+    on_flash = run.fast_tier is not None
     out: dict[float, Cell] = {}
     try:
         dep.up(dep.settings)
@@ -184,12 +182,17 @@ def run_arm(
         assert client is not None
         seeds = seed_documents(stack, client, prep.docs)
         if not all(seeds):
-            print(f"FAILURE: repeat {rep} {arm}: documents not whole in L2: {seeds}", flush=True)
+            print(f"FAILURE: repeat {rep} {arm}: documents not whole in the tier: {seeds}")
+        if deployments is not None and on_flash:
+            deployments.setdefault(arm, []).append(dax.deployment_record(stack))
         for rate in rates:
-            forgot = client.forget(wait_s=30.0)
-            if forgot.l1_used_bytes_after:
-                print(f"note: L1 still holds {forgot.l1_used_bytes_after} B after forget")
-            stack.forget_local()
+            if on_flash:  # the flash copy stays: only the fast tier (its page cache) empties
+                cleared, counters = dax.start_cell(stack)
+            else:
+                forgot = client.forget(wait_s=30.0)
+                if forgot.l1_used_bytes_after:
+                    print(f"note: L1 still holds {forgot.l1_used_bytes_after} B after forget")
+                stack.forget_local()
             on = arm == "tempokv"
             calls.configure(client, calls.tempo_config(spec, "tempokv") if on else None)
             timed = run.model_copy(update={"interval_s": 1.0 / rate})
@@ -207,185 +210,55 @@ def run_arm(
                     f"retrievals {st.retrievals}"
                 )
             calls.configure(client, None)
+            tier = dax.end_cell(stack, cleared, counters) if on_flash else None
             retrieves = tuple(o.restore_s for o in outcomes_since(before,
                               client.status().recent_outcomes) if o.mode == "stock")  # fmt: skip
-            done = [r for r in res if r is not None]
-            ttfts = [r.first_token_s - r.sent_s for r in done]
-            span = max(r.done_s for r in done) - min(r.sent_s for r in done) if done else 0.0
-            toks = sum(len(r.output_token_ids) for r in done)
-            same = sum(
-                r is not None and r.output_token_ids == c
-                for r, c in zip(res, prep.canonical, strict=True)
-            )
-            slo = run.slo_ttft_s
-            good = math.nan
-            if slo is not None:
-                all_ttfts = [None if r is None else r.first_token_s - r.sent_s for r in res]
-                good = goodput(all_ttfts, slo, span).share
-            cell = Cell(
-                _p95(ttfts), toks / span if span > 0 else math.nan, same, len(res), controller,
-                good, retrieves,
-            )  # fmt: skip
-            slow = [x for x in retrieves if x > SLOW_RETRIEVE_S]
+            cell = measure(res, prep.canonical, run.slo_ttft_s, controller, retrieves, tier)
             out[rate] = cell
-            print(
-                f"repeat {rep} {arm:7} rate {rate:g} rps: p95 TTFT {cell.p95_s:.3f}s "
-                f"{cell.tok_s:.1f} tok/s {same}/{len(res)} canonical"
-                + (f" goodput {good:.2f}" if slo is not None else "")
-                + f" | retrieves {len(retrieves)} ({sum(retrieves):.2f} s), {len(slow)} over "
-                f"{SLOW_RETRIEVE_S} s"
-                + (f" ({min(slow):.2f}-{max(slow):.2f} s)" if slow else "")
-                + (f" | {controller}" if controller else ""),
-                flush=True,
-            )
-            if same != len(res):
-                print(
-                    f"FAILURE: repeat {rep} {arm} rate {rate:g}: only {same}/{len(res)} "
-                    "outputs equal the canonical ones",
-                    flush=True,
-                )
+            print(cell_line(rep, arm, rate, cell, run.slo_ttft_s is not None), flush=True)
+            if cell.canonical != cell.requests:
+                print(f"FAILURE: repeat {rep} {arm} rate {rate:g}: only {cell.canonical}/"
+                      f"{cell.requests} outputs equal the canonical ones", flush=True)  # fmt: skip
     finally:
-        dep.down()  # closes its client, stops every process by PID
+        dep.down()  # closes its client, stops every process by PID (and the tier's cgroups)
     return out
 
 
-def table(
-    rates: Sequence[float], cells: list[dict[str, dict[float, Cell]]], arm: str = "tempokv"
-) -> list[str]:
-    name = NAMES[arm]
-    lines = [
-        f"| rate rps | LMCache p95 TTFT s | {name} p95 TTFT s | LMCache tok/s | {name} tok/s "
-        f"| p95 {name}/LMCache median [min–max] | tput {name}/LMCache median [min–max] "
-        f"| canonical LMCache, {name} |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for rate in rates:
-        lm = [c["lmcache"][rate] for c in cells]
-        tk = [c[arm][rate] for c in cells]
-        p95 = spread([ratio(t.p95_s, m.p95_s) for m, t in zip(lm, tk, strict=True)])
-        tput = spread([ratio(t.tok_s, m.tok_s) for m, t in zip(lm, tk, strict=True)])
-        lines.append(
-            f"| {rate:g} | {spread([c.p95_s for c in lm]).median:.3f} "
-            f"| {spread([c.p95_s for c in tk]).median:.3f} "
-            f"| {spread([c.tok_s for c in lm]).median:.1f} "
-            f"| {spread([c.tok_s for c in tk]).median:.1f} "
-            f"| {p95.median:.3f} [{p95.lo:.3f}–{p95.hi:.3f}] "
-            f"| {tput.median:.3f} [{tput.lo:.3f}–{tput.hi:.3f}] "
-            f"| {sum(c.canonical for c in lm)}/{sum(c.requests for c in lm)}, "
-            f"{sum(c.canonical for c in tk)}/{sum(c.requests for c in tk)} |"
-        )
-    return lines
+def measure(
+    res: list[Any], canonical: list[tuple[int, ...]], slo: float | None, controller: str,
+    retrieves: tuple[float, ...], tier: dict[str, Any] | None,
+) -> Cell:  # fmt: skip
+    done = [r for r in res if r is not None]
+    ttfts = [r.first_token_s - r.sent_s for r in done]
+    span = max(r.done_s for r in done) - min(r.sent_s for r in done) if done else 0.0
+    toks = sum(len(r.output_token_ids) for r in done)
+    same = sum(
+        r is not None and r.output_token_ids == c for r, c in zip(res, canonical, strict=True)
+    )
+    good = math.nan
+    if slo is not None:
+        all_ttfts = [None if r is None else r.first_token_s - r.sent_s for r in res]
+        good = goodput(all_ttfts, slo, span).share
+    ids = tuple(getattr(r, "request_id", "") for r in res if r is not None)
+    return Cell(_p95(ttfts), toks / span if span > 0 else math.nan, same, len(res), controller,
+                good, retrieves, ids, tier)  # fmt: skip
 
 
-def claims(
-    rates: Sequence[float], cells: list[dict[str, dict[float, Cell]]], arm: str = "tempokv"
-) -> list[str]:
-    """The paper's Figure 6 claims per rate, judged on the paired repeats (repeat k of both
-    arms; ``expectations.ordering_claim``): ``arm``'s throughput >= LMCache's and its p95
-    TTFT <= LMCache's, each PASS / FAIL / UNKNOWN with the ratio's 95 % interval."""
-    return [f"claim {c.detail}" for c in claim_checks(rates, cells, arm)]
-
-
-def claim_checks(
-    rates: Sequence[float], cells: list[dict[str, dict[float, Cell]]], arm: str = "tempokv"
-) -> list[Check]:
-    """The claims as the run's checks (PASS, FAIL, or UNKNOWN while the interval straddles)."""
-    out = []
-    for rate in rates:
-        lm = [c["lmcache"][rate] for c in cells]
-        tk = [c[arm][rate] for c in cells]
-        keys = [("tput", "a>=b", "tok_s"), ("p95", "a<=b", "p95_s")]
-        if not any(math.isnan(c.goodput) for c in lm + tk):
-            keys.append(("goodput", "a>=b", "goodput"))
-        for what, claim, key in keys:
-            name = f"{what} {arm}/lmcache @{rate:g}"
-            a, b = [getattr(c, key) for c in tk], [getattr(c, key) for c in lm]
-            got = ordering_claim(name, what, a, b, claim, name)
-            out.append(check(name.replace(" ", "_"), got.reproduced, got.detail))
-    return out
-
-
-def bench_points(
-    rates: Sequence[float], cells: list[dict[str, dict[float, Cell]]], arms: Sequence[str]
-) -> list[Any]:
-    """The bench's evidence: a point per (arm, rate), its per-repeat p95 TTFT, tok/s and
-    goodput as samples (repeat order), every output checked against the canonical one."""
-    out = []
-    for arm in arms:
-        for rate in rates:
-            cs = [c[arm][rate] for c in cells]
-            samples = {"p95_ttft_s": [c.p95_s for c in cs], "tok_s": [c.tok_s for c in cs],
-                       "retrieve_s": [x for c in cs for x in c.retrieves_s]}  # fmt: skip
-            if not any(math.isnan(c.goodput) for c in cs):
-                samples["goodput"] = [c.goodput for c in cs]
-            same, n = sum(c.canonical for c in cs), sum(c.requests for c in cs)
-            canon = check("canonical_output", same == n, f"{same}/{n} outputs canonical")
-            params = {"arm": arm, "rate_rps": rate}
-            measures = {"canonical": same, "requests": n}
-            out.append(bench_point(f"fig6/{arm}@{rate:g}", params, samples, measures, [canon]))
-    return out
-
-
-def last_line(
-    rates: Sequence[float], cells: list[dict[str, dict[float, Cell]]], arm: str = "tempokv"
-) -> str:
-    """``fig6 tput tempokv/lmcache @2=R [lo, hi] ... p95 tempokv/lmcache @2=...``: the
-    median of the per-repeat ratios with its 95 % bootstrap interval, per rate."""
-    parts = []
-    for what, key in (("tput", "tok_s"), ("p95", "p95_s")):
-        per = []
-        for rate in rates:
-            a = [getattr(c[arm][rate], key) for c in cells]
-            b = [getattr(c["lmcache"][rate], key) for c in cells]
-            try:
-                per.append(f"@{rate:g}={paired_ratio_ci(a, b, SEED).text(3)}")
-            except ValueError as e:  # a NaN repeat (no request finished)
-                per.append(f"@{rate:g}=n/a ({e})")
-        parts.append(f"{what} {arm}/lmcache " + " ".join(per))
-    return "fig6 " + " ".join(parts)
-
-
-def arm_pids(run_dir: Path) -> dict[int, str]:
-    """Every PID an arm's deployments launched (and their recorded children) -> the arm,
-    from each ``r<k>-<arm>/stack/state.json``."""
-    out: dict[int, str] = {}
-    for d in sorted(run_dir.glob("r*-*")):
-        state = d / "stack" / "state.json"
-        if not state.is_file():
-            continue
-        arm = d.name.split("-", 1)[1]
-        for part in json.loads(state.read_text()).get("launched", []):
-            for pid in (part["pid"], *part.get("children", [])):
-                out[pid] = arm
-    return out
-
-
-def where_ttft_went(
-    spans: Sequence[Any], pids: dict[int, str]
-) -> dict[str, tuple[int, float, dict[str, float]]]:
-    """Per arm: (requests, mean TTFT ms, mean ms per phase) over the cells' streamed requests'
-    critical paths (``trace.timeline``); a request is its servers' arm."""
-    paths: dict[str, list[Any]] = {}
-    for rid, mine in by_request(spans).items():
-        arms = {pids[sp.pid] for sp in mine if sp.pid in pids}
-        if len(arms) != 1 or not any(sp.name == CLIENT_TTFT for sp in mine):
-            continue  # a seeding request (not streamed), or no server span of one arm
-        path = critical_path(spans, rid)
-        if path is not None:
-            paths.setdefault(arms.pop(), []).append(path)
-    return {
-        arm: (len(ps), sum(p.ttft_ms for p in ps) / len(ps),
-              {k: v / len(ps) for k, v in phase_totals(ps).items()})
-        for arm, ps in sorted(paths.items())
-    }  # fmt: skip
-
-
-def ttft_lines(got: dict[str, tuple[int, float, dict[str, float]]], top: int = 6) -> list[str]:
-    out = []
-    for arm, (n, mean, phases) in got.items():
-        parts = ", ".join(f"{k} {v:.0f}" for k, v in list(phases.items())[:top])
-        out.append(f"where TTFT went, {arm}: {n} requests, mean {mean:.0f} ms: {parts} ms")
-    return out
+def cell_line(rep: int, arm: str, rate: float, cell: Cell, slo: bool) -> str:
+    slow = [x for x in cell.retrieves_s if x > SLOW_RETRIEVE_S]
+    rs = cell.retrieves_s
+    flash_read = (
+        f" | flash read {cell.tier['flash_read_bytes'] / 2**20:.1f} MiB" if cell.tier else ""
+    )
+    return (
+        f"repeat {rep} {arm:11} rate {rate:g} rps: p95 TTFT {cell.p95_s:.3f}s "
+        f"{cell.tok_s:.1f} tok/s {cell.canonical}/{cell.requests} canonical"
+        + (f" goodput {cell.goodput:.2f}" if slo else "")
+        + f" | retrieves {len(rs)} ({sum(rs):.2f} s), {len(slow)} over {SLOW_RETRIEVE_S} s"
+        + (f" ({min(slow):.2f}-{max(slow):.2f} s)" if slow else "")
+        + flash_read
+        + (f" | {cell.controller}" if cell.controller else "")
+    )
 
 
 def workload_overrides(doc: dict[str, Any], ns: argparse.Namespace) -> dict[str, Any]:
@@ -405,83 +278,92 @@ def workload_overrides(doc: dict[str, Any], ns: argparse.Namespace) -> dict[str,
     return {**doc, "serving": serving}
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--repeats", type=int, default=3, help="runs of both arms (≥ 1)")
-    ap.add_argument(
-        "--adapter-arm",
-        action="store_true",
-        help="a third arm: the TempoKV stack with the controller off (the adapter's own cost)",
-    )
+    ap.add_argument("--baseline", choices=("fs", "dax"), default="fs",
+                    help="fs: stock LMCache, DRAM L1 + FS L2 (today's analogue); dax: "
+                    "LMCache-DAX on the flash tier (§5.3)")  # fmt: skip
     ap.add_argument("args", nargs="*", help="[SPEC.yaml] [RATES...] (requests per second)")
-    ap.add_argument(
-        "--local-arm",
-        action="store_true",
-        help="a fourth arm: the adapter with no server call and no trace (controller off)",
+    flags = (
+        ("--adapter-arm", "an arm: the TempoKV stack with the controller off"),
+        ("--local-arm", "an arm: the adapter with no server call and no trace"),
+        ("--retain-arm", "an arm: stock vLLM with TempoKV's LMCache options"),
+        ("--threads-arm", "an arm: the stock arm, LMCache server on one OpenMP thread"),
     )
+    for flag, what in flags:  # fmt: skip
+        ap.add_argument(flag, action="store_true", help=what + " (--baseline fs)")
     ap.add_argument("--arrivals", choices=("fixed", "poisson"), help="serving.arrivals.process")
     ap.add_argument("--burstiness", type=float, help="serving.arrivals.burstiness (1: Poisson)")
     ap.add_argument("--arrival-seed", type=int, help="serving.arrivals.seed")
     ap.add_argument("--turns", type=int, help="serving.turns (documents reused across turns)")
     ap.add_argument("--slo-ttft-s", type=float, help="serving.slo_ttft_s (goodput's TTFT bound)")
     ap.add_argument(
-        "--retain-arm",
-        action="store_true",
-        help="an arm: stock vLLM with TempoKV's LMCache options (retain, long read TTL)",
-    )
-    ap.add_argument(
-        "--threads-arm",
-        action="store_true",
-        help="an arm: the stock arm with the LMCache server on one OpenMP thread",
+        "--timeline-rate",
+        type=float,
+        help="--baseline dax: the rate whose timeline is shown (default: the highest)",
     )
     ap.add_argument("--evidence", type=Path, default=Path("reports"), help="bench run under here")
+    return ap
+
+
+def main() -> int:
+    ap = parser()
     ns = ap.parse_args()
-    arms = (
-        ARMS
-        + ((ADAPTER_ARM,) if ns.adapter_arm else ())
-        + ((LOCAL_ARM,) if ns.local_arm else ())
-        + ((RETAIN_ARM,) if ns.retain_arm else ())
-        + ((THREADS_ARM,) if ns.threads_arm else ())
-    )
+    on_dax = ns.baseline == "dax"
+    extra = ((ADAPTER_ARM, ns.adapter_arm), (LOCAL_ARM, ns.local_arm),
+             (RETAIN_ARM, ns.retain_arm), (THREADS_ARM, ns.threads_arm))  # fmt: skip
+    if on_dax and any(on for _, on in extra):
+        ap.error("--adapter-arm/--local-arm/--retain-arm/--threads-arm: --baseline fs only")
+    arms = dax.ARMS if on_dax else ARMS + tuple(a for a, on in extra if on)
+    base = arms[0]
     if ns.repeats < 1:
         ap.error(f"--repeats {ns.repeats}: give 1 or more")
     args = list(ns.args)
-    raw = (
-        yaml.safe_load(Path(args.pop(0)).read_text())
-        if args and args[0].endswith(".yaml")
-        else None
-    )
+    path = Path(args.pop(0)) if args and args[0].endswith(".yaml") else None
+    default_spec, default_rates = (dax.SPEC, dax.RATES) if on_dax else (DEFAULT_SPEC, DEFAULT_RATES)
     try:
-        rates = [float(a) for a in args] or list(DEFAULT_RATES)
+        rates = [float(a) for a in args] or list(default_rates)
     except ValueError:
         ap.error(f"RATES {args}: give numbers (requests per second)")
     if any(r <= 0 for r in rates):
         ap.error(f"RATES {rates}: each must be > 0")
     try:
         spec = TempoKVSpec.model_validate(workload_overrides(
-            raw or yaml.safe_load(DEFAULT_SPEC.read_text()), ns))  # fmt: skip
+            yaml.safe_load((path or default_spec).read_text()), ns))  # fmt: skip
     except ValidationError as e:
         print(f"error: {describe_error(TempoKVSpec, e)}", file=sys.stderr)
+        return 2
+    if on_dax != (spec.serving.fast_tier is not None):
+        print(
+            "error: serving.fast_tier: --baseline dax needs it (the flash tier), --baseline "
+            "fs runs without it; set it or pick the other baseline",
+            file=sys.stderr,
+        )
         return 2
     run_dir = Path(tempfile.mkdtemp(prefix="tk-fig6-"))
     run = spec.serving
     print(f"run dir {run_dir}; {ns.repeats} repeats; rates {rates}; {run.num_requests} requests "
           f"per cell; orders {arm_orders(ns.repeats, arms)}", flush=True)  # fmt: skip
     prep = prepare(spec, run_dir / "canonical")
-    odirect = odirect_allowed(run_dir / "canonical" / "stack" / "l2-fs")  # the arms' filesystem
-    cells: list[dict[str, dict[float, Cell]]] = []
+    odirect = not on_dax and odirect_allowed(run_dir / "canonical" / "stack" / "l2-fs")
+    cells: Cells = []
+    deployments: dict[str, list[Any]] = {}
 
     def body(w: Any) -> tuple[dict[str, Any], list[Check]]:
         for k, order in enumerate(arm_orders(ns.repeats, arms)):
-            got = {
-                arm: run_arm(spec, arm, run_dir / f"r{k}-{arm}", rates, prep, k) for arm in order
-            }
+            got = {arm: run_arm(spec, arm, run_dir / f"r{k}-{arm}", rates, prep, k, deployments)
+                   for arm in order}  # fmt: skip
             cells.append(got)
         for p in bench_points(rates, cells, arms):
             w.add_point(p)
         summary = {"rates": rates, "arms": list(arms), "repeats": ns.repeats,
+                   "baseline": ns.baseline,
                    "orders": [list(o) for o in arm_orders(ns.repeats, arms)]}  # fmt: skip
-        return summary, claim_checks(rates, cells)
+        if on_dax:
+            summary["deployments"] = deployments
+            summary["fast_tier_cells"] = tier_cells(rates, cells, arms)
+        return summary, claim_checks(rates, cells, "tempokv", base)
 
     bench_args = {**vars(ns), "spec": spec.model_dump(mode="json"), "rates": rates}
     try:
@@ -492,33 +374,47 @@ def main() -> int:
         return 3
     print(f"# evidence {evidence} ({verdict}); timeline {evidence / 'timeline.json'}")
     print()
-    # per arm, from the run's own spans: mean ms per request on each phase of the critical path
-    print("\n".join(ttft_lines(where_ttft_went(spans_of(read_spans(evidence)), arm_pids(run_dir)))))
+    spans = spans_of(read_spans(evidence))
+    print("\n".join(ttft_lines(where_ttft_went(spans, arm_pids(run_dir)))))
+    if on_dax:  # where the time goes, before any ratio
+        at = ns.timeline_rate if ns.timeline_rate in rates else max(rates)
+        # the repeat whose p95 ratio at that rate is the median one: a typical repeat
+        by = sorted(range(len(cells)), key=lambda i: ratio(cells[i]["tempokv"][at].p95_s,
+                                                           cells[i][base][at].p95_s))  # fmt: skip
+        k = by[len(by) // 2]
+        rows = {arm: rows_of(spans, cells[k][arm][at].request_ids) for arm in arms}
+        for arm in arms:
+            print()
+            print(f"repeat {k} (the median p95 ratio at {at:g} rps):")
+            print("\n".join(timeline_lines(arm, at, rows[arm])))
+        print(f"\ntimeline figure {draw(rows, at, run_dir / 'fig6-timeline.svg')}")
     print()
-    print("\n".join(table(rates, cells)))
-    for extra in arms[len(ARMS) :]:
+    print("\n".join(table(rates, cells, "tempokv", base)))
+    for extra_arm in arms[len(ARMS) :]:
         print()
-        print("\n".join(table(rates, cells, extra)))
+        print("\n".join(table(rates, cells, extra_arm, base)))
     print()
-    print("\n".join(claims(rates, cells)))
+    checks = claim_checks(rates, cells, "tempokv", base)
+    print("\n".join(claims(rates, cells, "tempokv", base)))
+    if on_dax:
+        print(dax.paper_line())
+        print("\n".join(dax.goal_lines(rates, cells, checks)))
     print(f"\n{run.arrivals.process} arrivals (burstiness {run.arrivals.burstiness}, seed "
           f"{run.arrivals.seed}), {run.turns} turn(s), SLO TTFT {run.slo_ttft_s} s")  # fmt: skip
-    print(f"\nmedians over {ns.repeats} repeats, {run.num_requests} requests per cell; shaped L2 "
-          f"{run.l2_bandwidth_mib_s} MiB/s (O_DIRECT {odirect}), budget "
-          f"{run.budget_mib} MiB, run dir {run_dir}")  # fmt: skip
-    bad = [
-        (k, arm, rate)
-        for k, c in enumerate(cells)
-        for arm in arms
-        for rate in rates
-        if c[arm][rate].canonical != c[arm][rate].requests
-    ]
+    tier = (f"flash tier {run.fast_tier.fast_tier_mib} MiB over {run.fast_tier.flash_mib_s} "
+            f"MiB/s" if run.fast_tier else f"shaped L2 {run.l2_bandwidth_mib_s} MiB/s "
+            f"(O_DIRECT {odirect})")  # fmt: skip
+    print(f"\nmedians over {ns.repeats} repeats, {run.num_requests} requests per cell; {tier}, "
+          f"budget {run.budget_mib} MiB, run dir {run_dir}")  # fmt: skip
+    bad = [(k, arm, rate) for k, c in enumerate(cells) for arm in arms for rate in rates
+           if c[arm][rate].canonical != c[arm][rate].requests]  # fmt: skip
+    prefix = "fig6-dax" if on_dax else "fig6"
     if bad:
         print(f"FAILURE: non-canonical outputs in (repeat, arm, rate) {bad}", flush=True)
-        print(last_line(rates, cells))
+        print(last_line(rates, cells, "tempokv", base, prefix))
         return 1
     print(f"all outputs canonical in every arm ({', '.join(arms)})")
-    print(last_line(rates, cells))
+    print(last_line(rates, cells, "tempokv", base, prefix))
     return 0
 
 

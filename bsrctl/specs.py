@@ -56,6 +56,9 @@ class VllmSpec(Strict):
         "auto", description="vLLM --kv-cache-dtype (fp8: 1 B per element)"
     )
     max_num_seqs: int = Field(4, ge=1, description="vLLM's running slots (--max-num-seqs)")
+    num_gpu_blocks_override: int | None = Field(
+        None, ge=1, description="--num-gpu-blocks-override: the engine's KV pool in blocks, as a "
+        "GPU bounds it (honoured on CPU too: vllm/v1/core/kv_cache_utils.py)")  # fmt: skip
     connector: Literal["vllm", "lmcache"] = Field(
         "vllm",
         description="the LMCacheMPConnector vLLM loads: vllm, its built-in one (one KV cache "

@@ -33,7 +33,7 @@ from typing import Any
 
 from bsrctl.clock import WallClock
 from bsrctl.lmcache_ext.tempokv_device import LiveObject, LmcStagingDevice
-from bsrctl.lmcache_ext.tempokv_provider import LiveStagingProvider, Samples
+from bsrctl.lmcache_ext.tempokv_provider import LiveStagingProvider, Samples, StockRead
 from bsrctl.tempokv.claims import ClaimState
 from bsrctl.tempokv.controller import Controller, RetrievalGrant
 from bsrctl.tempokv.kv import Manifest
@@ -57,6 +57,7 @@ class LiveConfig:
     static_rate_bytes_s: float | None = None  # TempoKV-Static (default: the prior)
     tick_s: float = 0.05
     chunk_tokens: int = 256
+    tier: str = "l2"  # "dax": L1 is the flash tier's arena, staging is mlock (tempokv_dax)
 
     @classmethod
     def from_json(cls, raw: Mapping[str, Any]) -> LiveConfig:
@@ -76,36 +77,6 @@ class LiveConfig:
         return cfg
 
 
-@dataclass(slots=True)
-class StockRead:
-    """One stock lookup's L2 read as the provider observed it."""
-
-    request_id: str
-    read_id: str  # the provider's read: the claim's id (ORDINARY claim) or "stock:<id>"
-    claimed: bool
-    ops: tuple[int, ...]  # ordinary ops issued for it (objects neither resident nor in flight)
-    objects: int
-    size_bytes: int  # bytes of those ops: what the stock lookup reads from L2
-    start_s: float
-    world_size: int = 1
-    done_s: float | None = None  # the lookup's prefetch reported done
-    chunks_found: int | None = None  # what that prefetch reported
-    end_s: float | None = None
-    # done | dropped (ended before done: its op removed) | adopted (read by the device for
-    # a commitment) | expired (STOCK_READ_MAX_S) | ended (before done, its op left to
-    # another stock read) | open
-    outcome: str = "open"
-
-    def json(self) -> dict[str, Any]:
-        r6 = lambda x: None if x is None else round(x, 6)  # noqa: E731
-        return {
-            "request": self.request_id, "read": self.read_id, "claimed": self.claimed,
-            "ops": list(self.ops), "objects": self.objects, "bytes": self.size_bytes,
-            "start_s": r6(self.start_s), "done_s": r6(self.done_s), "end_s": r6(self.end_s),
-            "chunks_found": self.chunks_found, "outcome": self.outcome,
-        }  # fmt: skip
-
-
 class LiveTempo:
     """Controller + provider + device on one loop thread over a StorageManager."""
 
@@ -116,9 +87,17 @@ class LiveTempo:
         `loop` False: no loop thread, the test calls ``step`` and moves the clock."""
         self.config = config
         self.clock = clock if clock is not None else WallClock()
-        self.device = LmcStagingDevice(
-            storage, self.clock.now, config.prior_bytes_s, config.prior_latency_s
-        )
+        if config.tier == "dax":
+            from bsrctl.lmcache_ext.tempokv_dax import DaxStagingDevice
+
+            self.device: LmcStagingDevice = DaxStagingDevice(
+                storage, self.clock.now, config.prior_bytes_s, config.prior_latency_s,
+                budget_bytes=config.budget_bytes,
+            )  # fmt: skip
+        else:
+            self.device = LmcStagingDevice(
+                storage, self.clock.now, config.prior_bytes_s, config.prior_latency_s
+            )
         self.device.chunk_tokens = config.chunk_tokens
         self.provider = LiveStagingProvider(
             self.clock,
@@ -226,6 +205,9 @@ class LiveTempo:
             if len(got) < world:
                 return
             self._retrieved.pop(claim_id, None)
+            stock = self._stock.get(claim_id)
+            if self.config.tier == "dax" and stock is not None and stock.done_s is None:
+                self._finish_stock(stock)  # its faults were the retrieve's: done with it
             self._end_stock(claim_id)
             claim = self.controller.claims.get(claim_id)
             self._ready_waiters.pop(claim_id, None)
@@ -294,17 +276,24 @@ class LiveTempo:
 
     def stock_done(self, request_id: str, chunks: int) -> None:
         """The stock lookup's prefetch reported done (`chunks` found): its ops complete
-        (the provider's normal completion: objects resident, the rate meter observes)."""
+        (the provider's normal completion: objects resident, the rate meter observes). On
+        the flash tier the lookup reads nothing (its objects are L1 hits): the read is the
+        retrieve's page faults, done when every rank's retrieve ended (``end_retrieval``)."""
         with self.lock:
             sr = self._stock.get(request_id)
             if sr is None or sr.done_s is not None:
                 return
-            sr.done_s, sr.chunks_found, sr.outcome = self.clock.now(), chunks, "done"
-            # every observed op it waits on, its own or one it joined: the lookup found
-            # all its objects, so whoever issued them, they are loaded now
-            for op_id in sorted(self.provider.read_pending(sr.read_id)):
-                self.device.finish_observed(op_id)
+            sr.chunks_found = chunks
+            if self.config.tier != "dax":
+                self._finish_stock(sr)
             self._sync()
+
+    def _finish_stock(self, sr: StockRead) -> None:  # holds self.lock
+        sr.done_s, sr.outcome = self.clock.now(), "done"
+        # every observed op it waits on, its own or one it joined: the lookup found all its
+        # objects, so whoever issued them, they are loaded now
+        for op_id in sorted(self.provider.read_pending(sr.read_id)):
+            self.device.finish_observed(op_id)
 
     def end_session(self, request_id: str) -> None:
         """The request is torn down: an open claim is cancelled, a stock read ends."""

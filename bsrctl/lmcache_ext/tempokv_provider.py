@@ -59,3 +59,33 @@ class Samples:
         self.at_s.append(t_s)
         self.locked_bytes.append(locked)
         self.reserved_bytes.append(reserved)
+
+
+@dataclass(slots=True)
+class StockRead:
+    """One stock lookup's L2 read as the provider observed it."""
+
+    request_id: str
+    read_id: str  # the provider's read: the claim's id (ORDINARY claim) or "stock:<id>"
+    claimed: bool
+    ops: tuple[int, ...]  # ordinary ops issued for it (objects neither resident nor in flight)
+    objects: int
+    size_bytes: int  # bytes of those ops: what the stock lookup reads from L2
+    start_s: float
+    world_size: int = 1
+    done_s: float | None = None  # the lookup's prefetch reported done
+    chunks_found: int | None = None  # what that prefetch reported
+    end_s: float | None = None
+    # done | dropped (ended before done: its op removed) | adopted (read by the device for
+    # a commitment) | expired (STOCK_READ_MAX_S) | ended (before done, its op left to
+    # another stock read) | open
+    outcome: str = "open"
+
+    def json(self) -> dict[str, Any]:
+        r6 = lambda x: None if x is None else round(x, 6)  # noqa: E731
+        return {
+            "request": self.request_id, "read": self.read_id, "claimed": self.claimed,
+            "ops": list(self.ops), "objects": self.objects, "bytes": self.size_bytes,
+            "start_s": r6(self.start_s), "done_s": r6(self.done_s), "end_s": r6(self.end_s),
+            "chunks_found": self.chunks_found, "outcome": self.outcome,
+        }  # fmt: skip

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bsrctl.settings import RestoreSettings
+from bsrctl.stack.fast_tier import FastTierConfig
 
 if TYPE_CHECKING:
     from bsrctl.registration import Registration
@@ -148,6 +149,9 @@ class LMCacheExtensions:
     # L1 options without TempoKV (Figure 6's stock arm with TempoKV's options); None: TempoKV's
     # when it runs, LMCache's defaults otherwise
     l1: L1Options | None = None
+    # the flash tier: L1 on a Device-DAX arena in a memory-limited, read-throttled cgroup
+    # (``stack/fast_tier.py``); None: L1 in DRAM
+    fast_tier: FastTierConfig | None = None
 
     @property
     def l1_options(self) -> L1Options:

@@ -12,26 +12,15 @@ from pydantic import Field, field_validator, model_validator
 
 from bsrctl.spec_io import Strict, load_spec
 from bsrctl.specs import StackSpec
+from bsrctl.tempokv.flash_spec import FastTierSpec
 from bsrctl.tempokv.policies import POLICY_NAMES, TTU_QUANTILE
 from bsrctl.tempokv.serving_workload import ArrivalSpec
 from bsrctl.tempokv.sim.models import CATALOGUE
 
 # The paper's 12 NarrativeQA documents are not redistributable: lengths spanning its
 # 16,078–67,744 tokens, four per length group, interleaved (synthetic, not calibrated).
-PAPER_DOCS_TOKENS = [
-    34600,
-    16078,
-    63900,
-    20300,
-    41300,
-    59700,
-    17500,
-    31200,
-    67744,
-    18900,
-    55800,
-    37900,
-]
+PAPER_DOCS_TOKENS = [34600, 16078, 63900, 20300, 41300, 59700, 17500, 31200, 67744, 18900,
+                     55800, 37900]  # fmt: skip
 
 
 class ModelSpec(Strict):
@@ -366,6 +355,11 @@ class ServingRun(Strict):
         "('auto' derives it from stack.vllm.model's config.json, TP and dtypes; a preset, a "
         "registration YAML file or one inline): the adapter's KV bytes per token",
     )
+    fast_tier: FastTierSpec | None = Field(
+        None,
+        description="L1 on a memory-semantic flash tier (the paper's §5.3) instead of "
+        "DRAM L1 + shaped FS L2: l1_mib and the l2_* fields do not apply; budget_mib within it",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -373,6 +367,16 @@ class ServingRun(Strict):
         if not isinstance(data, dict):
             return data
         return {**data, **_shorthands_of(data), "stack": _stack_of(data)}
+
+    @model_validator(mode="after")
+    def _budget_fits(self) -> ServingRun:
+        ft = self.fast_tier
+        if ft is not None and self.budget_mib > ft.fast_tier_mib:
+            raise ValueError(
+                f"budget_mib {self.budget_mib} exceeds fast_tier.fast_tier_mib "
+                f"{ft.fast_tier_mib}: protection lives in the fast tier; lower it"
+            )
+        return self
 
     @model_validator(mode="after")
     def _prompts_fit(self) -> ServingRun:

@@ -262,6 +262,13 @@ class TempoConfig(Record):
     static_rate_bytes_s: float | None  # TempoKV-Static's rate (None: the prior)
     tick_s: float
     chunk_tokens: int  # must equal the server's chunk size
+    # "l2": stage from the shaped L2 into DRAM L1 (LOCK prefetch); "dax": L1 is the flash
+    # tier's arena, staging is mlock of its ranges (``lmcache_ext/tempokv_dax``)
+    tier: str = "l2"
+
+    def __post_init__(self) -> None:
+        if self.tier not in ("l2", "dax"):
+            raise WireError(f"{self.WHAT}.tier: {self.tier!r}, not l2|dax")
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,10 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-_path = Path(__file__).resolve().parents[2] / "bench" / "tempokv_fig6_serving.py"
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+if str(BENCH) not in sys.path:  # the entry script runs with bench/ first on sys.path
+    sys.path.insert(0, str(BENCH))
+_path = BENCH / "tempokv_fig6_serving.py"
 _spec = importlib.util.spec_from_file_location("tempokv_fig6_serving", _path)
 assert _spec is not None and _spec.loader is not None
 fig6 = importlib.util.module_from_spec(_spec)

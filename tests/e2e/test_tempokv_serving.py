@@ -132,3 +132,48 @@ def test_lmcache_killed_with_committed_claims_leaves_no_pin(tmp_path: Path) -> N
         assert after.l1_used_bytes_after == 0, after
     finally:
         dep.down()  # closes its client, stops every process by PID
+
+
+# the flash tier's spec (§5.3's tier, ladders/tempokv-fig6-dax.yaml) at its smallest: two
+# documents, TempoKV alone (idle at 0.5 s: each claim committed and staged by mlock whole),
+# one repeat. Its own deployment (LMCache's L1 is the arena): 128 s here on 2 cores (251 s with
+# three documents, two policies and no canonical cache), most of it vLLM starting
+FLASH = yaml.safe_load((Path(__file__).resolve().parents[2] / "ladders/tempokv-fig6-dax.yaml")
+                       .read_text())  # fmt: skip
+FLASH["serving"].update(documents_tokens=[2010, 4325], num_requests=2, repeats=1)
+FLASH["experiment"]["policies"] = ["tempokv"]
+
+
+def test_the_policy_grid_on_the_flash_tier(tmp_path: Path, bsrctl) -> None:
+    """LMCache's L1 on the Device-DAX arena in its memory-limited, read-throttled cgroup:
+    every cell starts with the fast tier empty (the flash copy kept), reads every document
+    from flash through the throttle, locks no more than the budget, answers canonically;
+    the cgroups are removed and the loop device detached at the end."""
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump(FLASH))
+    out = tmp_path / "runs"
+    res = bsrctl("tempokv", str(spec), "--stack", "serving", "--out", str(out), "--quiet",
+                 timeout=600)  # fmt: skip
+    (run,) = out.iterdir()
+    doc = json.loads((run / "evidence.json").read_text())
+    assert doc["complete"], res.stderr[-3000:]
+    tier = doc["summary"]["fast_tier"]
+    assert tier["flash_bytes_s"] == 11 << 20 and tier["read_ahead_kb"] == 0
+    sealed = tier["sealed"]
+    assert sealed["resident_after_clear_bytes"] == 0
+    assert sealed["limit_bytes"] == tier["limit_bytes"] >= sealed["base_bytes"] + (100 << 20)
+    kv_bytes = sum(n // 256 for n in FLASH["serving"]["documents_tokens"]) * 256 * 1024
+    for p in doc["points"]:
+        checks = {c["name"]: c["verdict"] for c in p["checks"]}
+        assert checks["canonical_output"] == "PASS" and checks["seeded"] == "PASS", p["id"]
+        assert checks["protected_within_budget"] == "PASS", p["id"]
+        cell = p["extra"]["fast_tier"]
+        assert cell["cleared"]["resident_after_clear_bytes"] == 0, p["id"]
+        assert p["measures"]["flash_read_bytes"] >= kv_bytes, p["id"]  # all from flash
+        assert cell["after"]["limit_bytes"] == tier["limit_bytes"]
+    (point,) = doc["points"]
+    stages = point["extra"]["stages"]  # each claim staged by mlock, whole
+    assert sum(s["bytes"] for s in stages) == kv_bytes and [s["missed"] for s in stages] == [0] * 2
+    assert 0 < point["measures"]["peak_locked_bytes"] <= 50 << 20
+    assert not Path(tier["memory_cgroup"]).exists() and not Path(tier["blkio_cgroup"]).exists()
+    assert not Path(tier["arena_backing"]).exists()

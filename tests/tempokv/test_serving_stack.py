@@ -25,13 +25,16 @@ from bsrctl.stack.extensions import (
     bsr_extensions,
     odirect_allowed,
 )
+from bsrctl.stack.fast_tier import FastTierConfig
 from bsrctl.stack.process import Supervised
 from bsrctl.stack.serving import ServingStack
 from bsrctl.tempokv import wire
 from bsrctl.tempokv.live import AdapterSettings
 from bsrctl.tempokv.spec import ServingRun, TempoKVSpec, load
 
-LADDERS = sorted((Path(__file__).resolve().parents[2] / "ladders").glob("tempokv-*.yaml"))
+ALL = sorted((Path(__file__).resolve().parents[2] / "ladders").glob("tempokv-*.yaml"))
+FLASH = [p for p in ALL if load(p)[0].serving.fast_tier is not None]
+LADDERS = [p for p in ALL if p not in FLASH]  # the specs from before the flash tier
 
 
 def _before(spec: TempoKVSpec) -> tuple[StackSpec, AdapterSettings]:
@@ -73,6 +76,40 @@ def test_every_shipped_spec_deploys_what_it_did(path: Path, tmp_path: Path) -> N
                                    spec.serving.l2_bandwidth_mib_s * MIB,
                                    spec.serving.l2_latency_s, None,
                                    spec.control.tick_s, 256)  # fmt: skip
+
+
+@pytest.mark.parametrize("path", FLASH, ids=lambda p: p.name)
+def test_a_flash_tier_spec_deploys_l1_on_the_arena_and_stages_by_mlock(
+    path: Path, tmp_path: Path
+) -> None:
+    spec, _raw = load(path)
+    ft = spec.serving.fast_tier
+    assert ft is not None
+    dep, info = deployment_for(spec, tmp_path)
+    ext = dep.stack.extensions
+    assert ext is not None and ext.l2_device is None
+    assert ext.fast_tier == FastTierConfig(ft.arena_mib * MIB, int(ft.fast_tier_mib * MIB),
+                                           int(ft.flash_mib_s * MIB))  # fmt: skip
+    lm = dep.stack.spec.lmcache
+    assert (lm.fs_l2, lm.l1_size_bytes) == (False, ft.arena_mib * MIB)
+    assert dep.stack.spec.vllm.num_gpu_blocks_override == 434  # the H100's KV, scaled
+    assert info["fast_tier"] == vars(ext.fast_tier) and info["odirect"] is False
+    assert calls.tempo_config(spec, "tempokv") == wire.TempoConfig(
+        "tempokv", int(ft.fast_tier_mib * MIB), int(spec.serving.budget_mib * MIB), 1,
+        int(ft.flash_mib_s * MIB), 0.0, None, spec.control.tick_s, 256, "dax",
+    )  # fmt: skip
+    assert spec.serving.budget_mib == ft.fast_tier_mib / 2  # §5.3: half the fast tier
+    base, _ = deployment_for(spec, tmp_path / "b", with_adapter=False)
+    assert base.stack.extensions is not None and base.stack.extensions.tempokv is None
+    assert base.stack.extensions.fast_tier == ext.fast_tier  # LMCache-DAX: the same tier
+
+
+def test_the_budget_must_fit_in_the_fast_tier() -> None:
+    raw = {"models": [{"name": "llama-3.1-8b"}], "experiment": {"kind": "policies",
+           "cache_ratios": [1.0]}, "serving": {"budget_mib": 101.0, "fast_tier": {
+           "arena_mib": 128, "fast_tier_mib": 100.0, "flash_mib_s": 11.0}}}  # fmt: skip
+    with pytest.raises(ValidationError, match="budget_mib 101.0 exceeds fast_tier.fast_tier_mib"):
+        TempoKVSpec.model_validate(raw)
 
 
 def test_the_stack_sets_the_chunk_rate_and_geometry_everywhere(tmp_path: Path) -> None:

@@ -19,7 +19,12 @@ from bsrctl.tempokv.live import AdapterSettings, Update
 from bsrctl.tempokv.ttu import CostModel
 
 # values a record's own checks require (the others take any value of their type)
-FIXED: dict[tuple[type, str], Any] = {(wire.AdapterEnv, "transport"): "connector"}
+FIXED: dict[tuple[type, str], Any] = {(wire.AdapterEnv, "transport"): "connector",
+                                      (wire.TempoConfig, "tier"): "dax"}  # fmt: skip
+CHOICES: dict[tuple[type, str], list[str]] = {
+    (wire.AdapterEnv, "transport"): ["connector", "record"],
+    (wire.TempoConfig, "tier"): ["l2", "dax"],
+}
 
 
 def _example(tp: Any, owner: type | None = None, name: str = "") -> Any:
@@ -43,8 +48,8 @@ def _example(tp: Any, owner: type | None = None, name: str = "") -> Any:
 
 
 def _strategy(tp: Any, owner: type | None = None, name: str = "") -> st.SearchStrategy:
-    if (owner, name) in FIXED:
-        return st.sampled_from(["connector", "record"])
+    if (owner, name) in CHOICES:
+        return st.sampled_from(CHOICES[owner, name])
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if origin in (typing.Union, types.UnionType):
         return st.none() | _strategy(next(a for a in args if a is not type(None)))

@@ -19,18 +19,21 @@ class ModuleClient(Protocol):
 
 
 def tempo_config(spec: TempoKVSpec, policy: str) -> wire.TempoConfig:
-    """The controller and provider of one policy on the run's deployment."""
-    run = spec.serving
+    """The controller and provider of one policy on the run's deployment. On the flash
+    tier the provider models the fast tier (its capacity), its TTR prior is the flash rate
+    (the throttle's) and staging is mlock of arena ranges (``tier: dax``)."""
+    run, ft = spec.serving, spec.serving.fast_tier
     return wire.TempoConfig(
         policy=policy,
-        capacity_bytes=run.stack.lmcache.l1_size_bytes,
+        capacity_bytes=run.stack.lmcache.l1_size_bytes if ft is None else ft.fast_tier_bytes,
         budget_bytes=int(run.budget_mib * MIB),
-        concurrency=1,  # the shaped L2 is one FIFO device: one staging op at a time
-        prior_bytes_s=run.l2_bandwidth_mib_s * MIB,
-        prior_latency_s=run.l2_latency_s,
+        concurrency=1,  # the shaped L2 (the throttled flash) is one FIFO device
+        prior_bytes_s=run.l2_bandwidth_mib_s * MIB if ft is None else ft.flash_bytes_s,
+        prior_latency_s=run.l2_latency_s if ft is None else 0.0,
         static_rate_bytes_s=None,  # TempoKV-Static stages at the prior
         tick_s=spec.control.tick_s,
         chunk_tokens=run.stack.lmcache.chunk_size,
+        tier="l2" if ft is None else "dax",
     )
 
 

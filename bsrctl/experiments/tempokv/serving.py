@@ -34,15 +34,10 @@ from typing import Any
 from bsrctl.evidence import EvidenceWriter, Verdict
 from bsrctl.evidence.verdict import Point, check
 from bsrctl.experiments.run import Progress
-from bsrctl.experiments.tempokv import calls
+from bsrctl.experiments.tempokv import calls, flash
 from bsrctl.experiments.tempokv.adapter_cost import adapter_cost, read_trace
-from bsrctl.experiments.tempokv.expectations import (
-    REPRODUCE,
-    Claim,
-    JudgedCheck,
-    judge,
-    ordering_claim,
-)
+from bsrctl.experiments.tempokv.expectations import JudgedCheck
+from bsrctl.experiments.tempokv.expectations import run_checks as _run_checks
 from bsrctl.experiments.tempokv.pooled import pool, quantile, run_order
 from bsrctl.prompts import prompt_ids
 from bsrctl.settings import RestoreSettings, RestoreTuning
@@ -115,9 +110,9 @@ def kv_bytes_per_token(stack: StackSpec, registration: str | dict[str, Any] = "a
 
 
 def stack_spec(run: ServingRun) -> StackSpec:
-    """The run's stack; on CPU its engine off the last core unless the spec binds it (a
-    GPU engine shares no core with staging: nothing to bind)."""
-    stack = run.stack
+    """The run's stack (on the flash tier: L1 the arena, no L2); on CPU its engine off the
+    last core unless the spec binds it (a GPU engine shares no core with staging)."""
+    stack = flash.flash_stack(run.stack, run)
     if stack.device != "cpu" or stack.vllm.cpu_threads_bind:
         return stack
     bind = engine_cpus_default(os.cpu_count() or 1)
@@ -159,8 +154,9 @@ def deployment_for(
     run, run_dir = spec.serving, Path(run_dir)
     stack = stack_spec(run)
     adapter = adapter_settings(spec, stack)
-    odirect = odirect_allowed(run_dir / "stack" / "l2-fs")
-    device = L2Device(run.l2_bandwidth_mib_s * MIB, run.l2_latency_s, odirect)
+    tier = flash.fast_tier_config(run)
+    odirect = tier is None and odirect_allowed(run_dir / "stack" / "l2-fs")
+    device = None if tier else L2Device(run.l2_bandwidth_mib_s * MIB, run.l2_latency_s, odirect)
     # vLLM's scheduling as the spec's device resolves it: the adapter's class matches it
     async_on = profile.async_scheduling(stack)
     trace = str(run_dir / "adapter-trace.jsonl")
@@ -168,10 +164,11 @@ def deployment_for(
     tempokv = (tk if launch is None else launch(tk)) if with_adapter else None
 
     def extend(ext: LMCacheExtensions) -> LMCacheExtensions:
-        return replace(ext, l2_device=device, tempokv=tempokv, l1=l1)
+        return replace(ext, l2_device=device, tempokv=tempokv, l1=l1, fast_tier=tier)
 
     info = {
         "odirect": odirect,
+        "fast_tier": None if tier is None else vars(tier),
         "kv_bytes_per_token": adapter.kv_bytes_per_token,
         "adapter": wire.settings_to_json(adapter),
         "async_scheduling": async_on,
@@ -204,7 +201,14 @@ def prepare(spec: TempoKVSpec, run_dir: Path, say: Progress = lambda _m: None) -
 def seed_documents(
     stack: ServingStack, client: BsrModuleClient, docs: list[list[int]]
 ) -> list[bool]:
-    """Store every document into the FS L2; whether each is whole there."""
+    """Store every document into the FS L2, or on the flash tier into the arena (then the
+    tier is sealed: ``flash.seed_flash``); whether each is whole there."""
+    if stack.extensions is not None and stack.extensions.fast_tier is not None:
+        chunk = stack.spec.lmcache.chunk_size
+        per_chunk = kv_bytes_per_token(stack.spec) * chunk
+        whole, sealed = flash.seed_flash(stack, client, docs, chunk, per_chunk)
+        stack.sealed = sealed  # the tier's base and limit, for the evidence
+        return whole
     return [
         seed_tiers(stack, client, doc, chunk_tokens=stack.spec.lmcache.chunk_size, tiers=("fs",),
                    max_tokens=1,
@@ -257,6 +261,8 @@ def run_serving(
         # beside the launch's decision in ``stack``, and the sim cross-check's KV pool
         "engine": engines[-1] if engines else None,
     }
+    if stack.fast_tier is not None:  # the arena, cgroups, throttle, and the seal's base/limit
+        summary["fast_tier"] = {**stack.fast_tier.describe(), "sealed": stack.sealed}
     return summary, _run_checks(rows)
 
 
@@ -275,16 +281,24 @@ def _policy_once(
     run = spec.serving
     reqs, canonical = workload
     budget = int(run.budget_mib * MIB)
-    client.forget(wait_s=30.0)
-    stack.forget_local()
+    if run.fast_tier is not None:  # the flash copy stays: only its page cache is dropped
+        cleared = flash.clear_cell(stack)
+        before = flash.counters(stack)
+    else:
+        client.forget(wait_s=30.0)
+        stack.forget_local()
     calls.configure(client, calls.tempo_config(spec, policy))
     results = _arrivals(stack, reqs, run)
     time.sleep(0.3)  # the last retrieve's release reaches the controller
     status = calls.status(client)
     calls.configure(client, None)
+    tier = None
+    if run.fast_tier is not None:
+        tier = {"cleared": cleared, **flash.cell_delta(before, flash.counters(stack))}
     if status is None:
         raise RuntimeError(f"tempokv.status after {policy}: TempoKV is off")
-    return _measure(policy, rep, results, canonical, status, budget, writer, seeds, run.slo_ttft_s)
+    return _measure(policy, rep, results, canonical, status, budget, writer, seeds,
+                    run.slo_ttft_s, tier)  # fmt: skip
 
 
 def _arrivals(stack: ServingStack, reqs: list[list[int]], run: ServingRun) -> list[Any]:
@@ -322,7 +336,10 @@ def _measure(
     writer: EvidenceWriter,
     seeds: list[bool],
     slo_ttft_s: float | None = None,
+    tier: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
+    """One policy's measures and checks as a point; ``tier``: the flash tier's cell (what
+    clearing left, the cgroup and throttle counters before and after)."""
     done = [r for r in results if r is not None]
     ttfts = [r.first_token_s - r.sent_s for r in done]
     makespan = max(r.done_s for r in done) - min(r.sent_s for r in done) if done else math.nan
@@ -367,6 +384,7 @@ def _measure(
         "ttr_error_abs_p95_s": round(quantile([abs(e) for e in errors], 0.95), 6),
         "ttu_error_s": sorted(round(e, 6) for e in ttu_errors),
         **goodput_measures(results, slo_ttft_s, makespan),
+        **({"flash_read_bytes": tier["flash_read_bytes"]} if tier else {}),
     }
     checks = (
         check("canonical_output", all(same), f"{sum(same)}/{n} outputs equal the canonical"),
@@ -390,6 +408,7 @@ def _measure(
                     "ttr": raw["ttr"],
                     "stages": raw["stages"],
                     "observed_stock_reads": raw["observed_stock_reads"],
+                    **({"fast_tier": tier} if tier else {}),
                 }
             },
         )  # fmt: skip
@@ -406,38 +425,6 @@ def goodput_measures(results: list[Any], slo_ttft_s: float | None, makespan: flo
     g = goodput(ttfts, slo_ttft_s, makespan)
     return {"slo_ttft_s": g.slo_ttft_s, "goodput_requests": g.good,
             "goodput_share": round(g.share, 6), "goodput_req_s": round(g.req_s, 6)}  # fmt: skip
-
-
-def _ordered(
-    rows: dict[str, dict[str, Any]], name: str, a: str, b: str, key: str, claim: str
-) -> JudgedCheck:
-    """``a``'s measure below ``b``'s, decided on the paired repeats' interval
-    (``expectations.ordering_claim``); the pooled values and each repeat's outcome beside."""
-    per_a, per_b = rows[a]["per_repeat"][key], rows[b]["per_repeat"][key]
-    held = [x < y for x, y in zip(per_a, per_b, strict=True)]
-    per = ", ".join("held" if h else "failed" for h in held)
-    what = (f"{a} {key} {rows[a][key]} vs {b} {rows[b][key]} pooled over "
-            f"{rows[a]['requests']} requests; a = {a}, b = {b}")  # fmt: skip
-    c = ordering_claim(name, name, per_a, per_b, "a<b", what)
-    c = Claim(
-        c.name, c.kind, c.reproduced, f"{c.detail}; per repeat: {per} ({sum(held)}/{len(held)})"
-    )
-    return judge(c, REPRODUCE, claim)
-
-
-C_CLAIM = "Fig. 4: TempoKV's protected byte-time C below Immediate's"
-P95_CLAIM = "Fig. 4: TempoKV's p95 TTFT below Demand's"
-
-
-def _run_checks(rows: dict[str, dict[str, Any]]) -> list[JudgedCheck]:
-    out = []
-    if "tempokv" in rows and "immediate" in rows:
-        key = "c_mib_s_per_req"
-        out.append(_ordered(rows, "c_below_immediate", "tempokv", "immediate", key, C_CLAIM))
-    if "tempokv" in rows and "demand" in rows:
-        key = "p95_ttft_s"
-        out.append(_ordered(rows, "p95_below_demand", "tempokv", "demand", key, P95_CLAIM))
-    return out
 
 
 __all__ = ["Verdict", "deployment_for", "run_serving"]

@@ -39,6 +39,7 @@ class Streamed:
     sent_s: float  # monotonic, when the request was sent
     first_token_s: float  # monotonic, first streamed token (client-side TTFT = this - sent)
     done_s: float  # monotonic, last chunk read
+    request_id: str = ""  # the X-Request-Id sent (its spans carry it)
 
 
 class ServingClient:
@@ -209,7 +210,7 @@ class ServingClient:
                         ids.extend(int(t) for t in got)
         except OSError as exc:
             raise StackFailed(f"vLLM streamed request failed ({exc})") from None
-        return Streamed(tuple(ids), sent, first or time.monotonic(), time.monotonic())
+        return Streamed(tuple(ids), sent, first or time.monotonic(), time.monotonic(), rid)
 
     def forget_local(self, wait_s: float = MQ_TIMEOUT_S) -> None:
         """Make vLLM forget its local prefix cache (not the external one). vLLM answers a

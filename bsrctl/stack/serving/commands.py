@@ -57,6 +57,10 @@ class Slots:
     mooncake_params: Mapping[str, Any] | None = field(default=None)
     otlp: str | None = None  # the trace receiver's OTLP/gRPC target (None: tracing off)
     control_token: str | None = None  # the server module's (a plan: a placeholder)
+    # the flash tier (``stack/fast_tier.py``): LMCache's L1 arena, and the argv prefix that
+    # starts the server inside its cgroups
+    devdax_path: str | None = None
+    lmcache_prefix: tuple[str, ...] = ()
 
 
 def base_env() -> dict[str, str]:
@@ -84,10 +88,13 @@ def lmcache_command(
     server_module: dict[str, Any],
     prefetch_policy: str | None = None,
     read_ttl_s: int | None = None,
+    devdax_path: str | None = None,
 ) -> list[str]:
     """``lmcache server`` on loopback with these L2 adapters and server module. TempoKV
     adds the ``retain`` prefetch policy (staged objects stay in L1 once unpinned, for the
-    stock lookup) and a read-lock TTL above its longest protection (pins never lapse)."""
+    stock lookup) and a read-lock TTL above its longest protection (pins never lapse).
+    ``devdax_path``: the whole L1 is that arena (LMCache's Device-DAX L1, which needs
+    ``--no-l1-use-lazy`` and no SHM name: the server's default)."""
     argv = [
         str(VENV_BIN / "lmcache"),
         "server",
@@ -103,6 +110,8 @@ def lmcache_command(
         "--disable-metrics",
         "--supported-transfer-mode", "auto",
     ]  # fmt: skip
+    if devdax_path is not None:
+        argv += ["--l1-devdax-path", devdax_path]
     if lm.separate_object_groups:
         argv.append("--separate-object-groups")
     for adapter in l2_adapters:
@@ -141,6 +150,8 @@ def vllm_command(
     ]  # fmt: skip
     if v.kv_cache_dtype != "auto":
         argv += ["--kv-cache-dtype", v.kv_cache_dtype]
+    if v.num_gpu_blocks_override is not None:
+        argv += ["--num-gpu-blocks-override", str(v.num_gpu_blocks_override)]
     tp = ["--tensor-parallel-size", str(v.tensor_parallel_size)]
     if lmcache_port is None:
         return [*argv, *tp, "--no-enable-prefix-caching"]
@@ -212,11 +223,13 @@ def lmcache_launch(
         ext.server_module.to_json(),
         prefetch_policy=l1.prefetch_policy,
         read_ttl_s=l1.read_ttl_s,
+        devdax_path=slots.devdax_path,
     )
     env = {**base_env(), **profile_of(stack).lmcache_env, **token_env(slots)}
     if ext.server_module.pythonpath:  # a server module from outside the installed package
         env["PYTHONPATH"] = ext.server_module.server_pythonpath(os.environ.get("PYTHONPATH"))
-    return with_tracing(Launch("lmcache", (*slots.prefix, *argv), env), slots.otlp)
+    argv = [*slots.prefix, *slots.lmcache_prefix, *argv]
+    return with_tracing(Launch("lmcache", tuple(argv), env), slots.otlp)
 
 
 def vllm_launch(stack: StackSpec, ext: LMCacheExtensions | None, slots: Slots) -> Launch:

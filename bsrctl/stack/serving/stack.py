@@ -12,6 +12,7 @@ from bsrctl.errors import BadInput, StackFailed
 from bsrctl.specs import StackSpec
 from bsrctl.stack import shm_ledger, tinymodel
 from bsrctl.stack.extensions import LMCacheExtensions
+from bsrctl.stack.fast_tier import FastTier
 from bsrctl.stack.model import prepare_model
 from bsrctl.stack.netns import NetNamespace, maybe_inside, start_netns
 from bsrctl.stack.process import Supervised, ensure_port_free, free_port, http_ok, tcp_open
@@ -73,6 +74,8 @@ class ServingStack(ServingClient):
         # The server module's control token: its own per stack, to LMCache (and TempoKV's
         # vLLM) in the environment, to bsrctl's bsr.* client through this attribute.
         self.control_token: str | None = new_token()
+        self.fast_tier: FastTier | None = None  # the flash tier's arena and cgroups, once up
+        self.sealed: dict[str, int] | None = None  # its seal after seeding (base, limit, ...)
 
     def _launch(self, part: Supervised) -> None:
         key = "vllm" if part.name.startswith("vllm") else part.name
@@ -132,6 +135,10 @@ class ServingStack(ServingClient):
         elif self.ns is not None:
             self.ns.stop()
         self.ns = None
+        stuck: list[str] = []
+        if self.fast_tier is not None:  # its processes are stopped: the cgroups are empty
+            stuck = self.fast_tier.down()
+            self.fast_tier = None
         self._trace_down()
         self.save_state()
         left = {n for n in self.shm_named if (shm_ledger.SHM / n).exists()}
@@ -139,6 +146,8 @@ class ServingStack(ServingClient):
             shm_ledger.record(self.shm_key, left, [], self.dir)
         else:
             shm_ledger.release(self.shm_key)
+        if stuck:
+            raise StackFailed(f"fast tier: cgroups not removed (a process still in them): {stuck}")
 
     def rebuild_storage_node(self) -> None:
         """Two hosts, after the storage node was lost: a new namespace and veth pair, and the
@@ -203,10 +212,13 @@ class ServingStack(ServingClient):
     def slots(self) -> Slots:
         """What this deployment's command lines take that was chosen at start: its ports,
         folders, namespace prefix and Mooncake's endpoint."""
+        ft = self.fast_tier
         return Slots(
             self.ports, self.dir, self.model_dir, tuple(self._prefix()), self._mooncake_params(),
             otlp=self.otlp.grpc if self.otlp is not None else None,
             control_token=self.control_token,
+            devdax_path=ft.arena_path if ft is not None else None,
+            lmcache_prefix=ft.join_prefix() if ft is not None else (),
         )  # fmt: skip
 
     def _trace_up(self) -> None:
@@ -234,6 +246,11 @@ class ServingStack(ServingClient):
         ext = self._ext()
         if lm.fs_l2:
             self.fs_l2_dir.mkdir(parents=True, exist_ok=True)
+        if ext.fast_tier is not None:
+            if self.fast_tier is None:  # a restarted server keeps the arena and cgroups
+                self.fast_tier = FastTier(ext.fast_tier, self.dir / "fast-tier")
+                self.fast_tier.up()
+            l1 = ext.fast_tier.arena_bytes
         launch = lmcache_launch(self.spec, ext, self.slots(), l1)
         log = self.dir / "lmcache.log"
         part = Supervised("lmcache", list(launch.argv), log, env=dict(launch.env))
@@ -329,6 +346,7 @@ class ServingStack(ServingClient):
             ),
             # `stack down` removes the segments that appeared since and that nothing maps
             "shm_at_up": sorted(self.shm_at_up),
+            "fast_tier": self.fast_tier.describe() if self.fast_tier is not None else None,
         }
 
     def _note_mooncake(self) -> None:

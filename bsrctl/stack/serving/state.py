@@ -51,6 +51,10 @@ def stop_from_state(state_path: Path, timeout_s: float = 15.0) -> list[int]:
     # Only the processes we started: same PID and same start time as recorded.
     pids = [p for p, t in now.items() if known.get(p) == t]
     stop_pids(pids, timeout_s)
+    if state.get("fast_tier"):  # the flash tier's cgroups, loop device and arena file
+        from bsrctl.stack.fast_tier import remove_from_state
+
+        remove_from_state(state["fast_tier"])
     if "shm_at_up" in state:
         remove_unmapped_shm(set(state["shm_at_up"]))
     shm_ledger.reclaim()  # the stopped stack's record (and any other dead run's)
