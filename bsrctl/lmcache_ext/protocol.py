@@ -363,7 +363,37 @@ class RefusedReply(Reply):
         return isinstance(raw, dict) and raw.get("refused") == REFUSED
 
 
+FAILED = "handler"  # a failure's ``failed`` value
+
+
+@dataclass(frozen=True)
+class FailedReply(Reply):
+    """Any ``bsr.*`` / ``tempokv.*`` method that raised inside the server (counted on the
+    module's guard, ``bsrctl.hostguard``): the server went on; what the method would have
+    answered is not known. ``failed`` is always ``"handler"``."""
+
+    WHAT: ClassVar[str] = "failed"
+
+    ok: bool = _f(_bool)  # always false
+    method: str = _f(_str)
+    failed: str = _f(_str)
+    error: str = _f(_str)  # the exception, type and message
+
+    def __post_init__(self) -> None:
+        if self.ok or self.failed != FAILED:
+            raise ProtocolError(f"{self.WHAT}: ok is false and failed is {FAILED!r}")
+
+    @classmethod
+    def of(cls, method: str, exc: BaseException) -> FailedReply:
+        return cls(False, method, FAILED, f"{type(exc).__name__}: {exc}")
+
+    @staticmethod
+    def is_failure(raw: Any) -> bool:
+        return isinstance(raw, dict) and raw.get("failed") == FAILED
+
+
 __all__ = [
+    "FailedReply",
     "SCHEMA",
     "ConfigureReply",
     "ForgetReply",

@@ -25,6 +25,7 @@ same lock.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -32,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from bsrctl.clock import WallClock
+from bsrctl.hostguard import Guard
 from bsrctl.lmcache_ext.tempokv_device import LiveObject, LmcStagingDevice
 from bsrctl.lmcache_ext.tempokv_provider import LiveStagingProvider, Samples, StockRead
 from bsrctl.tempokv.claims import ClaimState
@@ -122,6 +124,7 @@ class LiveTempo:
         provider.ttu_of = self._ttu_now
         self.samples = Samples()
         self.lock = threading.RLock()
+        self.guard = Guard("bsrctl.lmcache_ext.tempokv", logging.getLogger(__name__))
         self._stop = threading.Event()
         self._ready_waiters: dict[str, threading.Event] = {}
         self.retrievals: dict[str, str] = {}  # claim -> grant name
@@ -346,12 +349,8 @@ class LiveTempo:
 
     def _loop(self) -> None:
         while not self._stop.is_set():
-            try:
-                self.step()
-            except Exception:  # a loop error must not kill the server's thread
-                import logging
-
-                logging.getLogger(__name__).exception("tempokv loop")
+            # a loop error must not kill the thread, nor log at every pass (200 a second)
+            self.guard.call("tempokv_loop", self.step)
             time.sleep(LOOP_S)
 
     def _sync(self) -> None:  # holds self.lock

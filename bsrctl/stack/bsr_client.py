@@ -26,6 +26,7 @@ from bsrctl.control_token import sealed
 from bsrctl.errors import StackFailed
 from bsrctl.lmcache_ext.protocol import (
     ConfigureReply,
+    FailedReply,
     ForgetReply,
     HoldsReply,
     MarkersReply,
@@ -82,6 +83,8 @@ class BsrModuleClient:
         if not resp.success:
             raise StackFailed(f"LMCache {method} answered an error: {resp.error}")
         out = json.loads(resp.payload)
+        if FailedReply.is_failure(out):
+            raise StackFailed(f"LMCache {method} failed in the server module: {out.get('error')}")
         if RefusedReply.is_refusal(out):
             try:
                 error = RefusedReply.from_json(out).error

@@ -115,6 +115,9 @@ class TempoKVLaunch:
     # server call (the adapter cost bench's arm that separates the adapter from its RPCs)
     transport: str = "connector"
     async_scheduling: bool = False
+    # a class vLLM schedules with instead of the adapter (the adapter cost bench's arms:
+    # ``RecordingScheduler``, the stock scheduler with only the step trace); None: the adapter
+    scheduler: str | None = None
 
     @property
     def l1_options(self) -> L1Options:
@@ -124,7 +127,7 @@ class TempoKVLaunch:
     @property
     def scheduler_cls(self) -> str:
         """vLLM's ``--scheduler-cls``: the adapter matching its scheduling."""
-        return tempokv_scheduler_cls(self.async_scheduling)
+        return self.scheduler or tempokv_scheduler_cls(self.async_scheduling)
 
     def vllm_env(self) -> dict[str, str]:
         import json

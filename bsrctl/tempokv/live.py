@@ -179,6 +179,7 @@ class LiveAdapterCore:
         self.steps_seen = 0
         self.projections = 0
         self._projected_at = -math.inf
+        self._seen_queue: tuple[tuple[str, bool], ...] | None = None  # the last view's
 
     def set_hit(self, req_id: str, hit_tokens: int) -> None:
         if req_id in self.claimed:
@@ -190,6 +191,20 @@ class LiveAdapterCore:
         the projection reaches only as far down the queue as an open claim. The simulated
         runtime knows them from its controller; the vLLM scheduler is not told (yet)."""
         self.settled.update(r for r in req_ids if r in self.claimed)
+
+    def quiet(self, queue: tuple[tuple[str, bool], ...], at_s: float) -> bool:
+        """Whether a step can change nothing the controller reads, before its view is built:
+        its waiting queue (``queue_of``: ids and loading flags, scan order) is the last
+        view's, and no TTU projection is due. ``on_step`` would then return None and change
+        nothing but the step count (counted here); the caller skips building the view,
+        which is most of the adapter's cost on a step (a dozen frozen records)."""
+        if self.s.every_view or queue != self._seen_queue:
+            return False
+        open_claims = any(r not in self.settled for r in self.claimed)
+        if self.s.needs_ttu and open_claims and at_s - self._projected_at >= self.s.ttu_tolerance_s:
+            return False
+        self.steps_seen += 1
+        return True
 
     def on_step(self, view: LiveView) -> Update | None:
         """The step's update, or None when nothing the controller reads changed."""
@@ -205,6 +220,7 @@ class LiveAdapterCore:
         return self._observe(view)
 
     def _observe(self, view: LiveView) -> Update | None:
+        self._seen_queue = queue_of(view.waiting)
         waiting_ids = [w.req_id for w in view.waiting if not w.loading]
         head = waiting_ids[: self.s.k]
         report = tuple(r for r in head if r not in self.claimed)
@@ -315,6 +331,11 @@ class LiveAdapterCore:
     def _hit(self, w: LiveWaiting) -> int:
         hit = self.claimed.get(w.req_id, 0)
         return min(hit, max(0, w.prompt_tokens - 1))
+
+
+def queue_of(waiting: Iterable[LiveWaiting]) -> tuple[tuple[str, bool], ...]:
+    """A waiting queue as ``LiveAdapterCore.quiet`` compares it."""
+    return tuple((w.req_id, w.loading) for w in waiting)
 
 
 def busy_s(view: LiveView, cost: CostModel) -> float:

@@ -65,6 +65,8 @@ def _reader(tp: Any) -> Reader:
         read_inner = _reader(inner)
         return lambda v, w: None if v is None else read_inner(v, w)
     if origin is tuple and len(args) == 2 and args[1] is Ellipsis:
+        if args[0] in _SCALARS:
+            return _scalars_reader(args[0])
         item = _reader(args[0])
 
         def read_list(v: Any, w: str) -> tuple[Any, ...]:
@@ -111,6 +113,27 @@ def _record_reader(cls: type) -> Reader:
     return read_record
 
 
+_SCALARS = (int, float, str, bool)
+
+
+def _scalars_reader(tp: type) -> Reader:
+    """A list of one scalar type (a hit's token ids: thousands of them, read on the server's
+    request thread ahead of the lookups): checked in one pass over the items' types, the
+    offending index found only when one is wrong."""
+    item = _scalar_reader(tp)
+    allowed = {int, float} if tp is float else {tp}
+
+    def read_scalars(v: Any, w: str) -> tuple[Any, ...]:
+        if not isinstance(v, list):
+            raise WireError(f"{w}: expected a list, got {v!r}")
+        if not set(map(type, v)) <= allowed:
+            for i, x in enumerate(v):
+                item(x, f"{w}[{i}]")  # raises, naming the first wrong item
+        return tuple(map(float, v)) if tp is float else tuple(v)
+
+    return read_scalars
+
+
 def _scalar_reader(tp: Any) -> Reader:
     if tp is bool:
         ok: Callable[[Any], bool] = lambda v: isinstance(v, bool)  # noqa: E731
@@ -135,13 +158,24 @@ def _scalar_reader(tp: Any) -> Reader:
 @cache
 def _writer(tp: type) -> Callable[[Any], Any]:
     if dataclasses.is_dataclass(tp):
-        names = [n for n, _ in _fields(tp)]
-        return lambda obj: {n: encode(getattr(obj, n)) for n in names}
+        fields = [(n, _field_writer(h)) for n, h in _fields(tp)]
+        return lambda obj: {n: w(getattr(obj, n)) for n, w in fields}
     if issubclass(tp, tuple | list):
         return lambda obj: [encode(x) for x in obj]
     if issubclass(tp, Mapping):
         return lambda obj: {str(k): encode(v) for k, v in obj.items()}
     return lambda obj: obj
+
+
+@cache
+def _field_writer(hint: Any) -> Callable[[Any], Any]:
+    """A field's writer from its type hint: a tuple of scalars (a hit's token ids) is one
+    ``list`` call, not an ``encode`` per item; anything else by its value's type."""
+    args = typing.get_args(hint)
+    if typing.get_origin(hint) is tuple and len(args) == 2 and args[1] is Ellipsis:
+        if args[0] in _SCALARS:
+            return list
+    return encode
 
 
 class Record:

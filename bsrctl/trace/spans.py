@@ -4,10 +4,15 @@ the server module's probe and retrieve, each restore window's phases.
 In bsrctl's process the tracer is the collector's (``COLLECTOR.tracer``); in the LMCache
 server, where the module runs, it is a provider of its own exporting to the receiver named
 by ``BSRCTL_OTLP_ENDPOINT`` (set by bsrctl when it launches the server), never LMCache's
-global one. Without either, the tracer is the API's no-op one."""
+global one. Without either, the tracer is the API's no-op one.
+
+In the server a span never decides anything: a tracer that cannot be made (its exporter
+fails to load), started or ended only loses its spans (``server_span``, ``server_tracer``:
+counted on ``GUARD``, logged once); the block's own exceptions pass through untouched."""
 
 from __future__ import annotations
 
+import logging
 import os
 import secrets
 import threading
@@ -19,6 +24,7 @@ from typing import Any
 from opentelemetry import trace
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from bsrctl.hostguard import Guard
 from bsrctl.restore.types import RestoreOutcome, WindowTiming
 from bsrctl.trace.collect import BSP_DELAY_MS, COLLECTOR
 from bsrctl.trace.timeline import CLIENT_REQUEST, CLIENT_TTFT
@@ -26,6 +32,7 @@ from bsrctl.trace.timeline import CLIENT_REQUEST, CLIENT_TTFT
 ENDPOINT_ENV = "BSRCTL_OTLP_ENDPOINT"  # OTLP/gRPC target of the launched processes
 _lock = threading.Lock()
 _remote: dict[str, Any] = {}
+GUARD = Guard("bsrctl.trace", logging.getLogger("bsrctl.trace"))  # the server's spans
 
 
 def new_request_id() -> str:
@@ -60,28 +67,59 @@ def first_token(span: Any, request_id: str, sent_ns: int, at_ns: int) -> None:
 
 def server_tracer() -> Any:
     """The server module's tracer (in the LMCache process): its own provider exporting
-    over OTLP/gRPC to ``$BSRCTL_OTLP_ENDPOINT``; no-op when bsrctl set none."""
+    over OTLP/gRPC to ``$BSRCTL_OTLP_ENDPOINT``; no-op when bsrctl set none, or when the
+    provider cannot be made (counted once: the no-op one stays)."""
     endpoint = os.environ.get(ENDPOINT_ENV)
     if not endpoint:
         return trace.NoOpTracer()
     with _lock:
         if "tracer" not in _remote:
-            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
-            from opentelemetry.sdk.resources import Resource
-            from opentelemetry.sdk.trace import TracerProvider
-            from opentelemetry.sdk.trace.export import BatchSpanProcessor
-
-            res = Resource.create({"service.name": "bsrctl.server", "process.pid": os.getpid()})
-            provider = TracerProvider(resource=res)
-            provider.add_span_processor(
-                BatchSpanProcessor(
-                    OTLPSpanExporter(endpoint=endpoint, insecure=True),
-                    schedule_delay_millis=BSP_DELAY_MS,
-                )
-            )
-            _remote["provider"] = provider
-            _remote["tracer"] = provider.get_tracer("bsrctl.lmcache_ext.server")
+            _remote["tracer"] = GUARD.run("tracer", trace.NoOpTracer(), _made_tracer, endpoint)
         return _remote["tracer"]
+
+
+def _made_tracer(endpoint: str) -> Any:  # holds _lock
+    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    res = Resource.create({"service.name": "bsrctl.server", "process.pid": os.getpid()})
+    provider = TracerProvider(resource=res)
+    provider.add_span_processor(
+        BatchSpanProcessor(
+            OTLPSpanExporter(endpoint=endpoint, insecure=True),
+            schedule_delay_millis=BSP_DELAY_MS,
+        )
+    )
+    _remote["provider"] = provider
+    return provider.get_tracer("bsrctl.lmcache_ext.server")
+
+
+@contextmanager
+def server_span(name: str, attributes: dict[str, Any]) -> Iterator[None]:
+    """The server module's span around a block, current while it runs. The tracer's
+    failures lose the span (``GUARD``); the block's exceptions pass through untouched."""
+    cm = GUARD.call(
+        "span", lambda: server_tracer().start_as_current_span(name, attributes=attributes)
+    )
+    entered = cm is not None and GUARD.run("span", False, lambda: cm.__enter__() or True)
+    try:
+        yield
+    except BaseException as exc:
+        if entered:
+            GUARD.call("span", cm.__exit__, type(exc), exc, exc.__traceback__)
+        raise
+    if entered:
+        GUARD.call("span", cm.__exit__, None, None, None)
+
+
+def server_event_span(name: str, start_ns: int, attributes: dict[str, Any]) -> None:
+    """A span of the server module from ``start_ns`` to now (lost, counted, if it fails)."""
+    GUARD.call(
+        "span",
+        lambda: server_tracer().start_span(name, start_time=start_ns, attributes=attributes).end(),
+    )
 
 
 def shutdown_server_tracer() -> None:
@@ -90,7 +128,7 @@ def shutdown_server_tracer() -> None:
         provider = _remote.pop("provider", None)
         _remote.pop("tracer", None)
     if provider is not None:
-        provider.shutdown()
+        GUARD.call("shutdown", provider.shutdown)
 
 
 class Stopwatch:

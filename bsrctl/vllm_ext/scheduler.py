@@ -33,7 +33,10 @@ scheduler, whose only step in flight is the one just scheduled.
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import json
+import logging
 import os
 import time
 from collections import deque
@@ -46,25 +49,58 @@ from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import RequestStatus
 
+from bsrctl.hostguard import Guard
 from bsrctl.tempokv import wire
 from bsrctl.tempokv.live import LiveAdapterCore, LiveRunning, LiveView, LiveWaiting
 from bsrctl.vllm_ext.transport import RecordTransport, ServerModuleTransport, Transport
 
 ENV = "BSRCTL_TEMPOKV"
 UPDATE_METHOD = wire.UPDATE
+TRACE_BATCH = 4096  # records kept before a write while the engine stays busy
+SCHEDULED_KEPT = 16  # steps kept until their output (vLLM keeps at most 2 in flight)
+# what runs before a scheduler has its own guard (and tests' bare traces)
+_GUARD = Guard("bsrctl.vllm_ext", logging.getLogger("bsrctl.vllm_ext"))
 
 
 class _StepTrace:
     """The per-step record (the on/off test compares `scheduled` and outputs). One handle
-    held open, line-buffered: each record is on disk when written (the run reads the trace
-    while vLLM still serves), without an open and close per record on the engine loop."""
+    held open; records are kept in memory while the engine is busy and serialized and
+    written together when it goes idle (``flush``: no request left), every
+    ``TRACE_BATCH`` records, and at exit: the engine loop pays no JSON and no write per
+    step while it serves. A run reads the trace once its requests are done (the engine
+    idle: everything written). A trace that cannot be opened or written (a full disk) is
+    dropped whole at its first failure, counted on the guard: the engine goes on."""
 
-    def __init__(self, path: Path | None) -> None:
-        self._file = path.open("a", buffering=1) if path is not None else None
+    def __init__(self, path: Path | None, guard: Guard | None = None) -> None:
+        self._guard = guard if guard is not None else _GUARD
+        self._file: Any = None
+        self._pending: list[dict[str, Any]] = []
+        if path is not None:
+            self._file = self._guard.call("trace", path.open, "a")
+            if self._file is not None:
+                atexit.register(self.flush)
 
     def write(self, record: dict[str, Any]) -> None:
-        if self._file is not None:
-            self._file.write(json.dumps(record) + "\n")
+        """Keep ``record`` (a dict of its own: nothing in it changes after)."""
+        if self._file is None:
+            return
+        self._pending.append(record)
+        if len(self._pending) >= TRACE_BATCH:
+            self.flush()
+
+    def flush(self) -> None:
+        f = self._file
+        if f is None or not self._pending:
+            return
+        batch, self._pending = self._pending, []
+        try:
+            f.write("".join([json.dumps(r) + "\n" for r in batch]))
+            f.flush()
+        except Exception as exc:
+            self._file = None  # first, so the guard's own record cannot come back here
+            with contextlib.suppress(Exception):  # the same failure again (its buffer)
+                f.close()
+            self._guard.failed("trace", exc)
 
 
 def _traced(payload: dict[str, Any]) -> dict[str, Any]:
@@ -89,12 +125,17 @@ def _config() -> wire.AdapterEnv:
 
 class StepRecorder:
     """Passive: records each step's decision (request order and tokens). The adapter-off
-    side of the on/off test runs the stock scheduler with only this."""
+    side of the on/off test runs the stock scheduler with only this. Everything of it runs
+    under the scheduler's guard (``bsrctl.hostguard``): vLLM's own work is never inside."""
+
+    _bk_trace: _StepTrace = _StepTrace(None)  # until __init__ set the real one
+    _bk_guard: Guard = _GUARD
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[call-arg]
-        path = _config().trace_path
-        self._bk_trace = _StepTrace(Path(path) if path else None)
+        self._bk_guard = Guard("bsrctl.vllm_ext", logging.getLogger("bsrctl.vllm_ext"))
+        path = _config().trace_path  # a bad $BSRCTL_TEMPOKV: refused at start, naming it
+        self._bk_trace = _StepTrace(Path(path) if path else None, self._bk_guard)
 
     def _bk_record(self, out: Any) -> None:
         self._bk_trace.write(
@@ -108,72 +149,78 @@ class StepRecorder:
 
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
         out = super().schedule(*args, **kwargs)  # type: ignore[misc]
-        self._bk_record(out)
+        self._bk_guard.call("record", self._bk_record, out)
         return out
+
+    def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
+        result = super().update_from_output(scheduler_output, model_runner_output)  # type: ignore[misc]
+        self._bk_guard.call("record", self._bk_idle)
+        return result
+
+    def _bk_idle(self) -> None:
+        """The engine has nothing left to run: the trace goes to disk now."""
+        if not self.has_requests():  # type: ignore[attr-defined]
+            self._bk_trace.flush()
 
 
 class TempoKVAdapter(StepRecorder):
-    """The mixin: read-only hooks around the scheduler's own methods."""
+    """The mixin: read-only hooks around the scheduler's own methods. Each hook calls
+    vLLM's method first and returns what it returned; the adapter's part runs after it,
+    under the guard, and only once ``__init__`` completed (``_tk_on``: a hook vLLM calls
+    before then, or after the adapter's start failed, is vLLM's alone)."""
 
     _tk_clock: Callable[[], float] = staticmethod(time.monotonic)  # a test's own clock
+    _tk_on = False
+    _tk_errors = 0  # failures of the adapter's parts (each an ``adapter_error`` record)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         cfg = _config()
         if cfg.adapter is None:
             raise ValueError(f"{ENV}.adapter is null: the TempoKV scheduler needs its settings")
+        self._bk_guard.on_failure = self._tk_fail
+        self._tk_on = self._bk_guard.run("init", False, self._tk_start, cfg)
+
+    def _tk_start(self, cfg: wire.AdapterEnv) -> bool:
+        assert cfg.adapter is not None
         self._tk = LiveAdapterCore(cfg.adapter)
         self._tk_transport_kind = cfg.transport
         self._tk_transport: Transport | None = None
         self._tk_t0 = self._tk_clock()
         # [out, at, modelled, adapter_s]: adapter_s is what the adapter's own pass after
         # schedule() cost the engine loop (TTU projection, sends), measured
-        self._tk_scheduled: deque[list[Any]] = deque()
+        # (bounded: a step whose output never came, or a failing measure, cannot pile up)
+        self._tk_scheduled: deque[list[Any]] = deque(maxlen=SCHEDULED_KEPT)
         self._tk_last_done = 0.0
         self._tk_prev_ids: set[str] = set()
-        self._tk_errors = 0
         self._tk_async = isinstance(self, AsyncScheduler)
-        try:
-            self._tk_engine_record()
-        except Exception as e:
-            self._tk_fail("init", e)
+        self._tk_engine_record()
+        return True
 
     # ---- hooks ----------------------------------------------------------------------
     def add_request(self, request: Any) -> None:
         super().add_request(request)  # type: ignore[misc]
-        try:
-            self._tk_on_arrival()
-        except Exception as e:
-            self._tk_fail("add_request", e)
+        if self._tk_on:
+            self._bk_guard.call("add_request", self._tk_on_arrival)
 
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
         out = super().schedule(*args, **kwargs)
-        began = self._tk_clock()
-        try:
-            self._tk_after_schedule(out)
-        except Exception as e:  # the adapter must never disturb scheduling
-            self._tk_fail("schedule", e)
-        if self._tk_scheduled and self._tk_scheduled[-1][0] is out:
-            self._tk_scheduled[-1][3] = self._tk_clock() - began  # the engine loop's cost
+        if self._tk_on:
+            self._bk_guard.call("schedule", self._tk_step, out)
         return out
 
     def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
-        done_at = self._tk_clock()
+        done_at = self._tk_clock() if self._tk_on else 0.0
         result = super().update_from_output(scheduler_output, model_runner_output)  # type: ignore[misc]
-        try:
-            self._tk_measure(scheduler_output, done_at)
-        except Exception as e:
-            self._tk_fail("update_from_output", e)
+        if self._tk_on:
+            self._bk_guard.call("update_from_output", self._tk_measure, scheduler_output, done_at)
+            self._bk_guard.call("record", self._bk_idle)  # with this step's own record
         return result
 
     def _free_request(self, request: Any, *args: Any, **kwargs: Any) -> Any:
         result = super()._free_request(request, *args, **kwargs)  # type: ignore[misc]
-        try:
-            update = self._tk.on_finished([request.request_id], [request.num_output_tokens])
-            if update is not None:
-                self._tk_send(wire.UpdateRequest.of(update))
-        except Exception as e:
-            self._tk_fail("free_request", e)
+        if self._tk_on:
+            self._bk_guard.call("free_request", self._tk_finished, request)
         return result
 
     # ---- the adapter ----------------------------------------------------------------
@@ -222,6 +269,16 @@ class TempoKVAdapter(StepRecorder):
             ahead_elapsed_s=max(0.0, elapsed),
         )
 
+    def _tk_queue(self) -> tuple[tuple[str, bool], ...]:
+        """The waiting queues as the view would show them (``live.queue_of``), cheaply."""
+        sched: Any = self
+        loading = RequestStatus.WAITING_FOR_REMOTE_KVS
+        return tuple(
+            (req.request_id, req.status == loading)
+            for queue in (sched.kv_holding_waiting, sched.waiting)
+            for req in queue
+        )
+
     def _tk_inflight(self, req: Any, out: Any | None) -> int:
         """Outputs the steps in flight will give ``req`` beyond ``num_output_tokens``: vLLM's
         async scheduler keeps them as placeholders (one per scheduled step that is not a
@@ -255,10 +312,26 @@ class TempoKVAdapter(StepRecorder):
             }
         )
 
+    def _tk_step(self, out: Any) -> None:
+        began = self._tk_clock()
+        try:
+            self._tk_after_schedule(out)
+        finally:
+            if self._tk_scheduled and self._tk_scheduled[-1][0] is out:
+                self._tk_scheduled[-1][3] = self._tk_clock() - began  # the engine loop's cost
+
+    def _tk_finished(self, request: Any) -> None:
+        update = self._tk.on_finished([request.request_id], [request.num_output_tokens])
+        if update is not None:
+            self._tk_send(wire.UpdateRequest.of(update))
+
     def _tk_after_schedule(self, out: Any) -> None:
         self._tk_collect()
+        modelled = self._tk.calibrator.base.step_s(int(out.total_num_scheduled_tokens), 0, 0)
+        if self._tk.quiet(self._tk_queue(), self._tk_now()):
+            self._tk_scheduled.append([out, self._tk_clock(), modelled, 0.0])
+            return  # nothing the controller reads can have changed: no view to build
         view = self._tk_view(out)
-        modelled = self._tk.calibrator.base.step_s(view.scheduled_tokens, 0, 0)
         self._tk_scheduled.append([out, self._tk_clock(), modelled, 0.0])
         update = self._tk.on_step(view)
         if update is None:
@@ -358,9 +431,14 @@ class TempoKVAdapter(StepRecorder):
                 return made
         return RecordTransport()
 
-    def _tk_fail(self, where: str, e: Exception) -> None:
+    def _tk_fail(self, where: str, e: BaseException, n: int) -> None:
+        """The guard's hook: every failure counted; the trace keeps the first of each site
+        and then the 2nd, 4th, 8th, ... (``count``: that site's failures so far)."""
         self._tk_errors += 1
-        self._bk_trace.write({"kind": "adapter_error", "where": where, "error": repr(e)})
+        if n & (n - 1) == 0:
+            self._bk_trace.write(
+                {"kind": "adapter_error", "where": where, "error": repr(e), "count": n}
+            )
 
 
 class RecordingScheduler(StepRecorder, Scheduler):

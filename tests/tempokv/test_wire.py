@@ -198,3 +198,23 @@ def test_an_update_goes_on_the_wire_to_the_microsecond() -> None:
                        "world_size": 1}},
     }  # fmt: skip
     assert wire.UpdateRequest.of(u).hits == {}
+
+
+@pytest.mark.parametrize(
+    ("bad", "at", "got"),
+    [("7", 2, "'7'"), (True, 0, "True"), (1.5, 3, "1.5"), (None, 1, "None")],
+)
+def test_a_hits_token_list_is_read_whole_and_a_wrong_item_named(bad, at, got) -> None:
+    """Token ids are read in one pass (thousands per hit, on the server's request thread);
+    a wrong one is still named by its index."""
+    ids = list(range(3072))
+    hits = {"k": wire.Hit(tuple(ids), "", "m", 1)}
+    raw = _json_trip(wire.UpdateRequest(0.0, ("k",), (), ("k",), {}, hits).to_json())
+    assert wire.UpdateRequest.from_json(raw).hits["k"].token_ids == tuple(ids)
+    raw["hits"]["k"]["token_ids"][at] = bad
+    with pytest.raises(wire.WireError) as err:
+        wire.UpdateRequest.from_json(raw)
+    assert str(err.value) == f"tempokv.update.hits.k.token_ids[{at}]: expected int, got {got}"
+    raw["hits"]["k"]["token_ids"] = "123"
+    with pytest.raises(wire.WireError, match=r"token_ids: expected a list, got '123'"):
+        wire.UpdateRequest.from_json(raw)

@@ -30,9 +30,10 @@ chunk, none for a chunk. Times are dyadic, so every sum is exact.
 from __future__ import annotations
 
 import json
+import sys
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -110,7 +111,13 @@ class Books:
 
 
 def make_scheduler(
-    cls: type, cfg: Any, trace: Path, clock: Clock, books: Books, setenv: SetEnv
+    cls: type,
+    cfg: Any,
+    trace: Path,
+    clock: Clock,
+    books: Books,
+    setenv: SetEnv,
+    quiet: bool = False,
 ) -> Any:
     """``cls`` on ``cfg`` with the adapter's settings in BSRCTL_TEMPOKV (set by ``setenv``,
     a test's monkeypatch), on ``clock``; every view the adapter's core takes, with its
@@ -133,6 +140,8 @@ def make_scheduler(
     if core is None:  # the stock scheduler, its decisions recorded (the adapter-off side)
         return sched
     on_step, observe = core.on_step, core.calibrator.observe
+    if not quiet:  # every step's view taken (the quiet path skips the unchanged ones)
+        core.quiet = lambda *_a: False
 
     def seen(view: Any) -> Any:
         update = on_step(view)
@@ -214,13 +223,18 @@ def batch_queue_loop(sched: Any, device: Device, size: int = 2) -> None:
 
 
 def run(
-    cls: type, loop: Callable[[Any, Device], None], cfg: Any, trace: Path, setenv: SetEnv
+    cls: type,
+    loop: Callable[[Any, Device], None],
+    cfg: Any,
+    trace: Path,
+    setenv: SetEnv,
+    quiet: bool = False,
 ) -> tuple[Any, Books]:
     # the CPU platform turned async scheduling off (vllm/platforms/cpu.py:329-331); the loop
     # is what the CUDA platform's resolution runs, and the config says so
     cfg.scheduler_config.async_scheduling = loop is batch_queue_loop
     clock, books = Clock(), Books()
-    sched = make_scheduler(cls, cfg, trace, clock, books, setenv)
+    sched = make_scheduler(cls, cfg, trace, clock, books, setenv, quiet)
     add_requests(sched)
     loop(sched, Device(clock, books))
     return sched, books
@@ -369,3 +383,29 @@ def test_every_in_flight_token_is_counted_once(
         assert (v.ahead_tokens, v.ahead_elapsed_s) == ((512,), OUTPUT_S)
         assert HOST_S < OUTPUT_S < COST.step_s(1, 0, 0)
         assert MAX_TOKENS[0] == 3
+
+
+@pytest.mark.parametrize("queued", [False, True], ids=["sync", "batch-queue"])
+@pytest.mark.parametrize("tolerance_s", [0.0, 2.0**-6])
+def test_the_quiet_path_sends_what_every_view_sends(
+    cfg: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, queued: bool, tolerance_s: float
+) -> None:
+    """Skipping the view of a step whose waiting queue is unchanged and whose projection is
+    not due (``LiveAdapterCore.quiet``) changes no update, no calibration sample and no
+    step count: the same run with every view taken sends the same messages."""
+    from bsrctl.vllm_ext import scheduler
+
+    monkeypatch.setattr(sys.modules[__name__], "ADAPTER",
+                        replace(ADAPTER, ttu_tolerance_s=tolerance_s))  # fmt: skip
+    cls = getattr(scheduler, "TempoKVAsyncScheduler" if queued else "TempoKVScheduler")
+    loop = batch_queue_loop if queued else sync_loop
+    got = {}
+    for quiet in (False, True):
+        trace = tmp_path / f"{quiet}.jsonl"
+        sched, books = run(cls, loop, cfg, trace, monkeypatch.setenv, quiet=quiet)
+        sent = [r for r in records(trace) if r["kind"] in ("update", "step_time")]
+        got[quiet] = (sent, books.observed, sched._tk.steps_seen, len(books.views))
+    (every, samples, steps, views), (q_sent, q_samples, q_steps, q_views) = got[False], got[True]
+    assert (q_sent, q_samples, q_steps) == (every, samples, steps)
+    assert any(u["ttus_s"] for u in every if u["kind"] == "update")
+    assert q_views < views  # and it did skip views

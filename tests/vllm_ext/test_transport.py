@@ -12,6 +12,7 @@ import threading
 from collections import deque
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 from lmcache.v1.multiprocess.futures import MessagingFuture
@@ -20,6 +21,7 @@ from lmcache.v1.multiprocess.protocols.server_module import (
     ServerModuleCallResponse,
 )
 
+from bsrctl.hostguard import Guard
 from bsrctl.stack.extensions import TempoKVLaunch
 from bsrctl.tempokv import wire
 from bsrctl.tempokv.live import AdapterSettings, LiveAdapterCore
@@ -107,20 +109,27 @@ def _adapter(
     if clock is not None:
         a._tk_clock = clock  # type: ignore[method-assign]
     a._tk_transport = ServerModuleTransport([client], ServerModuleCallRequest)
-    a._bk_trace = _StepTrace(trace)
+    a._bk_guard = Guard("test", on_failure=a._tk_fail)
+    a._bk_trace = _StepTrace(trace, a._bk_guard)
     a._tk = LiveAdapterCore(AdapterSettings(k=2))
-    a._tk_errors = 0
+    a._tk_on = True
     return a
+
+
+def sent(a: TempoKVAdapter, update: wire.UpdateRequest, **kw: Any) -> None:
+    """``a`` sends ``update``; its trace then written (the engine idle)."""
+    a._tk_send(update, **kw)
+    a._bk_trace.flush()
 
 
 def test_the_trace_records_how_long_an_arrival_held_the_engine_loop(tmp_path: Path) -> None:
     trace = tmp_path / "adapter-trace.jsonl"
     clock = Clock()
     acked = Client(clock=clock, delay_s=0.05)  # its reply comes 0.05 s later
-    _adapter(acked, trace, clock)._tk_send(UPDATE, arrival=True, wait_s=2.0)
+    sent(_adapter(acked, trace, clock), UPDATE, arrival=True, wait_s=2.0)
     late = Client(held=True)
-    _adapter(late, trace, clock)._tk_send(UPDATE, arrival=True, wait_s=0.05)
-    _adapter(Client(held=True), trace, clock)._tk_send(UPDATE)  # not an arrival: no wait
+    sent(_adapter(late, trace, clock), UPDATE, arrival=True, wait_s=0.05)
+    sent(_adapter(Client(held=True), trace, clock), UPDATE)  # not an arrival: no wait
     recs = [json.loads(line) for line in trace.read_text().splitlines()]
     assert [(r["kind"], r.get("arrival"), r.get("acked")) for r in recs] == [
         ("update", True, True), ("update", True, False), ("update", None, None)
@@ -167,6 +176,7 @@ def test_a_reply_with_a_renamed_key_is_an_adapter_error_naming_it(tmp_path: Path
     a._tk.claimed["a"] = 0
     a._tk_send(UPDATE)
     out = a.schedule()  # the hook collects the reply: refused, counted, scheduling goes on
+    a._bk_trace.flush()
     assert out.num_scheduled_tokens == {}
     assert a._tk.claimed == {"a": 0}  # nothing read as 0 or absent
     (err,) = [json.loads(x) for x in trace.read_text().splitlines() if '"adapter_error"' in x]
@@ -218,7 +228,7 @@ def test_the_trace_keeps_each_hits_token_count_and_the_server_gets_the_ids(
     update = wire.UpdateRequest(0.5, ("a",), (), ("a",), {"a": 1.0}, {"a": hit})
     client = Client()
     trace = tmp_path / "t.jsonl"
-    _adapter(client, trace)._tk_send(update)
+    sent(_adapter(client, trace), update)
     (rec,) = [json.loads(x) for x in trace.read_text().splitlines()]
     assert rec["hits"] == {"a": {"tokens": 512, "cache_salt": "salt", "model_name": "tiny",
                                  "world_size": 1}}  # fmt: skip

@@ -1,7 +1,8 @@
 """What the runtime adapter cost vLLM's engine loop, from its trace: its own pass after
 each schedule() (`step_time.adapter_s`: TTU projection and sends) and each arrival's wait
 for the server's reply (`update.ack_wait_s`), beside the measured step times. The adapter
-decides nothing, but it does take time on the loop that runs the engine."""
+decides nothing, but it does take time on the loop that runs the engine. Its cost against
+stock vLLM, side by side: ``adapter_arms`` (``bench/tempokv_adapter_cost.py``)."""
 
 from __future__ import annotations
 

@@ -22,10 +22,12 @@ from lmcache.v1.distributed.api import ObjectKey
 from lmcache.v1.distributed.l2_adapters.base import L2AdapterInterface, L2TaskId
 from lmcache.v1.platform.event_notifier import EventNotifier, consume_fd
 
+from bsrctl.hostguard import Guard
 from bsrctl.lmcache_ext.faults.rules import PHASES
 from bsrctl.lmcache_ext.faults.verify import Digests
 
 logger = init_logger("bsrctl.lmcache_ext.faults.adapter")
+PUMP_GUARD = Guard("bsrctl.lmcache_ext.faults", logger)
 
 MAX_RECORDED_EVENTS = 4096
 
@@ -103,13 +105,14 @@ class FaultPump:
                     consume_fd(fd)
                 except OSError:
                     pass
-            try:
-                with self._lock:
-                    self._decide_submitted()
-                self._collect()
-                self._release_due()
-            except Exception:
-                logger.exception("BsrFaultL2Adapter %r pump error", self._name)
+            # a pass that fails is counted and logged once per kind, not at every pass
+            PUMP_GUARD.call(f"pump {self._name!r}", self._pass)
+
+    def _pass(self) -> None:
+        with self._lock:
+            self._decide_submitted()
+        self._collect()
+        self._release_due()
 
     def _next_timeout_ms(self) -> int:
         with self._lock:

@@ -14,8 +14,6 @@ import json
 import time
 from typing import Any
 
-from lmcache.v1.multiprocess.ext_server_module import server_module_handler
-
 from bsrctl.lmcache_ext import extensions
 from bsrctl.lmcache_ext.protocol import (
     ConfigureReply,
@@ -27,10 +25,11 @@ from bsrctl.lmcache_ext.protocol import (
     StatusReply,
 )
 from bsrctl.lmcache_ext.server.config import ServerConfigError
-from bsrctl.lmcache_ext.server.guard import mutating
+from bsrctl.lmcache_ext.server.guard import handler, mutating
 from bsrctl.lmcache_ext.server.holds import l2_holds
 from bsrctl.lmcache_ext.server.layout import live_registrations
 from bsrctl.lmcache_ext.server.state import ModuleState
+from bsrctl.trace.spans import GUARD as SPANS_GUARD
 
 # bsr.forget runs on the pool that also answers PING: never hold it near the 10 s timeout.
 FORGET_MAX_WAIT_S = 3.0
@@ -68,8 +67,10 @@ class ControlHandlers(ModuleState):
 
     def status(self) -> StatusReply:
         budget = self.restorer.budget
+        guarded = {f"guard_{k}": n for k, n in self._guard.counts().items()}
+        guarded |= {f"guard_trace_{k}": n for k, n in SPANS_GUARD.counts().items()}
         with self._lock:
-            counters = dict(self._counters)
+            counters = {**self._counters, **guarded}
             outcomes = tuple(self._outcomes)
             modes = len(self._modes)
         return StatusReply(
@@ -89,11 +90,11 @@ class ControlHandlers(ModuleState):
             recent_outcomes=outcomes,
         )
 
-    @server_module_handler("bsr.status")
+    @handler("bsr.status")
     def bsr_status(self, payload: bytes) -> bytes:
         return _json(self.status().to_json())
 
-    @server_module_handler("bsr.peak")
+    @handler("bsr.peak")
     def bsr_peak(self, payload: bytes) -> bytes:
         return _json(self.peak().to_json())
 
@@ -151,23 +152,23 @@ class ControlHandlers(ModuleState):
     @mutating("bsr.fault")
     def bsr_fault(self, payload: bytes) -> bytes:
         """Arm/clear/read rules of bsrctl's fault-injecting L2 adapter in this process."""
-        handler = extensions.control_handler("bsr.fault")
-        if handler is None:
+        fault = extensions.control_handler("bsr.fault")
+        if fault is None:
             return _json(
                 {
                     "ok": False,
                     "error": "fault adapter unavailable: none loaded in this server process",
                 }
             )
-        return handler(payload)
+        return fault(payload)
 
-    @server_module_handler("bsr.registration")
+    @handler("bsr.registration")
     def bsr_registration(self, payload: bytes) -> bytes:
         """The KV cache layout every engine instance registered (REGISTER_KV_CACHE)."""
         live = live_registrations(self._transfer_mod, self._ctx.chunk_size)
         return _json(RegistrationReply(live).to_json())
 
-    @server_module_handler("bsr.holds")
+    @handler("bsr.holds")
     def bsr_holds(self, payload: bytes) -> bytes:
         """Whole chunks of a prompt each L2 adapter holds (``server.holds``)."""
         try:
@@ -176,6 +177,6 @@ class ControlHandlers(ModuleState):
             reply = HoldsReply(0, (), f"{type(e).__name__}: {e}")
         return _json(reply.to_json())
 
-    @server_module_handler("bsr.markers")
+    @handler("bsr.markers")
     def bsr_markers(self, payload: bytes) -> bytes:
         return _json(self.markers.reply().to_json())

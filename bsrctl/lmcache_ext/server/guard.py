@@ -1,5 +1,7 @@
-"""The control token at the server module's door: ``mutating(method)`` registers a handler
-that runs only for a caller holding the token (``bsrctl.control_token``).
+"""The server module's door: ``handler(method)`` registers a ``server_module_call`` method
+whose exception is a ``FailedReply`` (counted on the module's guard, logged once: never
+raised into LMCache's router, which would log it at every call); ``mutating(method)`` is
+that, behind the control token (``bsrctl.control_token``).
 
 The guard reads the envelope, takes the token out and compares it with the server's; a
 refusal is a ``RefusedReply`` naming the method and "control token", and the handler never
@@ -17,10 +19,29 @@ from typing import Any
 from lmcache.v1.multiprocess.ext_server_module import server_module_handler
 
 from bsrctl.control_token import MUTATING, Envelope, EnvelopeError, refusal
-from bsrctl.lmcache_ext.protocol import RefusedReply
+from bsrctl.hostguard import guarded
+from bsrctl.lmcache_ext.protocol import FailedReply, RefusedReply
 
 Handler = Callable[[Any, bytes], bytes]
 GUARDED = "_bsr_guarded"  # set on every guarded handler (the tests enumerate them)
+
+
+def failed_bytes(method: str, exc: BaseException) -> bytes:
+    return json.dumps(FailedReply.of(method, exc).to_json(), sort_keys=True).encode()
+
+
+def handler(method: str) -> Callable[[Handler], Handler]:
+    """``server_module_handler(method)``, its exceptions answered as a ``FailedReply``."""
+
+    def decorate(fn: Handler) -> Handler:
+        safe = guarded(method, lambda _s, exc, *_a: failed_bytes(method, exc), _guard_of)(fn)
+        return server_module_handler(method)(safe)
+
+    return decorate
+
+
+def _guard_of(module: Any) -> Any:
+    return module._guard
 
 
 def refused_bytes(method: str, error: str) -> bytes:
@@ -44,11 +65,11 @@ def mutating(method: str) -> Callable[[Handler], Handler]:
 
     def decorate(fn: Handler) -> Handler:
         @functools.wraps(fn)
-        def guarded(self: Any, payload: bytes) -> bytes:
+        def guarded_fn(self: Any, payload: bytes) -> bytes:
             refused, body = admit(method, self._control_token, payload)
             return refused if refused is not None else fn(self, body)
 
-        setattr(guarded, GUARDED, method)
-        return server_module_handler(method)(guarded)
+        setattr(guarded_fn, GUARDED, method)
+        return handler(method)(guarded_fn)
 
     return decorate

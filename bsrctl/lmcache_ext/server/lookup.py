@@ -21,7 +21,7 @@ from bsrctl.lmcache_ext.mp_storage import layout_bytes, tp_rank_of
 from bsrctl.lmcache_ext.protocol import LastProbe
 from bsrctl.lmcache_ext.server.state import Mode, ModuleState, log, unsupported_reason
 from bsrctl.restore.types import RestoreRequest, RowId, RowKeys
-from bsrctl.trace.spans import server_tracer
+from bsrctl.trace.spans import server_span
 
 
 class LookupHandlers(ModuleState):
@@ -82,9 +82,7 @@ class LookupHandlers(ModuleState):
         session.set_tokens(list(key.token_ids))
         session.begin_lookup(key, tuple(attn_desc.num_chunks_in_sw))
         request = self._lookup_request(key, chunk_hashes, attn_desc)
-        with server_tracer().start_as_current_span(
-            "bsr.probe", attributes={"request_id": key.request_id}
-        ):
+        with server_span("bsr.probe", {"request_id": key.request_id}):
             plan = self.restorer.probe(request)
         self._count("probe_hit_chunks", plan.prefix_chunks)
         return plan.prefix_chunks
@@ -148,13 +146,16 @@ class LookupHandlers(ModuleState):
 
     @request_handler(HandlerType.BLOCKING)
     def lookup(self, key: IPCCacheServerKey, tp_size: int) -> None:
+        """BSR's probe (W > 0) or LMCache's own lookup; force-local and TempoKV's hold
+        before it, each under the guard (failing: as if absent)."""
         rid = key.request_id
+        g = self._guard
         try:
             self._count("lookups")
             self._lookup_seen(rid)
-            if self._forced(rid):
+            if g.run("forced", False, self._forced, rid):
                 return
-            if self._tempo_gate(key, tp_size):
+            if g.run("tempokv_gate", False, self._tempo_gate, key, tp_size):
                 return
             if self.window_chunks:
                 try:
@@ -176,7 +177,7 @@ class LookupHandlers(ModuleState):
                 self._modes[rid] = Mode.STOCK
                 self._stock_keys[rid] = key
             self._count("lookups_stock")
-            self._tempo_observe(key)  # TempoKV's provider sees the L2 read it makes
+            g.call("tempokv_observe", self._tempo_observe, key)  # the provider sees the read
             self._lookup_mod.lookup(key, tp_size)
         except Exception:
             log.exception("bsr lookup of %s failed: answering 0 chunks", rid)
@@ -188,7 +189,7 @@ class LookupHandlers(ModuleState):
         res = self._take_result(request_id)
         if res is not None:
             return res
-        if self._tempo_holding(request_id):
+        if self._guard.run("tempokv_holding", False, self._tempo_holding, request_id):
             return None  # held for committed staging: vLLM asks again
         known, chunks = self._probe_result(request_id, max(0.0, timeout or 0.0))
         if known:
@@ -198,8 +199,8 @@ class LookupHandlers(ModuleState):
                 got = self._lookup_mod.query_prefetch_status(request_id)
             else:
                 got = self._lookup_mod.wait_prefetch_status(request_id, timeout)
-            if got is not None:
-                self._stock_lookup_done(request_id, int(got))
+            if got is not None:  # LMCache's answer, whatever the accounting does
+                self._guard.call("stock_accounting", self._stock_lookup_done, request_id, int(got))
             return got
         return 0
 
@@ -231,15 +232,17 @@ class LookupHandlers(ModuleState):
 
     @request_handler(HandlerType.BLOCKING)
     def end_session(self, request_id: str) -> None:
+        """bsrctl's books of the request (each under the guard), then LMCache's own."""
+        g = self._guard
+        g.call("clear_marker", self._clear_marker, request_id, "teardown")
+        g.call("tempokv_ended", self._tempo_ended, request_id)
+        g.call("stock_release", self._stock_release, request_id, None)
+        with self._lock:
+            self._modes.pop(request_id, None)
+            self._results.pop(request_id, None)
+            self._pending.pop(request_id, None)
+            self._stock_keys.pop(request_id, None)
         try:
-            self._clear_marker(request_id, "teardown")
-            self._tempo_ended(request_id)
-            self._stock_release(request_id, None)
-            with self._lock:
-                self._modes.pop(request_id, None)
-                self._results.pop(request_id, None)
-                self._pending.pop(request_id, None)
-                self._stock_keys.pop(request_id, None)
             self._lookup_mod.end_session(request_id)
         except Exception:
             log.exception("bsr end_session(%s) failed", request_id)

@@ -29,18 +29,21 @@ class BsrServerModule(TempoKVHandlers, LookupHandlers, RetrieveHandlers, Control
         return self._ctx
 
     def report_status(self) -> dict[str, Any]:
-        try:
-            return {"bsr": self.status().to_json()}
-        except Exception as e:  # status must never break the server's status page
-            return {"bsr": {"error": repr(e)}}
+        """Merged into the server's ``/status``: never breaks that page."""
+        fallback = {"bsr": {"error": "bsr.status failed (counted: guard_report_status)"}}
+        return self._guard.run("report_status", fallback, lambda: {"bsr": self.status().to_json()})
 
     def close(self) -> None:
+        """Each part stopped under the guard: one that fails stops none of the others, and
+        nothing reaches LMCache's shutdown."""
+        g = self._guard
         if self._tempo is not None:
-            self._tempo.close()
-        self._stall.stop()
-        self._probe_pool.shutdown(wait=False, cancel_futures=True)
-        self._trace_pool.shutdown(wait=True)  # the spans still queued, then the exporter
-        shutdown_server_tracer()  # its last spans, before the process goes
+            g.call("close_tempokv", self._tempo.close)
+        g.call("close_stall", self._stall.stop)
+        g.call("close_probe", self._probe_pool.shutdown, wait=False, cancel_futures=True)
+        # the spans still queued, then the exporter's last spans, before the process goes
+        g.call("close_trace", self._trace_pool.shutdown, wait=True)
+        shutdown_server_tracer()
 
 
 def build_server_modules(ctx: ExtServerModuleBuildContext) -> BsrServerModule:

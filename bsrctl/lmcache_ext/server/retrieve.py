@@ -23,7 +23,7 @@ from bsrctl.lmcache_ext.protocol import ReadbackTotals, RestoreOutcomeSummary
 from bsrctl.lmcache_ext.server.state import Mode, ModuleState, log, unsupported_reason
 from bsrctl.restore.plan import confirm_plan
 from bsrctl.restore.types import RestoreOutcome, RestoreRequest, RowId, RowKeys
-from bsrctl.trace.spans import Stopwatch, server_tracer, trace_restore
+from bsrctl.trace.spans import Stopwatch, server_span, trace_restore
 
 
 class RetrieveHandlers(ModuleState):
@@ -42,7 +42,7 @@ class RetrieveHandlers(ModuleState):
                 return b"", False
             handle, ok = self._transfer_mod.store(key, instance_id, gpu_block_ids, event_ipc_handle)
             if ok:
-                self._clear_marker(key.request_id, "admitted")
+                self._guard.call("clear_marker", self._clear_marker, key.request_id, "admitted")
             return handle, ok
         except Exception:
             log.exception("bsr store of %s failed", key.request_id)
@@ -69,7 +69,7 @@ class RetrieveHandlers(ModuleState):
                         key, instance_id, gpu_block_ids, event_ipc_handle, skip_first_n_tokens
                     )
                 finally:
-                    self._tempo_retrieved(rid, key.worker_id)
+                    self._guard.call("tempokv_retrieved", self._tempo_retrieved, rid, key.worker_id)
             return self._windowed_retrieve(
                 key, instance_id, gpu_block_ids, event_ipc_handle, skip_first_n_tokens
             )
@@ -90,14 +90,17 @@ class RetrieveHandlers(ModuleState):
         assert self._transfer_mod is not None
         t0 = time.monotonic()
         try:
-            with server_tracer().start_as_current_span(
-                "bsr.stock_retrieve", attributes={"request_id": key.request_id}
-            ):
+            with server_span("bsr.stock_retrieve", {"request_id": key.request_id}):
                 handle, ok = self._transfer_mod.retrieve(
                     key, instance_id, block_ids, event_ipc_handle, skip
                 )
         finally:
-            self._stock_release(key.request_id, key.worker_id)
+            self._guard.call("stock_release", self._stock_release, key.request_id, key.worker_id)
+        # LMCache's answer stands, whatever bsrctl's books of it do
+        self._guard.call("stock_books", self._stock_books, key, ok, t0)
+        return handle, ok
+
+    def _stock_books(self, key: IPCCacheServerKey, ok: bool, t0: float) -> None:
         self._count("retrieves_ok" if ok else "retrieves_failed")
         if ok:
             self._clear_marker(key.request_id, "admitted")
@@ -115,7 +118,6 @@ class RetrieveHandlers(ModuleState):
                 retrieve_s=round(time.monotonic() - t0, 6),
             )
         )
-        return handle, ok
 
     def _windowed_retrieve(
         self,
@@ -198,11 +200,12 @@ class RetrieveHandlers(ModuleState):
                 with self._lock:
                     self._restoring -= 1
             eb.record_event(event, cc.stream)
-        try:  # spans never decide a restore: a pool already closed only loses them
-            self._trace_pool.submit(trace_restore, rid, rank, anchor, outcome, time.time_ns())
-        except RuntimeError:
-            log.warning("bsr restore of %s: not traced (the module is closing)", rid)
-        self._after_restore(key, outcome, t0)
+        # spans never decide a restore: they fail on the trace thread, counted; a pool
+        # already closed only loses them
+        self._guard.call("trace_submit", self._trace_pool.submit, self._guard.call,
+                         "trace_restore", trace_restore, rid, rank, anchor, outcome,
+                         time.time_ns())  # fmt: skip
+        self._guard.call("restore_books", self._after_restore, key, outcome, t0)
         return eb.export_event(event, cc.device), outcome.ok
 
     def _after_restore(self, key: IPCCacheServerKey, outcome: RestoreOutcome, t0: float) -> None:

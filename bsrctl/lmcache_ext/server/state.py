@@ -25,6 +25,7 @@ from lmcache.v1.multiprocess.modules.lmcache_driven_transfer import (
 from lmcache.v1.multiprocess.modules.lookup import LookupModule
 
 from bsrctl.control_token import CONTROL_TOKEN_ENV, CONTROL_TOKEN_KEY, server_token
+from bsrctl.hostguard import Guard
 from bsrctl.lmcache_ext.mp_storage import ServerRestoreStorage
 from bsrctl.lmcache_ext.protocol import LastProbe, RestoreOutcomeSummary
 from bsrctl.lmcache_ext.server.config import ServerConfigError, ServerModuleConfig
@@ -58,9 +59,15 @@ def unsupported_reason(attn_desc: Any) -> str:
 
 
 class ModuleState:
-    """Config, restorer, gauge, markers and per-request books of the server module."""
+    """Config, restorer, gauge, markers and per-request books of the server module.
+
+    ``_guard`` (``bsrctl.hostguard``) runs every part of a handler that is bsrctl's alone
+    (TempoKV's hooks, accounting, spans, markers around a stock call): its failure is
+    counted (``bsr.status`` counters ``guard_<site>``), logged once, and the handler gives
+    the answer LMCache's own module gave or would give."""
 
     def __init__(self, build_ctx: ExtServerModuleBuildContext) -> None:
+        self._guard = Guard("bsrctl.lmcache_ext.server", log)
         self._ctx = build_ctx.server_context
         raw = dict(build_ctx.config or {})
         try:  # the token is not a setting: never in bsr.status's config, never configurable

@@ -32,16 +32,15 @@ from concurrent.futures import Future
 from typing import Any
 
 from lmcache.v1.multiprocess.custom_types import IPCCacheServerKey
-from lmcache.v1.multiprocess.ext_server_module import server_module_handler
 
 from bsrctl.lmcache_ext.mp_storage import ServerRestoreStorage
-from bsrctl.lmcache_ext.server.guard import mutating
+from bsrctl.lmcache_ext.server.guard import handler, mutating
 from bsrctl.lmcache_ext.server.state import Mode, ModuleState, log
 from bsrctl.lmcache_ext.tempokv_device import LiveObject
 from bsrctl.lmcache_ext.tempokv_live import LiveConfig, LiveTempo
 from bsrctl.tempokv import wire
 from bsrctl.tempokv.controller import RetrievalGrant
-from bsrctl.trace.spans import server_tracer
+from bsrctl.trace.spans import server_event_span, server_span
 
 WAIT_READY_MAX_S = 40.0  # a held lookup never outlives vLLM's mq timeout (60 s)
 
@@ -55,6 +54,9 @@ def _payload(raw: bytes) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ValueError("tempokv.* payloads are JSON objects")
     return data
+
+
+_OFF_REPLY = _json(wire.UpdateReply.turned_off().to_json())
 
 
 class TempoKVHandlers(ModuleState):
@@ -89,7 +91,7 @@ class TempoKVHandlers(ModuleState):
         except Exception as e:
             return _json(wire.ConfigureReply(False, None, str(e)).to_json())
 
-    @server_module_handler(wire.STATUS)
+    @handler(wire.STATUS)
     def tempokv_status(self, payload: bytes) -> bytes:
         tempo = self._tempo
         if tempo is None:
@@ -107,14 +109,16 @@ class TempoKVHandlers(ModuleState):
         req = wire.UpdateRequest.from_json(_payload(payload))
         tempo = self._tempo
         if tempo is None:
-            return _json(wire.UpdateReply.turned_off().to_json())
+            return _OFF_REPLY
         # on the server's one request thread, in front of the lookups behind it: its span
         # belongs to the request when it reports that request's claim alone
         attrs: dict[str, Any] = {"claims_reported": len(req.hits)}
         if len(req.hits) == 1:
             attrs["request_id"] = next(iter(req.hits))
-        with server_tracer().start_as_current_span("tempokv.update", attributes=attrs):
-            return self._tempo_update(tempo, req)
+        with server_span("tempokv.update", attrs):
+            # a controller that fails answers as one turned off: the adapter reads the
+            # reply, vLLM's requests go the ordinary path
+            return self._guard.run("tempokv_update", _OFF_REPLY, self._tempo_update, tempo, req)
 
     def _tempo_update(self, tempo: LiveTempo, req: wire.UpdateRequest) -> bytes:
         hit_tokens: dict[str, int] = {}
@@ -185,7 +189,9 @@ class TempoKVHandlers(ModuleState):
 
     # ---- hooks the lookup / retrieve handlers call -------------------------------------
     def _tempo_gate(self, key: IPCCacheServerKey, tp_size: int) -> bool:
-        """True when the lookup is held for committed staging (answered later)."""
+        """True when the lookup is held for committed staging (answered later). The hold's
+        thread always runs LMCache's own lookup at its end, whatever TempoKV did: a held
+        request is never left without one (vLLM would wait on it to its mq timeout)."""
         tempo = self._tempo
         if tempo is None:
             return False
@@ -194,30 +200,37 @@ class TempoKVHandlers(ModuleState):
         grant = tempo.begin_retrieval(rid)
         if grant is not RetrievalGrant.WAIT:
             return False
-        with self._lock:
-            self._modes[rid] = Mode.STOCK
-            self._stock_keys[rid] = key
         fut: Future[None] = Future()
-        self._tempo_held[rid] = fut
         held_from = time.time_ns()
+        g = self._guard
 
         def release() -> None:
             try:
-                ready = tempo.wait_ready(rid, WAIT_READY_MAX_S)
+                ready = g.run("tempokv_hold", False, tempo.wait_ready, rid, WAIT_READY_MAX_S)
                 # the held lookup on the request's timeline: vLLM sees "not yet" meanwhile
-                server_tracer().start_span(
-                    "tempokv.hold", start_time=held_from,
-                    attributes={"request_id": rid, "stage_ready": ready},
-                ).end()  # fmt: skip
+                server_event_span("tempokv.hold", held_from,
+                                  {"request_id": rid, "stage_ready": ready})  # fmt: skip
                 if not ready:
                     log.warning("tempokv: %s not stage-ready in %ss: lookup goes on", rid,
                                 WAIT_READY_MAX_S)  # fmt: skip
                 self._count("lookups_stock")
                 self._lookup_mod.lookup(key, tp_size)
+            except Exception:
+                log.exception("tempokv: held lookup of %s failed: answering 0 chunks", rid)
+                with self._lock:
+                    self._results[rid] = 0
             finally:
                 fut.set_result(None)
 
-        threading.Thread(target=release, name=f"tempokv-hold-{rid}", daemon=True).start()
+        with self._lock:
+            self._modes[rid] = Mode.STOCK
+            self._stock_keys[rid] = key
+        self._tempo_held[rid] = fut
+        try:
+            threading.Thread(target=release, name=f"tempokv-hold-{rid}", daemon=True).start()
+        except Exception:  # no thread: not held, the caller looks it up now
+            self._tempo_held.pop(rid, None)
+            raise
         return True
 
     def _tempo_holding(self, request_id: str) -> bool:
