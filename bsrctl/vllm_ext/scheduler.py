@@ -33,8 +33,6 @@ scheduler, whose only step in flight is the one just scheduled.
 
 from __future__ import annotations
 
-import atexit
-import contextlib
 import json
 import logging
 import os
@@ -52,67 +50,12 @@ from vllm.v1.request import RequestStatus
 from bsrctl.hostguard import Guard
 from bsrctl.tempokv import wire
 from bsrctl.tempokv.live import LiveAdapterCore, LiveRunning, LiveView, LiveWaiting
+from bsrctl.vllm_ext.step_trace import GUARD, StepTrace, traced
 from bsrctl.vllm_ext.transport import RecordTransport, ServerModuleTransport, Transport
 
 ENV = "BSRCTL_TEMPOKV"
 UPDATE_METHOD = wire.UPDATE
-TRACE_BATCH = 4096  # records kept before a write while the engine stays busy
 SCHEDULED_KEPT = 16  # steps kept until their output (vLLM keeps at most 2 in flight)
-# what runs before a scheduler has its own guard (and tests' bare traces)
-_GUARD = Guard("bsrctl.vllm_ext", logging.getLogger("bsrctl.vllm_ext"))
-
-
-class _StepTrace:
-    """The per-step record (the on/off test compares `scheduled` and outputs). One handle
-    held open; records are kept in memory while the engine is busy and serialized and
-    written together when it goes idle (``flush``: no request left), every
-    ``TRACE_BATCH`` records, and at exit: the engine loop pays no JSON and no write per
-    step while it serves. A run reads the trace once its requests are done (the engine
-    idle: everything written). A trace that cannot be opened or written (a full disk) is
-    dropped whole at its first failure, counted on the guard: the engine goes on."""
-
-    def __init__(self, path: Path | None, guard: Guard | None = None) -> None:
-        self._guard = guard if guard is not None else _GUARD
-        self._file: Any = None
-        self._pending: list[dict[str, Any]] = []
-        if path is not None:
-            self._file = self._guard.call("trace", path.open, "a")
-            if self._file is not None:
-                atexit.register(self.flush)
-
-    def write(self, record: dict[str, Any]) -> None:
-        """Keep ``record`` (a dict of its own: nothing in it changes after)."""
-        if self._file is None:
-            return
-        self._pending.append(record)
-        if len(self._pending) >= TRACE_BATCH:
-            self.flush()
-
-    def flush(self) -> None:
-        f = self._file
-        if f is None or not self._pending:
-            return
-        batch, self._pending = self._pending, []
-        try:
-            f.write("".join([json.dumps(r) + "\n" for r in batch]))
-            f.flush()
-        except Exception as exc:
-            self._file = None  # first, so the guard's own record cannot come back here
-            with contextlib.suppress(Exception):  # the same failure again (its buffer)
-                f.close()
-            self._guard.failed("trace", exc)
-
-
-def _traced(payload: dict[str, Any]) -> dict[str, Any]:
-    """An update as the trace keeps it: each hit's token count instead of its token ids
-    (a 3072-token document's ids are about 18 KB of JSON, written on the engine loop at
-    every arrival; nothing reads them back: the server has them)."""
-    hits = payload.get("hits")
-    if not hits:
-        return payload
-    slim = {rid: {**{k: v for k, v in h.items() if k != "token_ids"},
-                  "tokens": len(h["token_ids"])} for rid, h in hits.items()}  # fmt: skip
-    return {**payload, "hits": slim}
 
 
 def _config() -> wire.AdapterEnv:
@@ -128,14 +71,14 @@ class StepRecorder:
     side of the on/off test runs the stock scheduler with only this. Everything of it runs
     under the scheduler's guard (``bsrctl.hostguard``): vLLM's own work is never inside."""
 
-    _bk_trace: _StepTrace = _StepTrace(None)  # until __init__ set the real one
-    _bk_guard: Guard = _GUARD
+    _bk_trace: StepTrace = StepTrace(None)  # until __init__ set the real one
+    _bk_guard: Guard = GUARD
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[call-arg]
         self._bk_guard = Guard("bsrctl.vllm_ext", logging.getLogger("bsrctl.vllm_ext"))
         path = _config().trace_path  # a bad $BSRCTL_TEMPOKV: refused at start, naming it
-        self._bk_trace = _StepTrace(Path(path) if path else None, self._bk_guard)
+        self._bk_trace = StepTrace(Path(path) if path else None, self._bk_guard)
 
     def _bk_record(self, out: Any) -> None:
         self._bk_trace.write(
@@ -421,7 +364,7 @@ class TempoKVAdapter(StepRecorder):
         extra: dict[str, Any] = (
             {"arrival": True, "acked": acked, "ack_wait_s": waited} if arrival else {}
         )
-        self._bk_trace.write({"kind": "update", **_traced(payload), **extra})
+        self._bk_trace.write({"kind": "update", **traced(payload), **extra})
 
     def _tk_make_transport(self) -> Transport:
         if self._tk_transport_kind == "connector":

@@ -26,7 +26,8 @@ from bsrctl.stack.extensions import TempoKVLaunch
 from bsrctl.tempokv import wire
 from bsrctl.tempokv.live import AdapterSettings, LiveAdapterCore
 from bsrctl.vllm_ext import scheduler
-from bsrctl.vllm_ext.scheduler import TempoKVAdapter, _StepTrace
+from bsrctl.vllm_ext.scheduler import TempoKVAdapter
+from bsrctl.vllm_ext.step_trace import StepTrace
 from bsrctl.vllm_ext.transport import RecordTransport, ServerModuleTransport
 
 UPDATE = wire.UpdateRequest(0.0, ("a",), (), ("a",), {}, {})
@@ -110,7 +111,7 @@ def _adapter(
         a._tk_clock = clock  # type: ignore[method-assign]
     a._tk_transport = ServerModuleTransport([client], ServerModuleCallRequest)
     a._bk_guard = Guard("test", on_failure=a._tk_fail)
-    a._bk_trace = _StepTrace(trace, a._bk_guard)
+    a._bk_trace = StepTrace(trace, a._bk_guard)
     a._tk = LiveAdapterCore(AdapterSettings(k=2))
     a._tk_on = True
     return a
