@@ -26,15 +26,22 @@ N = 6
 POLICIES = ["immediate", "tempokv", "demand", "tempokv-static", "tempokv-u", "queue-1", "queue-4"]
 
 
-def test_every_policy_on_the_serving_stack(tmp_path: Path, bsrctl) -> None:
+def run_grid(raw: dict, tmp_path: Path, bsrctl, timeout: int) -> tuple[Path, dict]:
+    """`bsrctl tempokv` on the serving stack over ``raw``: its run folder and evidence, which
+    must be complete."""
     spec = tmp_path / "spec.yaml"
-    spec.write_text(yaml.safe_dump(SPEC))
+    spec.write_text(yaml.safe_dump(raw))
     out = tmp_path / "runs"
     res = bsrctl("tempokv", str(spec), "--stack", "serving", "--out", str(out), "--quiet",
-                 timeout=840)  # fmt: skip
+                 timeout=timeout)  # fmt: skip
     (run,) = out.iterdir()
     doc = json.loads((run / "evidence.json").read_text())
     assert doc["complete"], res.stderr[-3000:]
+    return run, doc
+
+
+def test_every_policy_on_the_serving_stack(tmp_path: Path, bsrctl) -> None:
+    run, doc = run_grid(SPEC, tmp_path, bsrctl, timeout=840)
     # every policy once per repeat, in the run order (reversed on the second repeat)
     assert [(p["params"]["repeat"], p["params"]["policy"]) for p in doc["points"]] == [
         *[(0, p) for p in POLICIES], *[(1, p) for p in reversed(POLICIES)]
@@ -149,14 +156,7 @@ def test_the_policy_grid_on_the_flash_tier(tmp_path: Path, bsrctl) -> None:
     every cell starts with the fast tier empty (the flash copy kept), reads every document
     from flash through the throttle, locks no more than the budget, answers canonically;
     the cgroups are removed and the loop device detached at the end."""
-    spec = tmp_path / "spec.yaml"
-    spec.write_text(yaml.safe_dump(FLASH))
-    out = tmp_path / "runs"
-    res = bsrctl("tempokv", str(spec), "--stack", "serving", "--out", str(out), "--quiet",
-                 timeout=600)  # fmt: skip
-    (run,) = out.iterdir()
-    doc = json.loads((run / "evidence.json").read_text())
-    assert doc["complete"], res.stderr[-3000:]
+    _run, doc = run_grid(FLASH, tmp_path, bsrctl, timeout=600)
     tier = doc["summary"]["fast_tier"]
     assert tier["flash_bytes_s"] == 11 << 20 and tier["read_ahead_kb"] == 0
     sealed = tier["sealed"]
