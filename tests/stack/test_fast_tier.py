@@ -208,3 +208,39 @@ def test_stack_down_from_state_removes_the_tier_of_a_dead_run(
     back.write_text("/somewhere/else.img\n")  # the loop device was reused by someone else
     removed.clear()
     assert ft.remove_from_state(desc, sysfs) == [] and detached == ["/dev/loop7"]
+
+
+@pytest.mark.parametrize(
+    ("resident", "passes", "left", "pauses"),
+    [
+        ([28672, 0], 2, 0, [0.2]),  # a late store's dirty pages: dropped on the next pass
+        ([0], 1, 0, []),
+        ([4096] * 5, 5, 4096, [0.2] * 4),  # bounded: what stays is reported, never hidden
+    ],
+)
+def test_clear_repeats_while_pages_stay_and_reports_what_stays(
+    tmp_path: Path,
+    sysfs: SysRoots,
+    removed: list[Path],
+    monkeypatch: pytest.MonkeyPatch,
+    resident: list[int],
+    passes: int,
+    left: int,
+    pauses: list[float],
+) -> None:
+    t = tier(tmp_path, sysfs, Loops())
+    t.up()
+    assert t.cgroups is not None
+    (t.cgroups.memory / "cgroup.procs").write_text("")  # no server yet: nothing mapped
+    flushes: list[int] = []
+    slept: list[float] = []
+    got = iter(resident)
+    monkeypatch.setattr(t, "flush", lambda: flushes.append(1))
+    monkeypatch.setattr(t, "_fd", lambda: os.open(t.backing, os.O_RDONLY))
+    monkeypatch.setattr(ft, "resident_bytes", lambda fd, size: next(got))
+    monkeypatch.setattr(ft.time, "sleep", slept.append)
+    cleared = t.clear()
+    assert cleared == {"paged_out_bytes": 0, "resident_after_clear_bytes": left,
+                       "clear_passes": passes}  # fmt: skip
+    assert len(flushes) == passes and slept == pauses
+    t.down()
