@@ -23,9 +23,11 @@ RUN python3.11 -m venv /opt/venv
 WORKDIR /opt/bsrctl
 COPY pyproject.toml ./
 COPY bsrctl ./bsrctl
+# the mechanisms (bsrkv), which bsrctl depends on
+COPY mechanisms ./mechanisms
 # relative paths in the shipped specs (ladders/models/*/config.json) resolve from here
 COPY ladders ./ladders
-RUN pip install '.[gpu]' && pip check
+RUN pip install ./mechanisms '.[gpu]' && pip check
 
 ENTRYPOINT ["bsrctl"]
 CMD ["--help"]

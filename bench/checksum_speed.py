@@ -31,8 +31,8 @@ from chunk_args import chunk_args
 from lmcache.v1.memory_management import MemoryObjMetadata, TensorMemoryObj
 
 from bsrctl.experiments.bench import SEED, bench_point, run_bench
-from bsrctl.lmcache_ext.adapters.checksum import Checksum
 from bsrctl.stats import median_ci, paired_ratio_ci
+from bsrkv.lmcache_ext.adapters.checksum import Checksum
 
 ALGORITHMS: dict[str, Callable[[Any], Any]] = {
     "xxh3_128": Checksum("xxh3_128").hexdigest,

@@ -35,8 +35,8 @@ from lmcache.v1.distributed.api import ObjectKey
 from lmcache.v1.distributed.l2_adapters.fs_l2_adapter import FSL2Adapter, FSL2AdapterConfig
 
 from bsrctl.experiments.bench import SEED, bench_point, run_bench
-from bsrctl.lmcache_ext.adapters.fs import BsrFSL2Adapter, BsrFSL2AdapterConfig
 from bsrctl.stats import paired_ratio_ci
+from bsrkv.lmcache_ext.adapters.fs import BsrFSL2Adapter, BsrFSL2AdapterConfig
 
 LOADS = ("idle", "busy")
 

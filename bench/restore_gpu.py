@@ -3,7 +3,7 @@
     PYTHONPATH=$PWD python bench/restore_gpu.py [--tokens 8192 65536] [--windows 8 32]
         [--repeat 5]
 
-Imports only the pure core (``bsrctl.restore``, ``bsrctl.registration``: standard library
+Imports only the pure core (``bsrkv.restore``, ``bsrctl.registration``: standard library
 only) and torch, so it runs where PyTorch has CUDA and there is no vLLM or LMCache (Python
 3.12 is fine). Without a CUDA device it says so and exits 0: the figure then does not exist.
 
@@ -33,8 +33,8 @@ from collections.abc import Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from bsrctl.registration import dsv4_flash_mtp_off
-from bsrctl.restore import (
+from bsrkv.registration import dsv4_flash_mtp_off
+from bsrkv.restore import (
     BoundedRestorer,
     RestoreConfig,
     RestoreRequest,

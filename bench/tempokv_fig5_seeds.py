@@ -23,10 +23,10 @@ from pathlib import Path
 from typing import Any
 
 from bsrctl.experiments.tempokv import simulate_policy
-from bsrctl.tempokv.policies import CAUSAL_POLICIES, POLICY_NAMES
 from bsrctl.tempokv.sim.models import CATALOGUE
 from bsrctl.tempokv.sim.run import SimResult
 from bsrctl.tempokv.spec import TempoKVSpec, load
+from bsrkv.tempokv.policies import CAUSAL_POLICIES, POLICY_NAMES
 
 SPEC = Path(__file__).resolve().parent.parent / "ladders" / "tempokv-fig5.yaml"
 FAST_TIER_GIB = 25.0

@@ -110,8 +110,8 @@ from bsrctl.stack.deployment import Deployment
 from bsrctl.stack.extensions import TempoKVLaunch, odirect_allowed
 from bsrctl.tempokv.serving_workload import goodput
 from bsrctl.tempokv.spec import TempoKVSpec
-from bsrctl.trace.collect import read_spans
-from bsrctl.trace.timeline import spans_of
+from bsrkv.trace.collect import read_spans
+from bsrkv.trace.timeline import spans_of
 
 __all__ = ["Cell", "Spread", "claim_checks", "claims", "last_line", "ratio", "spread", "table"]
 

@@ -9,13 +9,13 @@ from __future__ import annotations
 import random
 import time
 
-from bsrctl.tempokv.kv import GIB
 from bsrctl.tempokv.sim.device import DeviceConfig
 from bsrctl.tempokv.sim.models import make_profile
 from bsrctl.tempokv.sim.run import ControlConfig, simulate
 from bsrctl.tempokv.sim.workload import OutputLengths, fixed_interval, poisson
 from bsrctl.tempokv.spec import PAPER_DOCS_TOKENS, TTU_QUANTILE
-from bsrctl.tempokv.ttu import EngineLimits
+from bsrkv.tempokv.kv import GIB
+from bsrkv.tempokv.ttu import EngineLimits
 
 
 def main() -> None:

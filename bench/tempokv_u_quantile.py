@@ -20,8 +20,8 @@ from pathlib import Path
 
 from tempokv_fig5_seeds import EOS_FRACTIONS, FAST_TIER_GIB, cell, judge, run
 
-from bsrctl.tempokv.policies import CAUSAL_POLICIES, POLICY_NAMES
 from bsrctl.tempokv.spec import load
+from bsrkv.tempokv.policies import CAUSAL_POLICIES, POLICY_NAMES
 
 LADDERS = Path(__file__).resolve().parent.parent / "ladders"
 QUANTILES = (0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 0.7)

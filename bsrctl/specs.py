@@ -15,11 +15,11 @@ from pydantic import (
 )
 
 from bsrctl.errors import BadInput
-from bsrctl.registration import Registration, dsv4_flash_mtp_off, tiny_llama_cpu
-from bsrctl.registration.tiny import TinyModelRecipe
-from bsrctl.settings import RestoreSettings, RestoreTuning
 from bsrctl.spec_io import ByteSize, Strict, describe_error, read_yaml
-from bsrctl.trace.spec import TraceSpec
+from bsrkv.registration import Registration, dsv4_flash_mtp_off, tiny_llama_cpu
+from bsrkv.registration.tiny import TinyModelRecipe
+from bsrkv.settings import RestoreSettings, RestoreTuning
+from bsrkv.trace.spec import TraceSpec
 
 # vLLM --dtype when the spec sets none (bsrctl.stack.profile reads it): the CPU stack's
 # numerics are float32 (greedy outputs identical across processes, STACK-NOTES); on CUDA vLLM

@@ -4,7 +4,7 @@ import threading
 
 import pytest
 
-from bsrctl.clock import VirtualClock, WallClock
+from bsrkv.clock import VirtualClock, WallClock
 
 
 def _schedule(clock, seen):

@@ -39,7 +39,8 @@ def test_it_installs_exactly_the_gpu_extra() -> None:
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
         "optional-dependencies"
     ]
-    assert pip_installs() == [[".[gpu]"]]  # the project with its gpu extra, nothing else
+    # the mechanisms and the project with its gpu extra, nothing else
+    assert pip_installs() == [["./mechanisms", ".[gpu]"]]
     pins = {re.split(r"[=<>]", p)[0] for p in extras["gpu"]}
     assert pins == {"vllm", "lmcache", "mooncake-transfer-engine-cuda13"}
     body = " ".join(a for _, a in instructions()).lower()
@@ -54,5 +55,6 @@ def test_cuda_13_base_entry_point_and_work_folder() -> None:
     assert ("ENTRYPOINT", '["bsrctl"]') in ops
     assert ("WORKDIR", WORKDIR) in ops  # the Jobs' workingDir
     assert ("COPY", "ladders ./ladders") in ops
+    assert ("COPY", "mechanisms ./mechanisms") in ops
     run = " ".join(a for op, a in ops if op == "RUN")
     assert "python3.11" in run and all(t in run for t in ("iproute2", "util-linux"))

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bsrctl.hostguard import Guard, guarded
+from bsrkv.hostguard import Guard, guarded
 
 
 def boom(exc: BaseException) -> None:

@@ -15,14 +15,18 @@ from pathlib import Path
 import pytest
 
 import bsrctl
+import bsrkv
 
 PACKAGE = Path(bsrctl.__file__).resolve().parent
 ROOT = PACKAGE.parent
 PYPROJECT = ROOT / "pyproject.toml"
+# The two distributions' packages, as paths under the repository root.
+PACKAGES = {"bsrctl": Path("bsrctl"), "bsrkv": Path("mechanisms") / "bsrkv"}
+assert Path(bsrkv.__file__).resolve().parent == ROOT / PACKAGES["bsrkv"]
 
 
 def _lint(root: Path) -> subprocess.CompletedProcess[str]:
-    """``lint-imports`` over ``root``/bsrctl with ``root``/pyproject.toml."""
+    """``lint-imports`` over ``root``'s bsrctl and bsrkv with ``root``/pyproject.toml."""
     return subprocess.run(
         [
             sys.executable,
@@ -33,7 +37,7 @@ def _lint(root: Path) -> subprocess.CompletedProcess[str]:
             str(root / "pyproject.toml"),
         ],
         cwd=root,
-        env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"},
+        env={"PYTHONPATH": f"{root}:{root / 'mechanisms'}", "PATH": "/usr/bin:/bin"},
         capture_output=True,
         text=True,
         timeout=120,
@@ -45,11 +49,12 @@ def _contracts() -> dict[str, dict]:
     return {c["id"]: c for c in cfg["contracts"]}
 
 
-def _top_level() -> set[str]:
-    """bsrctl's top-level modules and subpackages, as dotted names."""
-    names = {p.stem for p in PACKAGE.glob("*.py") if p.stem != "__init__"}
-    names |= {p.parent.name for p in PACKAGE.glob("*/__init__.py")}
-    return {f"bsrctl.{n}" for n in names}
+def _top_level(package: str) -> set[str]:
+    """The package's top-level modules and subpackages, as dotted names."""
+    root = ROOT / PACKAGES[package]
+    names = {p.stem for p in root.glob("*.py") if p.stem != "__init__"}
+    names |= {p.parent.name for p in root.glob("*/__init__.py")}
+    return {f"{package}.{n}" for n in names}
 
 
 def test_every_layer_contract_is_kept() -> None:
@@ -59,40 +64,48 @@ def test_every_layer_contract_is_kept() -> None:
 
 
 @pytest.mark.parametrize(
-    ("contract", "sources", "exempt"),
+    ("contract", "sources", "package", "exempt"),
     [
-        ("restore-core-pure", "forbidden_modules", {"bsrctl.restore", "bsrctl.clock"}),
-        ("evidence-leaf", "forbidden_modules", {"bsrctl.evidence", "bsrctl.errors"}),
+        ("restore-core-pure", "forbidden_modules", "bsrkv", {"bsrkv.restore", "bsrkv.clock"}),
+        ("evidence-leaf", "forbidden_modules", "bsrctl", {"bsrctl.evidence", "bsrctl.errors"}),
+        ("evidence-leaf", "forbidden_modules", "bsrkv", {"bsrkv.atomic"}),
         (
             "typer-only-in-cli",
             "source_modules",
+            "bsrctl",
             {"bsrctl.cli", "bsrctl.cli_timeline", "bsrctl.cli_evidence", "bsrctl.cli_fleet"},
         ),
-        ("clock-bottom", "forbidden_modules", {"bsrctl.clock"}),
+        ("clock-bottom", "forbidden_modules", "bsrkv", {"bsrkv.clock"}),
         (
             "settings-low",
             "forbidden_modules",
-            {"bsrctl.settings", "bsrctl.restore", "bsrctl.clock"},
+            "bsrkv",
+            {"bsrkv.settings", "bsrkv.restore", "bsrkv.clock"},
         ),
-        ("tempokv-wire-pure", "forbidden_modules", {"bsrctl.tempokv", "bsrctl.clock"}),
+        ("tempokv-wire-pure", "forbidden_modules", "bsrkv", {"bsrkv.tempokv", "bsrkv.clock"}),
     ],
 )
-def test_the_contracts_name_every_top_level_module(contract, sources, exempt) -> None:
-    # A new module under bsrctl/ must be placed in the layers, not slip past them.
-    named = {m for m in _contracts()[contract][sources] if m.startswith("bsrctl.")}
-    missing = sorted(_top_level() - exempt - named)
+def test_the_contracts_name_every_top_level_module(contract, sources, package, exempt) -> None:
+    # A new module under bsrctl/ or bsrkv/ must be placed in the layers, not slip past them.
+    named = {m for m in _contracts()[contract][sources] if m.startswith(f"{package}.")}
+    top = _top_level(package)
+    missing = sorted(top - exempt - named)
     assert not missing, f"add {missing} to {sources} of contract {contract!r} in pyproject.toml"
-    assert named <= _top_level(), f"{contract}: no such module {sorted(named - _top_level())}"
+    assert named <= top, f"{contract}: no such module {sorted(named - top)}"
 
 
-def test_the_package_layers_name_every_top_level_module() -> None:
+@pytest.mark.parametrize(
+    ("contract", "package"), [("package-layers", "bsrctl"), ("mechanism-layers", "bsrkv")]
+)
+def test_the_package_layers_name_every_top_level_module(contract, package) -> None:
     # exhaustive = true makes lint-imports refuse an unplaced module; this names which
-    layers = _contracts()["package-layers"]
-    assert layers["containers"] == ["bsrctl"] and layers["exhaustive"] is True
-    named = [f"bsrctl.{m.strip()}" for layer in layers["layers"] for m in layer.split("|")]
+    layers = _contracts()[contract]
+    assert layers["containers"] == [package] and layers["exhaustive"] is True
+    named = [f"{package}.{m.strip()}" for layer in layers["layers"] for m in layer.split("|")]
     assert len(named) == len(set(named)), f"a module placed twice: {sorted(named)}"
-    assert set(named) == _top_level(), (
-        f"missing {sorted(_top_level() - set(named))}, unknown {sorted(set(named) - _top_level())}"
+    top = _top_level(package)
+    assert set(named) == top, (
+        f"missing {sorted(top - set(named))}, unknown {sorted(set(named) - top)}"
     )
 
 
@@ -112,83 +125,99 @@ def test_the_stack_targets_contract_places_every_target_and_deployment() -> None
 # (module, line appended to it, contracts it breaks (indirect imports count), the import named)
 BREAKS = [
     (  # tempokv.spec embeds the deployment's StackSpec: specs -> settings -> the core
-        "restore/plan.py",
+        "mechanisms/bsrkv/restore/plan.py",
         "import lmcache",
         {"restore-core-pure", "tempokv-no-stack"},
-        "bsrctl.restore.plan -> lmcache",
+        "bsrkv.restore.plan -> lmcache",
     ),
     (
-        "restore/admission.py",
-        "from bsrctl.errors import BadInput",
+        "mechanisms/bsrkv/restore/admission.py",
+        "from bsrkv.hostguard import Guard",
         {"restore-core-pure", "settings-low"},  # settings imports the core
-        "bsrctl.restore.admission -> bsrctl.errors",
+        "bsrkv.restore.admission -> bsrkv.hostguard",
+    ),
+    (  # a mechanism reaching into the harness: LMCache's process would need bsrctl
+        "mechanisms/bsrkv/restore/admission.py",
+        "from bsrctl.errors import BadInput",
+        {"mechanisms-standalone"},
+        "bsrkv.restore.admission -> bsrctl.errors",
+    ),
+    (  # or one of the harness's libraries, which neither host brings
+        "mechanisms/bsrkv/vllm_ext/transport.py",
+        "import rich",
+        {"mechanisms-standalone"},
+        "bsrkv.vllm_ext.transport -> rich",
     ),
     (
-        "tempokv/kv.py",
+        "mechanisms/bsrkv/tempokv/kv.py",
         "import bsrctl.stack",
-        # tempokv sits below the stack, which imports it: a circle in bsrctl too
-        {"tempokv-no-stack", "package-layers", "acyclic"},
-        "bsrctl.tempokv.kv -> bsrctl.stack",
+        # bsrctl.tempokv (below the stack) imports bsrkv.tempokv: an upward arrow in bsrctl
+        {"mechanisms-standalone", "tempokv-no-stack", "package-layers"},
+        "bsrkv.tempokv.kv -> bsrctl.stack",
     ),
     (
-        "evidence/verdict.py",
-        "import bsrctl.settings",
-        # report -> evidence -> settings -> core; evidence and settings are siblings
-        {"evidence-leaf", "report-from-evidence", "package-layers"},
-        "bsrctl.evidence.verdict -> bsrctl.settings",
+        "bsrctl/evidence/verdict.py",
+        "import bsrkv.settings",
+        {"evidence-leaf", "report-from-evidence"},  # report -> evidence -> settings -> core
+        "bsrctl.evidence.verdict -> bsrkv.settings",
     ),
     (
-        "tempokv/wire.py",
+        "mechanisms/bsrkv/tempokv/wire.py",
         "import lmcache",
         {"tempokv-no-stack", "tempokv-wire-pure"},
-        "bsrctl.tempokv.wire -> lmcache",
+        "bsrkv.tempokv.wire -> lmcache",
     ),
     (  # the wire reads AdapterSettings (live.py) and CostModel (ttu.py): indirect counts
-        "tempokv/ttu.py",
+        "mechanisms/bsrkv/tempokv/ttu.py",
         "import vllm",
         {"tempokv-wire-pure"},
-        "bsrctl.tempokv.ttu -> vllm",
+        "bsrkv.tempokv.ttu -> vllm",
     ),
     (  # the vLLM adapter imports the wire: a wire that needs lmcache_ext is not lean
-        "tempokv/wire.py",
-        "import bsrctl.lmcache_ext.protocol",
-        # and tempokv sits below lmcache_ext in the package's layers
-        {"tempokv-no-stack", "tempokv-wire-pure", "vllm-ext-lean", "package-layers", "acyclic"},
-        "bsrctl.tempokv.wire -> bsrctl.lmcache_ext.protocol",
+        "mechanisms/bsrkv/tempokv/wire.py",
+        "import bsrkv.lmcache_ext.protocol",
+        # and tempokv sits below lmcache_ext in the mechanisms' layers
+        {"tempokv-no-stack", "tempokv-wire-pure", "vllm-ext-lean", "mechanism-layers", "acyclic"},
+        "bsrkv.tempokv.wire -> bsrkv.lmcache_ext.protocol",
     ),
-    ("stack/process.py", "import typer", {"typer-only-in-cli"}, "bsrctl.stack.process -> typer"),
     (
-        "report/figures.py",
+        "bsrctl/stack/process.py",
+        "import typer",
+        {"typer-only-in-cli"},
+        "bsrctl.stack.process -> typer",
+    ),
+    (
+        "bsrctl/report/figures.py",
         "import bsrctl.stack.process",
         {"report-from-evidence", "package-layers"},  # report and stack are siblings
         "bsrctl.report.figures -> bsrctl.stack.process",
     ),
     (  # the upward arrow issue 21 removed: the spec models reaching up into the stack
-        "specs.py",
+        "bsrctl/specs.py",
         "import bsrctl.stack.tinymodel",
         {"package-layers", "tempokv-no-stack", "acyclic"},  # tempokv.spec imports specs
         "bsrctl.specs -> bsrctl.stack.tinymodel",
     ),
     (  # the circle issue 21 removed: the Target contract importing make_target's module
-        "stack/target.py",
+        "bsrctl/stack/target.py",
         "import bsrctl.stack.selector",
         {"stack-targets", "acyclic"},
         "bsrctl.stack.target -> bsrctl.stack.selector",
     ),
     (  # a deployment reaching up to the targets built on it
-        "stack/deployment.py",
+        "bsrctl/stack/deployment.py",
         "import bsrctl.stack.running_target",
         {"stack-targets", "acyclic"},
         "bsrctl.stack.deployment -> bsrctl.stack.running_target",
     ),
     (  # the circle between the serving cells and the cells of more than one request
-        "experiments/failmatrix/scenarios.py",
+        "bsrctl/experiments/failmatrix/scenarios.py",
         "import bsrctl.experiments.failmatrix.serving",
         {"acyclic"},
         "- .serving -> .scenarios (1 import)",
     ),
     (
-        "report/restore.py",
+        "bsrctl/report/restore.py",
         "import tests",
         {"no-tests-in-production"},
         "bsrctl.report.restore -> tests",
@@ -198,9 +227,10 @@ BREAKS = [
 
 @pytest.mark.parametrize(("module", "line", "broken", "chain"), BREAKS)
 def test_breaking_a_layer_fails_its_contract(tmp_path, module, line, broken, chain) -> None:
-    shutil.copytree(PACKAGE, tmp_path / "bsrctl", ignore=shutil.ignore_patterns("__pycache__"))
+    for path in PACKAGES.values():
+        shutil.copytree(ROOT / path, tmp_path / path, ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(PYPROJECT, tmp_path / "pyproject.toml")
-    target = tmp_path / "bsrctl" / module
+    target = tmp_path / module
     target.write_text(target.read_text() + f"\n{line}  # a deliberate layer break\n")
     res = _lint(tmp_path)
     assert res.returncode == 1, res.stdout + res.stderr

@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from bsrctl.registration import (
+from bsrkv.registration import (
     PAPER_BYTES_PER_CHUNK,
     PAPER_NUM_TENSORS,
     TINY_LLAMA_BYTES_PER_CHUNK,
@@ -72,7 +72,7 @@ def test_a_groups_sliding_window_is_not_bsrs_window() -> None:
 
 
 def test_tiny_llama_cpu_is_the_recipes_geometry() -> None:
-    from bsrctl.registration.tiny import TinyModelRecipe
+    from bsrkv.registration.tiny import TinyModelRecipe
 
     r = TinyModelRecipe()
     for tp in (1, 2):

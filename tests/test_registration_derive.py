@@ -13,10 +13,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from bsrctl.errors import BadInput
-from bsrctl.registration import declared, dsv4_flash_mtp_off, first_difference, tiny_llama_cpu
+from bsrctl.registration import declared
 from bsrctl.registration.derive import derive, derive_from_folder
 from bsrctl.specs import TargetSpec
 from bsrctl.stack.tinymodel import TINY_QWEN3, TinyModelRecipe
+from bsrkv.registration import dsv4_flash_mtp_off, first_difference, tiny_llama_cpu
 
 LADDERS = Path(__file__).parents[1] / "ladders"
 
@@ -315,7 +316,7 @@ def test_bsrctl_sweep_on_an_unknown_architecture_exits_2_before_starting(tmp_pat
 )
 def test_a_declared_registration_is_the_one_written(tensors, chunk, tp) -> None:
     """Any registration written as YAML reads back with the same tensors, c and digest."""
-    from bsrctl.registration import DTYPE_BYTES, GroupSpec, Registration, TensorSpec
+    from bsrkv.registration import DTYPE_BYTES, GroupSpec, Registration, TensorSpec
 
     specs = tuple(
         TensorSpec(f"t{i}", (chunk, *dims), dtype, group)

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from bsrctl.lmcache_ext.adapters.fileio import preadv_full
+from bsrkv.lmcache_ext.adapters.fileio import preadv_full
 
 _BUFFERS: dict[tuple[int, int], mmap.mmap] = {}
 

@@ -8,11 +8,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bsrctl.registration import Registration
-from bsrctl.settings import RestoreSettings
 from bsrctl.specs import StorageSpec, TargetSpec
 from bsrctl.stack.storage import StorageStack
 from bsrctl.stack.storage_target import StorageTarget
+from bsrkv.registration import Registration
+from bsrkv.settings import RestoreSettings
 
 from .common import GIB, L1_MARGIN, Lookup, Sample
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bsrctl.evidence.atomic import write_atomic
+from bsrkv.atomic import write_atomic
 
 NAME = "manifest.json"
 SCHEMA = "bsrctl.manifest/1"

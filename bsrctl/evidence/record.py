@@ -14,10 +14,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bsrctl.evidence.atomic import write_atomic
 from bsrctl.evidence.manifest import write_manifest
 from bsrctl.evidence.schema import validate_evidence
 from bsrctl.evidence.verdict import Point, Verdict, merge
+from bsrkv.atomic import write_atomic
 
 SCHEMA = "bsrctl.evidence/1"
 KINDS = ("ladder", "sweep", "law", "failmatrix", "tempokv", "roundtrip", "bench", "soak")

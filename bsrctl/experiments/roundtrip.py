@@ -18,7 +18,6 @@ from bsrctl.evidence.verdict import Check, check
 from bsrctl.experiments.restore.acceptance import canonical_output, tier_isolation
 from bsrctl.experiments.run import execute, progress
 from bsrctl.prompts import expected_external_tokens, prompt_ids, tokens_sha256
-from bsrctl.settings import RestoreSettings
 from bsrctl.spec_io import load_spec
 from bsrctl.specs import RoundTripSpec
 from bsrctl.stack.canonical import canonical_outputs
@@ -27,6 +26,7 @@ from bsrctl.stack.model import prepare_model
 from bsrctl.stack.selector import make_deployment
 from bsrctl.stack.serving import Completion, ServingStack, check_ports
 from bsrctl.stack.tiers import mooncake_stored_keys, wait_written_through
+from bsrkv.settings import RestoreSettings
 
 
 @contextlib.contextmanager

@@ -23,6 +23,7 @@ from typing import Any
 import yaml
 
 import bsrctl
+import bsrkv
 from bsrctl.errors import BadInput
 from bsrctl.fleet.manifests import RESULTS_DIR, SPEC_DIR, new_run_id, render
 from bsrctl.fleet.nodes import Node, NodesFile, Results
@@ -81,7 +82,7 @@ def run_local(
     faults: Mapping[int, Path] | None = None,
 ) -> list[LocalNode]:
     """Run the N nodes at once; ``faults`` maps a node index to a fault-rules file put on
-    its FS tier (``{"rules": [...]}``, bsrctl/lmcache_ext/faults/rules.py)."""
+    its FS tier (``{"rules": [...]}``, bsrkv/lmcache_ext/faults/rules.py)."""
     if n < 1:
         raise BadInput(f"--local {n}: run at least one node")
     faults = dict(faults or {})
@@ -96,8 +97,9 @@ def run_local(
     written = render(fspec, nodes, meta / "manifests", run_id, "storage")
     jobs = [yaml.safe_load(p.read_text()) for p in written if p.name.startswith("job-")]
     env = dict(os.environ)
-    here = str(Path(bsrctl.__file__).resolve().parents[1])  # this bsrctl, from any folder
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (here, env.get("PYTHONPATH")) if p)
+    # this bsrctl and these mechanisms, from any folder
+    here = [str(Path(m.__file__).resolve().parents[1]) for m in (bsrctl, bsrkv)]
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (*here, env.get("PYTHONPATH")) if p)
     procs = []
     for i, (node, job) in enumerate(zip(nodes.nodes, jobs, strict=True)):
         folder = out / node.name

@@ -23,8 +23,8 @@ from typing import Any, Literal
 from pydantic import Field, ValidationError
 
 from bsrctl.errors import BadInput
-from bsrctl.registration import DTYPE_BYTES, GroupSpec, Registration, TensorSpec
 from bsrctl.spec_io import Strict, describe_error, read_yaml
+from bsrkv.registration import DTYPE_BYTES, GroupSpec, Registration, TensorSpec
 
 
 class TensorDecl(Strict):

@@ -32,7 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from bsrctl.errors import BadInput
-from bsrctl.registration import GroupSpec, Registration, TensorSpec, dsv4
+from bsrctl.registration import dsv4
+from bsrkv.registration import GroupSpec, Registration, TensorSpec
 
 # Architectures whose attention is plain MHA/GQA (per layer K and V).
 FULL_ATTENTION = frozenset(

@@ -51,7 +51,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from bsrctl.errors import BadInput
-from bsrctl.registration import DTYPE_BYTES, GroupSpec, Registration, TensorSpec
+from bsrkv.registration import DTYPE_BYTES, GroupSpec, Registration, TensorSpec
 
 ARCH = "DeepseekV4ForCausalLM"
 FP8_DS_MLA_BYTES = 584  # per state: 448 NoPE fp8 + 64 RoPE bf16 + 8 scale (attention.py:877)

@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from bsrctl.registration import DTYPE_BYTES, GroupSpec, Registration, TensorSpec
+from bsrkv.registration import DTYPE_BYTES, GroupSpec, Registration, TensorSpec
 
 
 def _free_port() -> int:

@@ -30,7 +30,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from bsrctl.registration import GroupSpec, Registration, TensorSpec
+from bsrkv.registration import GroupSpec, Registration, TensorSpec
 
 BLOCK_SIZE = 16  # vLLM's default --block-size on CUDA; per-chunk figures do not depend on it
 

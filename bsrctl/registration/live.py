@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from bsrctl.registration import Registration
+from bsrkv.registration import Registration
 
 
 def fused_plane_width(shape: Sequence[int]) -> int | None:

@@ -20,11 +20,11 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from bsrctl.errors import BadInput, StackFailed
-from bsrctl.settings import RestoreSettings
 from bsrctl.specs import AttachSpec, StackSpec
 from bsrctl.stack import prerequisites
 from bsrctl.stack.process import http_get, http_ok
 from bsrctl.stack.serving.client import ServingClient
+from bsrkv.settings import RestoreSettings
 
 # L2 adapter types (their /status "type") and the tier each is
 TIER_OF_TYPE = {"BsrFSL2Adapter": "fs", "FSL2Adapter": "fs", "BsrMooncakeL2Adapter": "mooncake"}
@@ -275,7 +275,7 @@ class AttachedStack(ServingClient):
                 return Path(fault["control_path"])
         raise StackFailed(
             f"attach: the LMCache server has no fault wrapper named {tier!r} with a control "
-            "path; load the tier behind bsrctl.lmcache_ext.faults.adapter to inject faults"
+            "path; load the tier behind bsrkv.lmcache_ext.faults.adapter to inject faults"
         )
 
     def versions(self) -> dict[str, Any]:

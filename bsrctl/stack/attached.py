@@ -8,8 +8,6 @@ from pathlib import Path
 from typing import Any
 
 from bsrctl.errors import StackFailed
-from bsrctl.lmcache_ext.protocol import RegistrationReply
-from bsrctl.settings import RestoreSettings
 from bsrctl.specs import StackSpec
 from bsrctl.stack.attach import AttachedStack
 from bsrctl.stack.bsr_client import BsrModuleClient
@@ -21,6 +19,8 @@ from bsrctl.stack.deployment import (
     follow_up,
     module_settings,
 )
+from bsrkv.lmcache_ext.protocol import RegistrationReply
+from bsrkv.settings import RestoreSettings
 
 
 class AttachedDeployment:

@@ -1,15 +1,15 @@
 """Reading BSR's restore pool on the serving stack: the server module's ``bsr.*`` handlers.
 
-The LMCache server loads ``bsrctl.lmcache_ext.server``; its handlers are reachable
+The LMCache server loads ``bsrkv.lmcache_ext.server``; its handlers are reachable
 through LMCache's own ``server_module_call`` RPC (JSON in, JSON out) on the server's MQ port,
 and its ``status()`` also appears under ``"bsr"`` in LMCache's HTTP ``/status``.
 
-Each method returns the typed reply of ``bsrctl.lmcache_ext.protocol`` (the server builds the
+Each method returns the typed reply of ``bsrkv.lmcache_ext.protocol`` (the server builds the
 same types): ``peak()`` (the gauge's restore-pool peak per rank, L1 usage), ``reset_peak()``,
 ``status()``, ``markers()``, ``forget(wait_s)`` (empty L1, waiting for write-throughs),
 ``configure(window_chunks=...)`` (W at run time, same engines).
 
-A mutating call carries the stack's control token (``bsrctl.control_token``: a launched
+A mutating call carries the stack's control token (``bsrkv.control_token``: a launched
 stack's own, an attached one's from ``stack.attach.control_token_env``); a refusal raises
 StackFailed naming where the token comes from. Every call is bounded; a failed call, or a
 reply of another shape, raises StackFailed.
@@ -22,9 +22,12 @@ import time
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
-from bsrctl.control_token import sealed
 from bsrctl.errors import StackFailed
-from bsrctl.lmcache_ext.protocol import (
+from bsrctl.stack.netns import maybe_inside
+from bsrctl.stack.prerequisites import control_token_refused
+from bsrctl.stack.serving import ServingClient
+from bsrkv.control_token import sealed
+from bsrkv.lmcache_ext.protocol import (
     ConfigureReply,
     FailedReply,
     ForgetReply,
@@ -39,9 +42,6 @@ from bsrctl.lmcache_ext.protocol import (
     RestoreOutcomeSummary,
     StatusReply,
 )
-from bsrctl.stack.netns import maybe_inside
-from bsrctl.stack.prerequisites import control_token_refused
-from bsrctl.stack.serving import ServingClient
 
 R = TypeVar("R", bound=Reply)
 

@@ -17,7 +17,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from bsrctl.evidence.atomic import write_atomic
 from bsrctl.prompts import tokens_sha256
 from bsrctl.specs import MooncakeSpec, StackSpec, VllmSpec
 from bsrctl.stack import reference_pool, tinymodel
@@ -28,6 +27,7 @@ from bsrctl.stack.serving.commands import reference_launch
 from bsrctl.stack.serving.shm import shm_segments
 from bsrctl.stack.serving.vllm_cache import vllm_cache_root
 from bsrctl.stack.versions import vllm_version
+from bsrkv.atomic import write_atomic
 
 
 class PlainVllm(ServingStack):

@@ -32,9 +32,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from bsrctl.errors import StackFailed
-from bsrctl.lmcache_ext.protocol import RegistrationReply
-from bsrctl.settings import RestoreSettings
 from bsrctl.stack.bsr_client import BsrModuleClient
+from bsrkv.lmcache_ext.protocol import RegistrationReply
+from bsrkv.settings import RestoreSettings
 
 # The module's settings a deployment sets over bsr.configure (and gives back on attach).
 TIMEOUTS = ("window_timeout_s", "probe_timeout_s", "admission_timeout_s", "retrieve_deadline_s",

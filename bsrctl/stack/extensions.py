@@ -1,5 +1,5 @@
 """bsrctl's LMCache extensions, as the stacks load them: the one stack module that names
-``bsrctl.lmcache_ext`` (the server module, the L2 adapters, the fault wrapper's control file,
+``bsrkv.lmcache_ext`` (the server module, the L2 adapters, the fault wrapper's control file,
 the restore storage over LMCache's StorageManager).
 
 The stacks know nothing of BSR: ``ServingStack`` loads whatever ``LMCacheExtensions`` its
@@ -10,7 +10,7 @@ settings. Another server module (the failure matrix's test-only mutants) is a pa
 TempoKV's launch (``TempoKVLaunch``) names the runtime adapter's scheduler class in vLLM,
 matching vLLM's async scheduling as ``async_scheduling`` decides it once from the spec.
 
-Everything of ``bsrctl.lmcache_ext`` is imported lazily: importing this module (and the
+Everything of ``bsrkv.lmcache_ext`` is imported lazily: importing this module (and the
 serving stack) imports no LMCache.
 """
 
@@ -22,17 +22,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from bsrctl.settings import RestoreSettings
 from bsrctl.stack.fast_tier import FastTierConfig
+from bsrkv.settings import RestoreSettings
 
 if TYPE_CHECKING:
-    from bsrctl.registration import Registration
-    from bsrctl.restore import RestoreStorage
-    from bsrctl.tempokv.live import AdapterSettings
+    from bsrkv.registration import Registration
+    from bsrkv.restore import RestoreStorage
+    from bsrkv.tempokv.live import AdapterSettings
 
-BSR_SERVER_MODULE = "bsrctl.lmcache_ext.server"
-FAULT_ADAPTER_MODULE = "bsrctl.lmcache_ext.faults.adapter"
-MOONCAKE_ADAPTER_MODULE = "bsrctl.lmcache_ext.adapters.mooncake"
+BSR_SERVER_MODULE = "bsrkv.lmcache_ext.server"
+FAULT_ADAPTER_MODULE = "bsrkv.lmcache_ext.faults.adapter"
+MOONCAKE_ADAPTER_MODULE = "bsrkv.lmcache_ext.adapters.mooncake"
 
 
 @dataclass(frozen=True)
@@ -132,7 +132,7 @@ class TempoKVLaunch:
     def vllm_env(self) -> dict[str, str]:
         import json
 
-        from bsrctl.tempokv.wire import AdapterEnv
+        from bsrkv.tempokv.wire import AdapterEnv
 
         env = AdapterEnv(self.adapter, self.transport, self.trace_path)
         return {"BSRCTL_TEMPOKV": json.dumps(env.to_json())}
@@ -248,7 +248,7 @@ def fault_wrapped(
 
 def write_control_file(path: str | Path, rules: list[dict]) -> None:
     """Arm (or with ``[]`` clear) a tier's fault wrapper: rewrite its control file."""
-    from bsrctl.lmcache_ext.faults.control import write_control_file as write
+    from bsrkv.lmcache_ext.faults.control import write_control_file as write
 
     write(path, rules)
 
@@ -276,8 +276,8 @@ def write_control_file(path: str | Path, rules: list[dict]) -> None:
 # start rather than silently disagree if that ever changes.
 
 
-SYNC_SCHEDULER = "bsrctl.vllm_ext.scheduler.TempoKVScheduler"
-ASYNC_SCHEDULER = "bsrctl.vllm_ext.scheduler.TempoKVAsyncScheduler"
+SYNC_SCHEDULER = "bsrkv.vllm_ext.scheduler.TempoKVScheduler"
+ASYNC_SCHEDULER = "bsrkv.vllm_ext.scheduler.TempoKVAsyncScheduler"
 
 
 def tempokv_scheduler_cls(async_on: bool) -> str:
@@ -291,7 +291,7 @@ def tempokv_scheduler_cls(async_on: bool) -> str:
 
 def bsr_fs_config(base_path: Path, use_odirect: bool, load_concurrency: int) -> Any:
     """The ``bsr_fs`` L2 adapter's config (concurrent loads); ImportError if unavailable."""
-    from bsrctl.lmcache_ext.adapters.fs import BsrFSL2AdapterConfig
+    from bsrkv.lmcache_ext.adapters.fs import BsrFSL2AdapterConfig
 
     return BsrFSL2AdapterConfig(
         base_path=str(base_path), use_odirect=use_odirect, load_concurrency=load_concurrency
@@ -300,7 +300,7 @@ def bsr_fs_config(base_path: Path, use_odirect: bool, load_concurrency: int) -> 
 
 def mooncake_config(master: str, key_prefix: str, load_workers: int) -> Any:
     """The ``bsr_mooncake`` L2 adapter's config (in-process, in the store's namespace)."""
-    from bsrctl.lmcache_ext.adapters.mooncake import BsrMooncakeL2AdapterConfig
+    from bsrkv.lmcache_ext.adapters.mooncake import BsrMooncakeL2AdapterConfig
 
     return BsrMooncakeL2AdapterConfig.from_dict(
         {"master_server_address": master, "key_prefix": key_prefix, "load_workers": load_workers}
@@ -309,7 +309,7 @@ def mooncake_config(master: str, key_prefix: str, load_workers: int) -> Any:
 
 def mooncake_name(key: Any, key_prefix: str) -> str:
     """The Mooncake object name the ``bsr_mooncake`` adapter uses for an ObjectKey."""
-    from bsrctl.lmcache_ext.adapters.mooncake import mooncake_key
+    from bsrkv.lmcache_ext.adapters.mooncake import mooncake_key
 
     return mooncake_key(key, key_prefix)
 
@@ -319,9 +319,9 @@ def fault_wrapped_config(
 ) -> Any:
     """An in-process L2 adapter config: `inner` behind bsrctl's fault adapter, re-reading
     the rules in `control` (the storage stack's counterpart of ``fault_wrapped``)."""
-    from bsrctl.lmcache_ext.adapters.shaping import DeviceShape
-    from bsrctl.lmcache_ext.faults import adapter as _registers_the_type  # noqa: F401
-    from bsrctl.lmcache_ext.faults.config import BsrFaultL2AdapterConfig
+    from bsrkv.lmcache_ext.adapters.shaping import DeviceShape
+    from bsrkv.lmcache_ext.faults import adapter as _registers_the_type  # noqa: F401
+    from bsrkv.lmcache_ext.faults.config import BsrFaultL2AdapterConfig
 
     return BsrFaultL2AdapterConfig(
         inner, name=name, control_path=str(control), shape=DeviceShape.parse(shape)
@@ -333,13 +333,13 @@ def restore_storage(
 ) -> RestoreStorage:
     """The BSR core's RestoreStorage over one LMCache StorageManager; ``staging``: how its
     windows reach L1 (``RestoreSettings.window_staging``; the whole plan's is "prefetch")."""
-    from bsrctl.lmcache_ext.storage import LMCacheRestoreStorage
+    from bsrkv.lmcache_ext.storage import LMCacheRestoreStorage
 
     return LMCacheRestoreStorage(sm, layouts, drain_timeout_s=drain_timeout_s, staging=staging)
 
 
 def layout_descs(reg: Registration) -> dict[int, Any]:
     """LMCache's memory layout of each object group of ``reg``."""
-    from bsrctl.lmcache_ext.storage import layout_descs as descs
+    from bsrkv.lmcache_ext.storage import layout_descs as descs
 
     return descs(reg)

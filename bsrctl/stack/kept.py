@@ -12,11 +12,11 @@ from pathlib import Path
 from typing import Any
 
 from bsrctl.errors import BadInput
-from bsrctl.lmcache_ext.protocol import RegistrationReply
-from bsrctl.settings import RestoreSettings
 from bsrctl.stack.bsr_client import BsrModuleClient
 from bsrctl.stack.deployment import FollowUp, Say, module_settings
 from bsrctl.stack.launched import LaunchedDeployment
+from bsrkv.lmcache_ext.protocol import RegistrationReply
+from bsrkv.settings import RestoreSettings
 
 
 def _launch_only(settings: RestoreSettings) -> dict[str, Any]:

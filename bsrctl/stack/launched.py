@@ -12,14 +12,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bsrctl.lmcache_ext.protocol import RegistrationReply
-from bsrctl.settings import RestoreSettings
 from bsrctl.specs import StackSpec
 from bsrctl.stack.bsr_client import BsrModuleClient
 from bsrctl.stack.deployment import FollowUp, Say, check_module, follow_up
 from bsrctl.stack.extensions import LMCacheExtensions, ServerModule, bsr_extensions
 from bsrctl.stack.process import pids_alive
 from bsrctl.stack.serving import ServingStack, check_ports
+from bsrkv.lmcache_ext.protocol import RegistrationReply
+from bsrkv.settings import RestoreSettings
 
 
 class LaunchedDeployment:

@@ -5,7 +5,7 @@ machine's own network namespace. One namespace, with nothing but ``lo``, holds t
 stack: a holder process (``unshare -n sh -c 'ip link set lo up && exec sleep infinity'``)
 owns it, and every process of the stack is started with ``nsenter -t <holder> -n --``
 (``NetNamespace.wrap``), which execs the program in place, so the PID we hold is the
-program's. The LMCache server that uses ``bsrctl.lmcache_ext.adapters.mooncake`` must be
+program's. The LMCache server that uses ``bsrkv.lmcache_ext.adapters.mooncake`` must be
 started the same way, and so must vLLM if it talks to that server: one namespace per stack.
 
 bsrctl itself stays in the host namespace and reaches the namespace's loopback through

@@ -23,7 +23,6 @@ from typing import Any
 from pydantic import ValidationError
 
 from bsrctl.errors import BadInput
-from bsrctl.settings import RestoreSettings
 from bsrctl.spec_io import describe_error, read_yaml
 from bsrctl.specs import StackSpec, TargetSpec, model_config
 from bsrctl.stack import profile
@@ -48,6 +47,7 @@ from bsrctl.stack.serving.commands import (
 )
 from bsrctl.stack.tinymodel import TinyModelRecipe
 from bsrctl.stack.twohost import SERVING_ADDR, STORAGE_ADDR
+from bsrkv.settings import RestoreSettings
 
 RUN = Path("<run>")  # the run folder (reports/<run_id>/ or `stack up --run-dir`)
 # Dense architectures whose weights `figures` counts from config.json alone (no biases).

@@ -3,7 +3,7 @@ front from what its servers answer, with the exact flag or variable to add when 
 
 - the BSR server module in ``lmcache server`` (its status under ``bsr`` in ``/status``);
 - the control token: ``stack.attach.control_token_env`` names a variable set in bsrctl's
-  environment (the token the operator gave the server module, ``bsrctl.control_token``);
+  environment (the token the operator gave the server module, ``bsrkv.control_token``);
   a server that refuses it answers "control token ..." and the run stops (exit 3) naming
   the variable;
 - ``VLLM_SERVER_DEV_MODE=1`` in vLLM's environment: vLLM 0.32 registers

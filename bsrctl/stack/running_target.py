@@ -11,11 +11,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bsrctl.lmcache_ext.protocol import PeakReply, RegistrationReply, RestoreOutcomeSummary
 from bsrctl.prompts import expected_external_tokens, prompt_ids, tokens_sha256
-from bsrctl.registration import Registration, first_difference
 from bsrctl.registration.live import live_geometry
-from bsrctl.settings import RestoreSettings
 from bsrctl.specs import TargetSpec
 from bsrctl.stack.bsr_client import outcomes_since
 from bsrctl.stack.canonical import Reference, canonical_references, divergence
@@ -30,6 +27,9 @@ from bsrctl.stack.model import prepare_model
 from bsrctl.stack.readback import readback_measures
 from bsrctl.stack.seeding import seed_tiers
 from bsrctl.stack.target import Prompt, RestoreMeasures, SeedRecord, exact_div
+from bsrkv.lmcache_ext.protocol import PeakReply, RegistrationReply, RestoreOutcomeSummary
+from bsrkv.registration import Registration, first_difference
+from bsrkv.settings import RestoreSettings
 
 
 class RunningTarget(OnDeployment):

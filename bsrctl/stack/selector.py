@@ -16,7 +16,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 from bsrctl.errors import BadInput
-from bsrctl.settings import RestoreSettings
 from bsrctl.specs import StackSpec, TargetSpec
 from bsrctl.stack.attached import AttachedDeployment
 from bsrctl.stack.deployment import Deployment
@@ -25,6 +24,7 @@ from bsrctl.stack.launched import LaunchedDeployment
 from bsrctl.stack.running_target import RunningTarget
 from bsrctl.stack.storage_target import StorageTarget
 from bsrctl.stack.target import Target
+from bsrkv.settings import RestoreSettings
 
 SERVING_KINDS = ("serving", "attach")
 

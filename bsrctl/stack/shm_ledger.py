@@ -23,7 +23,7 @@ from pathlib import Path
 
 import psutil
 
-from bsrctl.evidence.atomic import write_atomic
+from bsrkv.atomic import write_atomic
 
 LEDGER_ENV = "BSRCTL_SHM_LEDGER"
 SHM = Path("/dev/shm")

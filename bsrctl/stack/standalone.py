@@ -7,11 +7,11 @@ import json
 from pathlib import Path
 
 from bsrctl.errors import BadInput
-from bsrctl.settings import RestoreSettings
 from bsrctl.specs import load_stack_section
 from bsrctl.stack.extensions import bsr_extensions
 from bsrctl.stack.process import pids_alive
 from bsrctl.stack.serving import ServingStack, check_ports, stop_from_state
+from bsrkv.settings import RestoreSettings
 
 
 def live_parts(run_dir: Path) -> list[int]:

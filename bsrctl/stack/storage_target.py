@@ -14,12 +14,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bsrctl.errors import BadInput
-from bsrctl.registration import Registration
-from bsrctl.settings import RestoreSettings
 from bsrctl.specs import TargetSpec
 from bsrctl.stack.machine import l1_fits
 from bsrctl.stack.target import Prompt, RestoreMeasures, exact_div
-from bsrctl.trace.collect import COLLECTOR
+from bsrkv.registration import Registration
+from bsrkv.settings import RestoreSettings
+from bsrkv.trace.collect import COLLECTOR
 
 if TYPE_CHECKING:  # LMCache is imported when a stack is deployed, not with the target
     from bsrctl.stack.storage import StorageStack, StorageStackFactory

@@ -21,8 +21,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 from typing import Any, NamedTuple, Protocol
 
-from bsrctl.registration import Registration
-from bsrctl.settings import RestoreSettings
+from bsrkv.registration import Registration
+from bsrkv.settings import RestoreSettings
 
 
 class Prompt(NamedTuple):

@@ -1,31 +1,4 @@
-"""TempoKV: time SSD→fast-tier staging commitment by time-to-use vs time-to-ready.
-
-Engine-independent: the same claims, estimators, controller and provider run against the
-simulated engine and device (`sim/`) and, later, the real serving stack.
-"""
-
-from bsrctl.clock import Clock, VirtualClock, WallClock
-from bsrctl.tempokv.claims import Claim, ClaimState, Transition
-from bsrctl.tempokv.controller import Controller, RetrievalGrant
-from bsrctl.tempokv.kv import GIB, KvObject, Manifest
-from bsrctl.tempokv.policies import POLICY_NAMES, Policy, make_policy
-from bsrctl.tempokv.provider import CommitRefusal, StagingProvider
-
-__all__ = [
-    "GIB",
-    "POLICY_NAMES",
-    "Claim",
-    "ClaimState",
-    "Clock",
-    "CommitRefusal",
-    "Controller",
-    "KvObject",
-    "Manifest",
-    "Policy",
-    "RetrievalGrant",
-    "StagingProvider",
-    "Transition",
-    "VirtualClock",
-    "WallClock",
-    "make_policy",
-]
+"""TempoKV as bsrctl runs and judges it: the run spec (``spec``, ``flash_spec``,
+``serving_workload``), the simulated engine and device (``sim``) and the offline oracle
+(``oracle``). The mechanism itself (claims, estimators, controller, provider, the wire) is
+``bsrkv.tempokv``."""

@@ -24,11 +24,11 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from bsrctl.tempokv.claims import Claim, ClaimState
-from bsrctl.tempokv.kv import Manifest
-from bsrctl.tempokv.policies import LAXITY_EPS_S, EvalContext
-from bsrctl.tempokv.provider import StagingProvider
-from bsrctl.tempokv.ttr import QueueProjectionTtr
+from bsrkv.tempokv.claims import Claim, ClaimState
+from bsrkv.tempokv.kv import Manifest
+from bsrkv.tempokv.policies import LAXITY_EPS_S, EvalContext
+from bsrkv.tempokv.provider import StagingProvider
+from bsrkv.tempokv.ttr import QueueProjectionTtr
 
 GUARD_S = 1e-6
 

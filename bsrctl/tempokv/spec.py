@@ -13,9 +13,9 @@ from pydantic import Field, field_validator, model_validator
 from bsrctl.spec_io import Strict, load_spec
 from bsrctl.specs import StackSpec
 from bsrctl.tempokv.flash_spec import FastTierSpec
-from bsrctl.tempokv.policies import POLICY_NAMES, TTU_QUANTILE
 from bsrctl.tempokv.serving_workload import ArrivalSpec
 from bsrctl.tempokv.sim.models import CATALOGUE
+from bsrkv.tempokv.policies import POLICY_NAMES, TTU_QUANTILE
 
 # The paper's 12 NarrativeQA documents are not redistributable: lengths spanning its
 # 16,078–67,744 tokens, four per length group, interleaved (synthetic, not calibrated).

@@ -1,9 +1,2 @@
-"""Per-request timelines on OpenTelemetry: bsrctl's OTLP receiver and collector
-(``collect``), its own spans (``spans``), spans to Chrome trace events and critical paths
-(``timeline``), and the stack spec's ``trace`` field (``spec``).
-
-Importing this package imports no OpenTelemetry SDK: only what uses it does."""
-
-from bsrctl.trace.spec import TraceSpec
-
-__all__ = ["TraceSpec"]
+"""``bsrctl timeline`` (``command``): a run's per-request critical paths. The spans, the
+OTLP receiver and collector and the timeline model are the mechanisms' (``bsrkv.trace``)."""

@@ -22,9 +22,9 @@ from operator_stack import shm_segments  # noqa: E402
 @pytest.fixture(scope="package")  # stopped once tests/attach is done, not held all session
 def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
     try:
-        import bsrctl.lmcache_ext.server  # noqa: F401
+        import bsrkv.lmcache_ext.server  # noqa: F401
     except Exception as exc:
-        pytest.skip(f"bsrctl.lmcache_ext.server does not import ({exc!r})")
+        pytest.skip(f"bsrkv.lmcache_ext.server does not import ({exc!r})")
     from bsrctl.stack import tinymodel  # the model folder an operator would have
 
     root = tmp_path_factory.mktemp("operator")

@@ -13,8 +13,8 @@ import pytest
 from typer.testing import CliRunner
 
 from bsrctl.cli import app
-from bsrctl.settings import RestoreSettings
 from bsrctl.stack.attach import host_port, server_module_line
+from bsrkv.settings import RestoreSettings
 
 SMOKE = Path(__file__).parents[2] / "ladders" / "cpu-smoke.yaml"
 runner = CliRunner()
@@ -111,7 +111,7 @@ def test_server_module_line_is_the_exact_argument() -> None:
     flag, arg = shlex.split(line)
     assert flag == "--server-module"
     doc = json.loads(arg)
-    assert doc["module_path"] == "bsrctl.lmcache_ext.server"
+    assert doc["module_path"] == "bsrkv.lmcache_ext.server"
     assert doc["factory_name"] == "build_server_modules"
     assert doc["config"]["window_chunks"] == 2
     assert doc["config"]["admission_budget_chunks"] == 2
@@ -166,8 +166,8 @@ def test_lmcache_stock_fs_adapter_is_the_fs_tier(tmp_path: Path) -> None:
 
 
 def test_seeding_reads_each_tier_by_a_lookup_through_the_server(tmp_path: Path) -> None:
-    from bsrctl.lmcache_ext.protocol import HoldsReply
     from bsrctl.stack.tiers import chunks_held
+    from bsrkv.lmcache_ext.protocol import HoldsReply
 
     st = attached_stack(tmp_path, [STOCK_FS, WRAPPED_MOONCAKE])
     calls: list[tuple] = []

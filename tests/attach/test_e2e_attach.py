@@ -136,7 +136,7 @@ def test_lmcache_without_the_module_is_exit_3_with_the_line(deployment, tmp_path
     flag, arg = shlex.split(line)
     assert flag == "--server-module"
     module = json.loads(arg)
-    assert module["module_path"] == "bsrctl.lmcache_ext.server"
+    assert module["module_path"] == "bsrkv.lmcache_ext.server"
     assert module["config"]["window_chunks"] == 0  # W comes per point over bsr.configure
     assert marked(RUN_MARK, mark) == []
 

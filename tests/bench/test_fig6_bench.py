@@ -71,7 +71,7 @@ def test_baseline_stack_differs_only_by_the_tempokv_launch(tmp_path: Path) -> No
     lm = deployment_for(spec, tmp_path / "lm", with_adapter=False)[0].stack
     assert tk.extensions is not None and lm.extensions is not None
     assert tk.extensions.tempokv is not None
-    assert tk.extensions.tempokv.scheduler_cls == "bsrctl.vllm_ext.scheduler.TempoKVScheduler"
+    assert tk.extensions.tempokv.scheduler_cls == "bsrkv.vllm_ext.scheduler.TempoKVScheduler"
     assert lm.extensions.tempokv is None
     assert lm.extensions.server_module == tk.extensions.server_module
     assert lm.extensions.l2_device == tk.extensions.l2_device
@@ -228,7 +228,7 @@ def test_a_bad_workload_flag_exits_2_naming_the_field(monkeypatch, capsys) -> No
 def test_where_ttft_went_is_per_arm_over_the_streamed_requests(tmp_path: Path) -> None:
     import json
 
-    from bsrctl.trace.timeline import spans_of
+    from bsrkv.trace.timeline import spans_of
 
     for arm, pid in (("lmcache", 100), ("tempokv", 200)):
         (tmp_path / f"r0-{arm}" / "stack").mkdir(parents=True)

@@ -28,7 +28,7 @@ from bandwidth.common import (  # noqa: E402
 from bandwidth.mooncake import ENTRY, read_worker, worker_argv  # noqa: E402
 from bandwidth.summary import fio_ratio, last_line  # noqa: E402
 
-from bsrctl.registration import dsv4_flash_mtp_off  # noqa: E402
+from bsrkv.registration import dsv4_flash_mtp_off  # noqa: E402
 
 WINDOW = {"fetch_s": 0.01, "wait_s": 0.002, "install_s": 0.0005, "sync_s": 0.0001,
           "admit_wait_s": 0.0}  # fmt: skip

@@ -1,7 +1,7 @@
 """TEST ONLY: deliberately broken builds of the BSR server module, so the failure matrix can
 be seen to FAIL ("the matrix can fail"). Never load this in a real deployment.
 
-Loaded instead of ``bsrctl.lmcache_ext.server`` by the failure matrix's own stack
+Loaded instead of ``bsrkv.lmcache_ext.server`` by the failure matrix's own stack
 (``FailmatrixStack(..., mutations, mutant_module=MODULE_PATH)``: ``--server-module
 '{"module_path": "failmatrix_mutants", "config": {..., "mutations": ["skip_invalidation"]}}'``);
 with no mutation it behaves exactly like the real module. ``bsr.mutation``
@@ -39,10 +39,10 @@ from lmcache.v1.multiprocess.ext_server_module import (
 )
 from lmcache.v1.multiprocess.request_handler import HandlerType, request_handler
 
-from bsrctl.lmcache_ext.server import BsrServerModule, ServerModuleConfig
-from bsrctl.lmcache_ext.server.markers import RecordingMarkers
-from bsrctl.lmcache_ext.server.state import Mode
-from bsrctl.restore.types import RestoreOutcome
+from bsrkv.lmcache_ext.server import BsrServerModule, ServerModuleConfig
+from bsrkv.lmcache_ext.server.markers import RecordingMarkers
+from bsrkv.lmcache_ext.server.state import Mode
+from bsrkv.restore.types import RestoreOutcome
 
 MODULE_PATH = "failmatrix_mutants"
 MODULE_DIR = Path(__file__).resolve().parent

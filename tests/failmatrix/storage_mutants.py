@@ -10,8 +10,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from bsrctl.restore import BoundedRestorer, RestoreConfig, RestoreStorage
 from bsrctl.stack.storage import StorageStack, StorageStackConfig
+from bsrkv.restore import BoundedRestorer, RestoreConfig, RestoreStorage
 
 STORAGE_MUTATIONS = ("skip_invalidation", "partial_after_failure", "skip_force_local",
                      "leak_manager")  # fmt: skip

@@ -10,11 +10,11 @@ import pytest
 from failmatrix_mutants import MODULE_DIR, MUTATIONS, check_mutations
 
 import bsrctl.experiments.failmatrix as failmatrix
-from bsrctl.settings import RestoreSettings
 from bsrctl.specs import StackSpec
 from bsrctl.stack.extensions import BSR_SERVER_MODULE, ServerModule, bsr_extensions
 from bsrctl.stack.process import Supervised
 from bsrctl.stack.serving import ServingStack, base_env
+from bsrkv.settings import RestoreSettings
 
 from .serving_mutants import MUTANT_SERVER, REPO
 
@@ -35,7 +35,7 @@ def test_check_mutations() -> None:
 def test_the_package_ships_no_mutant() -> None:
     import importlib.util
 
-    assert importlib.util.find_spec("bsrctl.lmcache_ext.failmatrix_mutants") is None
+    assert importlib.util.find_spec("bsrkv.lmcache_ext.failmatrix_mutants") is None
 
 
 def _module_arg(module: ServerModule | None) -> dict:
@@ -49,7 +49,7 @@ def _module_arg(module: ServerModule | None) -> dict:
 
 def test_real_module_unless_the_caller_passes_one() -> None:
     real = _module_arg(None)
-    assert real["module_path"] == BSR_SERVER_MODULE == "bsrctl.lmcache_ext.server"
+    assert real["module_path"] == BSR_SERVER_MODULE == "bsrkv.lmcache_ext.server"
     assert "mutations" not in real["config"]
     mutant = _module_arg(MUTANT_SERVER)
     assert mutant["module_path"] == MUTANT_SERVER.module_path == "failmatrix_mutants"

@@ -22,9 +22,9 @@ from dataclasses import asdict
 import lmcext_kv as kv
 from lmcache.v1.distributed.l2_adapters.config import get_l2_adapter_config_class
 
-import bsrctl.lmcache_ext.faults.adapter  # noqa: F401  registers bsr_fs, bsr_mooncake, bsr_fault
-from bsrctl.lmcache_ext.adapters.mooncake import mooncake_key
-from bsrctl.lmcache_ext.faults.control import handle_control
+import bsrkv.lmcache_ext.faults.adapter  # noqa: F401  registers bsr_fs, bsr_mooncake, bsr_fault
+from bsrkv.lmcache_ext.adapters.mooncake import mooncake_key
+from bsrkv.lmcache_ext.faults.control import handle_control
 
 
 def main() -> None:

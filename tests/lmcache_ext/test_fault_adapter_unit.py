@@ -14,9 +14,9 @@ import pytest
 from lmcache.lmcache_native import Bitmap
 from lmcache.v1.distributed.api import ObjectKey
 
-from bsrctl.lmcache_ext.faults.adapter import BsrFaultL2Adapter, BsrFaultL2AdapterConfig
-from bsrctl.lmcache_ext.faults.control import fault_stats, write_control_file
-from bsrctl.lmcache_ext.faults.rules import FaultRule
+from bsrkv.lmcache_ext.faults.adapter import BsrFaultL2Adapter, BsrFaultL2AdapterConfig
+from bsrkv.lmcache_ext.faults.control import fault_stats, write_control_file
+from bsrkv.lmcache_ext.faults.rules import FaultRule
 
 
 class FakeInner:

@@ -9,8 +9,8 @@ import lmcext_kv as kv
 import pytest
 from lmcache.v1.distributed.l2_adapters.fs_l2_adapter import _object_key_to_filename
 
-from bsrctl.lmcache_ext.faults.adapter import BsrFaultL2Adapter, BsrFaultL2AdapterConfig
-from bsrctl.lmcache_ext.faults.control import (
+from bsrkv.lmcache_ext.faults.adapter import BsrFaultL2Adapter, BsrFaultL2AdapterConfig
+from bsrkv.lmcache_ext.faults.control import (
     fault_stats,
     handle_control,
     set_fault_rules,

@@ -14,8 +14,8 @@ from lmcache.v1.distributed.l2_adapters.fs_l2_adapter import (
 )
 from lmcache.v1.distributed.l2_adapters.plugin_l2_adapter import PluginL2AdapterConfig
 
-from bsrctl.lmcache_ext.adapters.fileio import read_odirect
-from bsrctl.lmcache_ext.adapters.fs import (
+from bsrkv.lmcache_ext.adapters.fileio import read_odirect
+from bsrkv.lmcache_ext.adapters.fs import (
     ENV_LOAD_CONCURRENCY,
     BsrFSL2Adapter,
     BsrFSL2AdapterConfig,
@@ -203,7 +203,7 @@ def test_loads_through_the_stock_plugin_type(tmp_path):
     """The server's path: --l2-adapter '{"type": "plugin", ...}' builds our adapter."""
     spec = {
         "type": "plugin",
-        "module_path": "bsrctl.lmcache_ext.adapters.fs",
+        "module_path": "bsrkv.lmcache_ext.adapters.fs",
         "class_name": "BsrFSL2Adapter",
         "adapter_params": {"base_path": str(tmp_path), "load_concurrency": 4, "checksum": True},
     }

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from bsrctl.lmcache_ext.adapters.mooncake import (
+from bsrkv.lmcache_ext.adapters.mooncake import (
     BsrMooncakeL2Adapter,
     BsrMooncakeL2AdapterConfig,
     mooncake_key,

@@ -51,7 +51,7 @@ def test_state_and_adapter_spec_for_the_serving_stack(mooncake):
     spec = mooncake.l2_adapter_config(load_workers=3)
     assert spec == {
         "type": "plugin",
-        "module_path": "bsrctl.lmcache_ext.adapters.mooncake",
+        "module_path": "bsrkv.lmcache_ext.adapters.mooncake",
         "class_name": "BsrMooncakeL2Adapter",
         "adapter_params": {
             "master_server_address": mooncake.endpoints.master_address,

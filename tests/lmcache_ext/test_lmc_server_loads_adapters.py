@@ -54,7 +54,7 @@ def test_lmcache_server_runs_bsr_fs_fault_and_mooncake_adapters(mooncake, netns,
     adapters = [
         {
             "type": "plugin",
-            "module_path": "bsrctl.lmcache_ext.faults.adapter",
+            "module_path": "bsrkv.lmcache_ext.faults.adapter",
             "class_name": "BsrFaultL2Adapter",
             "adapter_params": {
                 "name": "server-fs",

@@ -24,7 +24,7 @@ from lmcache.v1.distributed.l2_adapters.config import (  # noqa: E402
     parse_args_to_l2_adapters_config,
 )
 
-import bsrctl.lmcache_ext.faults.adapter  # noqa: E402,F401  registers bsr_fs, bsr_fault
+import bsrkv.lmcache_ext.faults.adapter  # noqa: E402,F401  registers bsr_fs, bsr_fault
 
 KEYS = 5
 
@@ -46,7 +46,7 @@ def specs(base: Path) -> dict[str, dict]:
         },
         "bsr_fault plugin": {
             "type": "plugin",
-            "module_path": "bsrctl.lmcache_ext.faults.adapter",
+            "module_path": "bsrkv.lmcache_ext.faults.adapter",
             "class_name": "BsrFaultL2Adapter",
             "adapter_params": {
                 "name": "lmcache-checks-plugin",

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from bsrctl.lmcache_ext.protocol import (
+from bsrkv.lmcache_ext.protocol import (
     SCHEMA,
     ConfigureReply,
     ForgetReply,
@@ -73,7 +73,7 @@ def test_the_wire_shape_is_what_the_clients_read() -> None:
     )
     assert wire(BSR)["peak_staged_bytes_by_rank"] == {"1": 4096}
     status = wire(STATUS)
-    assert status["schema"] == SCHEMA == "bsrctl.lmcache_ext/1"
+    assert status["schema"] == SCHEMA == "bsrkv.lmcache_ext/1"
     assert status["last_probe"]["chunks"] == 2
     assert wire(StatusReply(**{**STATUS.__dict__, "last_probe": None}))["last_probe"] == {}
     assert "error" not in wire(ConfigureReply(True, {}))
@@ -112,7 +112,7 @@ def test_mistyped_or_inconsistent_replies_fail() -> None:
     with pytest.raises(ProtocolError, match="all present for mode bsr"):
         RestoreOutcomeSummary.from_json({**wire(STOCK), "mode": "bsr"})
     with pytest.raises(ProtocolError, match="this client reads"):
-        StatusReply.from_json({**wire(STATUS), "schema": "bsrctl.lmcache_ext/0"})
+        StatusReply.from_json({**wire(STATUS), "schema": "bsrkv.lmcache_ext/0"})
     with pytest.raises(ProtocolError, match="error is set exactly when ok is false"):
         ConfigureReply.from_json({"ok": False, "config": {}})
 

@@ -19,9 +19,9 @@ from lmcache.v1.gpu_connector.utils import normalize_and_discover_per_layer_form
 from lmcache.v1.kv_layer_groups import KVLayerGroupsManager  # noqa: E402
 from vllm.v1.kv_cache_layout import KVCacheLayout  # noqa: E402
 
-from bsrctl.lmcache_ext.server import layout  # noqa: E402
 from bsrctl.registration import derive  # noqa: E402
 from bsrctl.registration.live import live_geometry  # noqa: E402
+from bsrkv.lmcache_ext.server import layout  # noqa: E402
 
 CHUNK = 256
 BLOCKS = 32

@@ -22,9 +22,6 @@ pytest.importorskip("lmcache")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from bsrctl.registration import GroupSpec, Registration, TensorSpec  # noqa: E402
-from bsrctl.restore import MarkerState, RestoreConfig  # noqa: E402
-from bsrctl.settings import RestoreSettings  # noqa: E402
 from bsrctl.stack.storage import (  # noqa: E402
     FAULT_KINDS,
     CanonicalKV,
@@ -34,6 +31,9 @@ from bsrctl.stack.storage import (  # noqa: E402
     deploy,
     restore_with_fault,
 )
+from bsrkv.registration import GroupSpec, Registration, TensorSpec  # noqa: E402
+from bsrkv.restore import MarkerState, RestoreConfig  # noqa: E402
+from bsrkv.settings import RestoreSettings  # noqa: E402
 
 CHUNK_TOKENS = 16
 

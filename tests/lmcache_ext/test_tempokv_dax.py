@@ -24,14 +24,14 @@ from lmcache.v1.distributed.config import (
 from lmcache.v1.distributed.l2_adapters.config import L2AdaptersConfig
 from lmcache.v1.distributed.storage_manager import StorageManager
 
-from bsrctl.clock import VirtualClock
-from bsrctl.lmcache_ext.storage import LMCacheRestoreStorage
-from bsrctl.lmcache_ext.tempokv_dax import DaxStagingDevice
-from bsrctl.lmcache_ext.tempokv_device import LiveObject
-from bsrctl.lmcache_ext.tempokv_live import LiveConfig, LiveTempo
-from bsrctl.restore.types import RowId
-from bsrctl.tempokv.claims import ClaimState
-from bsrctl.tempokv.controller import RetrievalGrant
+from bsrkv.clock import VirtualClock
+from bsrkv.lmcache_ext.storage import LMCacheRestoreStorage
+from bsrkv.lmcache_ext.tempokv_dax import DaxStagingDevice
+from bsrkv.lmcache_ext.tempokv_device import LiveObject
+from bsrkv.lmcache_ext.tempokv_live import LiveConfig, LiveTempo
+from bsrkv.restore.types import RowId
+from bsrkv.tempokv.claims import ClaimState
+from bsrkv.tempokv.controller import RetrievalGrant
 
 CHUNK = 64 * 1024  # 16 pages
 ARENA = 2 * 1024 * 1024

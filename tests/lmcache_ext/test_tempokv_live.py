@@ -25,18 +25,18 @@ from lmcache.v1.distributed.config import (
 from lmcache.v1.distributed.l2_adapters.config import L2AdaptersConfig
 from lmcache.v1.distributed.storage_manager import StorageManager
 
-from bsrctl.clock import VirtualClock
-from bsrctl.lmcache_ext.faults.adapter import BsrFaultL2AdapterConfig
-from bsrctl.lmcache_ext.storage import LMCacheRestoreStorage
-from bsrctl.lmcache_ext.tempokv_device import LiveObject
-from bsrctl.lmcache_ext.tempokv_live import LiveConfig, LiveTempo
-from bsrctl.restore.types import RowId
 from bsrctl.stack.extensions import odirect_allowed
-from bsrctl.tempokv.claims import ClaimState
-from bsrctl.tempokv.controller import RetrievalGrant
-from bsrctl.tempokv.kv import Manifest
-from bsrctl.tempokv.policies import CAUSAL_POLICIES
-from bsrctl.tempokv.ttr import OpView, project_finish_s
+from bsrkv.clock import VirtualClock
+from bsrkv.lmcache_ext.faults.adapter import BsrFaultL2AdapterConfig
+from bsrkv.lmcache_ext.storage import LMCacheRestoreStorage
+from bsrkv.lmcache_ext.tempokv_device import LiveObject
+from bsrkv.lmcache_ext.tempokv_live import LiveConfig, LiveTempo
+from bsrkv.restore.types import RowId
+from bsrkv.tempokv.claims import ClaimState
+from bsrkv.tempokv.controller import RetrievalGrant
+from bsrkv.tempokv.kv import Manifest
+from bsrkv.tempokv.policies import CAUSAL_POLICIES
+from bsrkv.tempokv.ttr import OpView, project_finish_s
 
 CHUNK = 64 * 1024
 L1 = 16 * 1024 * 1024
@@ -461,8 +461,8 @@ def test_device_progress_is_the_shaped_l2s_fifo_schedule() -> None:
     served from when the one before it ended, really or on the schedule, never two at once
     (crediting each op its own elapsed time counted the overlap twice); an open op the
     schedule has done has 1 byte left. 64 B/s and eighths of a second: exact bytes."""
-    from bsrctl.lmcache_ext.tempokv_device import LmcStagingDevice
-    from bsrctl.tempokv.provider import OpKind
+    from bsrkv.lmcache_ext.tempokv_device import LmcStagingDevice
+    from bsrkv.tempokv.provider import OpKind
 
     now = [0.0]
     dev = LmcStagingDevice(storage=None, now=lambda: now[0], est_bytes_s=64.0)
@@ -491,8 +491,8 @@ def test_device_progress_pays_the_shaped_l2s_latency_per_op() -> None:
     """Each op pays the shaped L2's per-op latency before its bytes move (the estimate left
     it out): 32 B at 64 B/s after 0.125 s is done at 0.625, the next op's bytes move from
     0.75."""
-    from bsrctl.lmcache_ext.tempokv_device import LmcStagingDevice
-    from bsrctl.tempokv.provider import OpKind
+    from bsrkv.lmcache_ext.tempokv_device import LmcStagingDevice
+    from bsrkv.tempokv.provider import OpKind
 
     now = [0.0]
     dev = LmcStagingDevice(storage=None, now=lambda: now[0], est_bytes_s=64.0, latency_s=0.125)

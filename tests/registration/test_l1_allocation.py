@@ -14,8 +14,9 @@ from typing import Any
 import pytest
 
 from bsrctl.experiments.restore import acceptance as acc
-from bsrctl.registration import GroupSpec, Registration, TensorSpec, declared, tiny_llama_cpu
+from bsrctl.registration import declared
 from bsrctl.registration.l1 import allocation_unit
+from bsrkv.registration import GroupSpec, Registration, TensorSpec, tiny_llama_cpu
 
 os.environ.setdefault("LMCACHE_LOG_LEVEL", "WARNING")
 

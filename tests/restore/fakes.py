@@ -13,8 +13,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from bsrctl.clock import VirtualClock
-from bsrctl.restore import RestoreRequest, RowId, RowKeys, StageResult, Window
+from bsrkv.clock import VirtualClock
+from bsrkv.restore import RestoreRequest, RowId, RowKeys, StageResult, Window
 
 ROWS = (RowId(0, 0), RowId(0, 1), RowId(1, 0), RowId(1, 1))
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from bsrctl.restore import BoundedRestorer, RestoreConfig, RestoreState, Window
-from bsrctl.restore.types import FailureKind
+from bsrkv.restore import BoundedRestorer, RestoreConfig, RestoreState, Window
+from bsrkv.restore.types import FailureKind
 
 from .fakes import FakeStorage, request
 

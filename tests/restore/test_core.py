@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from bsrctl.clock import VirtualClock
-from bsrctl.restore import (
+from bsrkv.clock import VirtualClock
+from bsrkv.restore import (
     AdmissionBudget,
     BoundedRestorer,
     EventKind,

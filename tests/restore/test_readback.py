@@ -7,8 +7,8 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from bsrctl.clock import VirtualClock
-from bsrctl.restore import (
+from bsrkv.clock import VirtualClock
+from bsrkv.restore import (
     BoundedRestorer,
     EventKind,
     FailureKind,

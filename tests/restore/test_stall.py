@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from bsrctl.clock import VirtualClock
-from bsrctl.restore import StallWatch
+from bsrkv.clock import VirtualClock
+from bsrkv.restore import StallWatch
 
 
 def test_gaps_above_the_threshold_are_remembered_with_their_exact_length() -> None:

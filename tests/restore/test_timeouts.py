@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from bsrctl.clock import VirtualClock
-from bsrctl.restore import (
+from bsrkv.clock import VirtualClock
+from bsrkv.restore import (
     AdmissionBudget,
     BoundedRestorer,
     FailureKind,

@@ -15,14 +15,14 @@ from typing import Any
 import pytest
 
 from bsrctl.errors import StackFailed
-from bsrctl.lmcache_ext.faults.control import write_control_file
 from bsrctl.spec_io import read_yaml
 from bsrctl.specs import StackSpec, TargetSpec
 from bsrctl.stack.attach import AttachedStack
 from bsrctl.stack.bsr_client import BsrModuleClient
 from bsrctl.stack.extensions import TempoKVLaunch, bsr_extensions
 from bsrctl.stack.serving.commands import Slots, lmcache_launch, vllm_launch
-from bsrctl.tempokv.live import AdapterSettings
+from bsrkv.lmcache_ext.faults.control import write_control_file
+from bsrkv.tempokv.live import AdapterSettings
 
 ROOT = Path(__file__).resolve().parents[2]
 

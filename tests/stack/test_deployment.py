@@ -12,12 +12,12 @@ from typing import Any
 import pytest
 
 from bsrctl.errors import BadInput, StackFailed
-from bsrctl.settings import RestoreSettings, RestoreTuning
 from bsrctl.specs import AttachSpec, LmcacheSpec, StackSpec, TargetSpec
 from bsrctl.stack import attached, launched
 from bsrctl.stack.deployment import TIMEOUTS, FollowUp, follow_up, module_settings
 from bsrctl.stack.extensions import ServerModule
 from bsrctl.stack.selector import make_deployment, make_target
+from bsrkv.settings import RestoreSettings, RestoreTuning
 
 TUNING = RestoreTuning()
 ATTACH = AttachSpec(

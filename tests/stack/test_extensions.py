@@ -1,5 +1,5 @@
 """bsrctl's LMCache extensions as the stacks load them: built from RestoreSettings, the module
-path a parameter (the failure matrix's mutants), nothing else naming bsrctl.lmcache_ext."""
+path a parameter (the failure matrix's mutants), nothing else naming bsrkv.lmcache_ext."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from bsrctl.settings import RestoreSettings
 from bsrctl.stack import extensions
 from bsrctl.stack.extensions import bsr_extensions
+from bsrkv.settings import RestoreSettings
 
 BSR = Path(extensions.__file__).parents[1]
 
@@ -20,7 +20,7 @@ def test_bsr_server_module_from_the_restore_settings() -> None:
     s = RestoreSettings(window_chunks=4, load_concurrency=3, checksum=False)
     ext = bsr_extensions(s)
     assert ext.server_module.to_json() == {
-        "module_path": "bsrctl.lmcache_ext.server",
+        "module_path": "bsrkv.lmcache_ext.server",
         "factory_name": "build_server_modules",
         "config": {  # RestoreSettings whole: the server module's config is built from it
             "window_timeout_s": 30.0,
@@ -46,9 +46,9 @@ def test_another_module_is_a_parameter() -> None:
     s = RestoreSettings(window_chunks=2, admission_budget_chunks=6)
     real = bsr_extensions(s).server_module.to_json()
     mutant = bsr_extensions(
-        s, module_path="bsrctl.lmcache_ext.failmatrix_mutants", extra_config={"mutations": ["x"]}
+        s, module_path="bsrkv.lmcache_ext.failmatrix_mutants", extra_config={"mutations": ["x"]}
     ).server_module.to_json()
-    assert mutant["module_path"] == "bsrctl.lmcache_ext.failmatrix_mutants"
+    assert mutant["module_path"] == "bsrkv.lmcache_ext.failmatrix_mutants"
     assert mutant["config"] == {**real["config"], "mutations": ["x"]}
     assert real["config"]["admission_budget_chunks"] == 6
 
@@ -68,9 +68,9 @@ def test_every_module_path_the_stacks_hand_to_lmcache_exists() -> None:
         extensions.MOONCAKE_ADAPTER_MODULE,
     ]
     assert paths == [
-        "bsrctl.lmcache_ext.server",
-        "bsrctl.lmcache_ext.faults.adapter",
-        "bsrctl.lmcache_ext.adapters.mooncake",
+        "bsrkv.lmcache_ext.server",
+        "bsrkv.lmcache_ext.faults.adapter",
+        "bsrkv.lmcache_ext.adapters.mooncake",
     ]
     assert all(importlib.util.find_spec(p) is not None for p in paths)
 

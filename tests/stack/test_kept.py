@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 
 from bsrctl.errors import BadInput
-from bsrctl.settings import RestoreSettings
 from bsrctl.specs import StackSpec
 from bsrctl.stack.deployment import module_settings
 from bsrctl.stack.kept import KeptDeployment
+from bsrkv.settings import RestoreSettings
 
 L1 = 8 << 20
 

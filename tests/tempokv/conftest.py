@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from bsrctl.clock import VirtualClock
-from bsrctl.tempokv.kv import GIB, KvObject, Manifest
-from bsrctl.tempokv.provider import StagingProvider
 from bsrctl.tempokv.sim.device import DeviceConfig, SimStagingDevice
-from bsrctl.tempokv.ttr import RateMeter
+from bsrkv.clock import VirtualClock
+from bsrkv.tempokv.kv import GIB, KvObject, Manifest
+from bsrkv.tempokv.provider import StagingProvider
+from bsrkv.tempokv.ttr import RateMeter
 
 RATE = 8 * GIB  # 1 GiB objects stage in 1/8 s each
 

@@ -18,7 +18,7 @@ from bsrctl.experiments.tempokv.adapter_arms import (
 )
 from bsrctl.experiments.tempokv.engine_profile import summarize
 from bsrctl.stack.extensions import SYNC_SCHEDULER, TempoKVLaunch
-from bsrctl.tempokv.live import AdapterSettings
+from bsrkv.tempokv.live import AdapterSettings
 
 
 def test_each_round_order_is_balanced() -> None:
@@ -72,7 +72,7 @@ def test_the_arms_launch_what_they_say() -> None:
 def test_a_py_spy_profile_is_read_as_shares(tmp_path: Path) -> None:
     raw = tmp_path / "p.txt"
     raw.write_text(
-        "run (vllm/core.py:1);step (vllm/core.py:2);schedule (bsrctl/vllm_ext/s.py:3) 30\n"
+        "run (vllm/core.py:1);step (vllm/core.py:2);schedule (bsrkv/vllm_ext/s.py:3) 30\n"
         "run (vllm/core.py:1);step (vllm/core.py:2);forward (torch/m.py:9) 60\n"
         "run (vllm/core.py:1);poll (zmq/x.py:4) 10\n"
         "garbage line\n"
@@ -81,6 +81,6 @@ def test_a_py_spy_profile_is_read_as_shares(tmp_path: Path) -> None:
     assert s.samples == 100 and s.bsrctl_share == pytest.approx(0.3)
     assert s.top_self == (
         ("forward (torch/m.py:9)", 0.6),
-        ("schedule (bsrctl/vllm_ext/s.py:3)", 0.3),
+        ("schedule (bsrkv/vllm_ext/s.py:3)", 0.3),
     )
     assert s.top_total[0] == ("run (vllm/core.py:1)", 1.0)

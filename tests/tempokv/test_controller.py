@@ -1,11 +1,11 @@
 """Exact claim-state traces under the virtual clock."""
 
-from bsrctl.tempokv.claims import ClaimState as S
-from bsrctl.tempokv.claims import IllegalTransition
-from bsrctl.tempokv.controller import Controller, RetrievalGrant
-from bsrctl.tempokv.kv import GIB
-from bsrctl.tempokv.policies import Demand, Immediate, QueueK, Timed
-from bsrctl.tempokv.ttr import QueueProjectionTtr, StaticTtr
+from bsrkv.tempokv.claims import ClaimState as S
+from bsrkv.tempokv.claims import IllegalTransition
+from bsrkv.tempokv.controller import Controller, RetrievalGrant
+from bsrkv.tempokv.kv import GIB
+from bsrkv.tempokv.policies import Demand, Immediate, QueueK, Timed
+from bsrkv.tempokv.ttr import QueueProjectionTtr, StaticTtr
 
 from .conftest import RATE, make_provider, objs
 

@@ -9,14 +9,14 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from bsrctl.tempokv.kv import GIB, prefix_manifest
-from bsrctl.tempokv.live import LiveView
 from bsrctl.tempokv.sim.device import DeviceConfig
 from bsrctl.tempokv.sim.models import ModelProfile
 from bsrctl.tempokv.sim.run import ControlConfig, SimResult, simulate
 from bsrctl.tempokv.sim.runtime import SimRuntime
 from bsrctl.tempokv.sim.workload import Request
-from bsrctl.tempokv.ttu import CostModel, EngineLimits, project_ttus
+from bsrkv.tempokv.kv import GIB, prefix_manifest
+from bsrkv.tempokv.live import LiveView
+from bsrkv.tempokv.ttu import CostModel, EngineLimits, project_ttus
 
 STEP = CostModel(step_base_s=0.01, token_s=0.0, attn_pair_s=0.0, decode_ctx_token_s=0.0)
 MODEL = ModelProfile("flat", GIB // 256, STEP)  # one 256-token chunk = one 1 GiB object

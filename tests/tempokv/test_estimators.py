@@ -1,6 +1,6 @@
 import pytest
 
-from bsrctl.tempokv.ttr import (
+from bsrkv.tempokv.ttr import (
     OpView,
     QueueProjectionTtr,
     RateMeter,
@@ -8,7 +8,7 @@ from bsrctl.tempokv.ttr import (
     TtrQuery,
     project_finish_s,
 )
-from bsrctl.tempokv.ttu import (
+from bsrkv.tempokv.ttu import (
     CostModel,
     EngineLimits,
     EngineSnapshot,

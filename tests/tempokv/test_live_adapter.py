@@ -4,7 +4,7 @@ simulation's projection of the same snapshot (queued loads)."""
 
 from __future__ import annotations
 
-from bsrctl.tempokv.live import (
+from bsrkv.tempokv.live import (
     AdapterSettings,
     LiveAdapterCore,
     LiveRunning,
@@ -12,7 +12,7 @@ from bsrctl.tempokv.live import (
     LiveWaiting,
     StepCalibrator,
 )
-from bsrctl.tempokv.ttu import (
+from bsrkv.tempokv.ttu import (
     CostModel,
     EngineLimits,
     EngineSnapshot,

@@ -21,14 +21,14 @@ from hypothesis import event, given, note, settings
 from hypothesis import strategies as st
 
 from bsrctl.experiments.tempokv.cells import simulate_policy
-from bsrctl.tempokv.kv import GIB, prefix_manifest
 from bsrctl.tempokv.sim.device import DeviceConfig
 from bsrctl.tempokv.sim.models import ModelProfile, make_profile
 from bsrctl.tempokv.sim.oracle import MAX_ITERATIONS, simulate_oracle
 from bsrctl.tempokv.sim.run import ControlConfig, simulate
 from bsrctl.tempokv.sim.workload import Request
 from bsrctl.tempokv.spec import load
-from bsrctl.tempokv.ttu import CostModel, EngineLimits
+from bsrkv.tempokv.kv import GIB, prefix_manifest
+from bsrkv.tempokv.ttu import CostModel, EngineLimits
 
 STEP = CostModel(step_base_s=0.01, token_s=0.0, attn_pair_s=0.0, decode_ctx_token_s=0.0)
 MODEL = ModelProfile("flat", GIB // 256, STEP)

@@ -2,10 +2,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bsrctl.tempokv.kv import GIB, Manifest
-from bsrctl.tempokv.provider import CommitRefusal, OpKind, StagingProvider
 from bsrctl.tempokv.sim.device import DeviceConfig, SimStagingDevice
-from bsrctl.tempokv.ttr import RateMeter
+from bsrkv.tempokv.kv import GIB, Manifest
+from bsrkv.tempokv.provider import CommitRefusal, OpKind, StagingProvider
+from bsrkv.tempokv.ttr import RateMeter
 
 from .conftest import RATE, make_provider, objs
 
@@ -108,7 +108,7 @@ def test_lru_evicts_only_unprotected_oldest_first(clock):
     )
 )
 def test_budget_never_exceeded_over_random_workloads(ops):
-    from bsrctl.clock import VirtualClock
+    from bsrkv.clock import VirtualClock
 
     clock = VirtualClock()
     p = make_provider(clock, capacity_gib=12, budget_gib=8)

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bsrctl.tempokv.schedule import DeviceShape, ShapingSchedule
+from bsrkv.tempokv.schedule import DeviceShape, ShapingSchedule
 
 
 def test_ops_in_service_share_one_aggregate_that_falls_with_contention():

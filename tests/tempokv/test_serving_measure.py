@@ -10,7 +10,7 @@ import pytest
 from bsrctl.evidence import Verdict
 from bsrctl.experiments.tempokv.pooled import MIB, pool
 from bsrctl.experiments.tempokv.serving import _measure, _run_checks
-from bsrctl.tempokv import wire
+from bsrkv.tempokv import wire
 
 
 class Writer:

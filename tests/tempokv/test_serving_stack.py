@@ -15,8 +15,6 @@ from pydantic import ValidationError
 
 from bsrctl.experiments.tempokv import calls, serving
 from bsrctl.experiments.tempokv.serving import MIB, deployment_for, engine_cpus_default
-from bsrctl.registration.tiny import TinyModelRecipe
-from bsrctl.settings import RestoreSettings, RestoreTuning
 from bsrctl.specs import LmcacheSpec, StackSpec, VllmSpec
 from bsrctl.stack.extensions import (
     L1Options,
@@ -28,9 +26,11 @@ from bsrctl.stack.extensions import (
 from bsrctl.stack.fast_tier import FastTierConfig
 from bsrctl.stack.process import Supervised
 from bsrctl.stack.serving import ServingStack
-from bsrctl.tempokv import wire
-from bsrctl.tempokv.live import AdapterSettings
 from bsrctl.tempokv.spec import ServingRun, TempoKVSpec, load
+from bsrkv.registration.tiny import TinyModelRecipe
+from bsrkv.settings import RestoreSettings, RestoreTuning
+from bsrkv.tempokv import wire
+from bsrkv.tempokv.live import AdapterSettings
 
 ALL = sorted((Path(__file__).resolve().parents[2] / "ladders").glob("tempokv-*.yaml"))
 FLASH = [p for p in ALL if load(p)[0].serving.fast_tier is not None]
@@ -277,7 +277,7 @@ def test_the_adapter_class_is_vllms_scheduling(
     spec = _spec_on({"device": device, "vllm": {"async_scheduling": asked}})
     dep, info = deployment_for(spec, tmp_path)
     tk = dep.stack.extensions.tempokv
-    assert tk.scheduler_cls == info["scheduler_cls"] == f"bsrctl.vllm_ext.scheduler.{cls}"
+    assert tk.scheduler_cls == info["scheduler_cls"] == f"bsrkv.vllm_ext.scheduler.{cls}"
     assert tk.async_scheduling is info["async_scheduling"] is (cls == "TempoKVAsyncScheduler")
     # a GPU engine shares no core with staging: the CPU bind is the CPU profile's alone
     bind = dep.stack.spec.vllm.cpu_threads_bind

@@ -11,11 +11,11 @@ from typing import Any
 import pytest
 
 from bsrctl.experiments.tempokv.cells import simulate_policy
-from bsrctl.tempokv.controller import Controller
-from bsrctl.tempokv.live import LiveAdapterCore, LiveView, Update
 from bsrctl.tempokv.sim.models import CATALOGUE
 from bsrctl.tempokv.sim.runtime import SimRuntime
 from bsrctl.tempokv.spec import load
+from bsrkv.tempokv.controller import Controller
+from bsrkv.tempokv.live import LiveAdapterCore, LiveView, Update
 
 FIG4 = Path(__file__).resolve().parents[2] / "ladders" / "tempokv-fig4.yaml"
 

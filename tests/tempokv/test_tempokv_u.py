@@ -11,13 +11,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bsrctl.tempokv.kv import GIB, prefix_manifest
 from bsrctl.tempokv.sim.device import DeviceConfig
 from bsrctl.tempokv.sim.models import ModelProfile
 from bsrctl.tempokv.sim.run import ControlConfig, simulate
 from bsrctl.tempokv.sim.workload import Request
 from bsrctl.tempokv.spec import TTU_QUANTILE, TempoKVSpec
-from bsrctl.tempokv.ttu import (
+from bsrkv.tempokv.kv import GIB, prefix_manifest
+from bsrkv.tempokv.ttu import (
     CostModel,
     EngineLimits,
     EngineSnapshot,
@@ -26,7 +26,7 @@ from bsrctl.tempokv.ttu import (
     RunningSeq,
     project_with_outputs,
 )
-from bsrctl.tempokv.ttu_quantile import SCENARIOS, project_ttu_quantiles, scenario_levels
+from bsrkv.tempokv.ttu_quantile import SCENARIOS, project_ttu_quantiles, scenario_levels
 
 STEP = CostModel(step_base_s=0.01, token_s=0.0, attn_pair_s=0.0, decode_ctx_token_s=0.0)
 MODEL = ModelProfile("flat", GIB // 256, STEP)

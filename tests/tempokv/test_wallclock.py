@@ -3,13 +3,13 @@ asserting state order (never timing)."""
 
 import pytest
 
-from bsrctl.clock import VirtualClock, WallClock
-from bsrctl.tempokv.kv import GIB
 from bsrctl.tempokv.sim.device import DeviceConfig
 from bsrctl.tempokv.sim.models import make_profile
 from bsrctl.tempokv.sim.run import ControlConfig, simulate
 from bsrctl.tempokv.sim.workload import OutputLengths, fixed_interval
-from bsrctl.tempokv.ttu import EngineLimits
+from bsrkv.clock import VirtualClock, WallClock
+from bsrkv.tempokv.kv import GIB
+from bsrkv.tempokv.ttu import EngineLimits
 
 LIFECYCLE = ["PLANNED", "STAGING", "STAGEREADY", "TRANSFERRING", "RELEASED"]
 

@@ -14,9 +14,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bsrctl.tempokv import wire
-from bsrctl.tempokv.live import AdapterSettings, Update
-from bsrctl.tempokv.ttu import CostModel
+from bsrkv.tempokv import wire
+from bsrkv.tempokv.live import AdapterSettings, Update
+from bsrkv.tempokv.ttu import CostModel
 
 # values a record's own checks require (the others take any value of their type)
 FIXED: dict[tuple[type, str], Any] = {(wire.AdapterEnv, "transport"): "connector",

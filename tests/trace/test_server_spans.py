@@ -14,8 +14,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import (  # noqa: E4
     InMemorySpanExporter,
 )
 
-from bsrctl.lmcache_ext import tempokv_device  # noqa: E402
-from bsrctl.trace import spans  # noqa: E402
+from bsrkv.lmcache_ext import tempokv_device  # noqa: E402
+from bsrkv.trace import spans  # noqa: E402
 
 
 def test_a_staging_op_is_a_span_ending_now_and_starting_its_duration_before(monkeypatch) -> None:
@@ -38,7 +38,7 @@ def test_a_staging_op_is_a_span_ending_now_and_starting_its_duration_before(monk
 def test_a_restore_made_later_keeps_its_own_times(monkeypatch) -> None:
     """bsr.restore's spans are made on another thread after the retrieve answered: the
     restore span ends at the given time and each window's at its offsets, none at 'now'."""
-    from bsrctl.restore.types import FailureKind, RestoreOutcome, RestoreState, WindowTiming
+    from bsrkv.restore.types import FailureKind, RestoreOutcome, RestoreState, WindowTiming
 
     exporter = InMemorySpanExporter()
     provider = TracerProvider()

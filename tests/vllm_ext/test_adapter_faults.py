@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from bsrctl.tempokv import wire
-from bsrctl.vllm_ext import scheduler
+from bsrkv.tempokv import wire
+from bsrkv.vllm_ext import scheduler
 from tests.vllm_ext.test_async_adapter import (
     ADAPTER,
     BLOCK,

@@ -15,9 +15,9 @@ import pytest
 
 from bsrctl.stack import tinymodel
 from bsrctl.stack.serving.vllm_cache import vllm_cache_root
-from bsrctl.tempokv import wire
-from bsrctl.tempokv.live import AdapterSettings
-from bsrctl.tempokv.ttu import CostModel
+from bsrkv.tempokv import wire
+from bsrkv.tempokv.live import AdapterSettings
+from bsrkv.tempokv.ttu import CostModel
 
 pytestmark = pytest.mark.process
 
@@ -85,8 +85,8 @@ def test_adapter_on_and_off_decide_the_same(tmp_path: Path, off_cls: str, on_cls
         kv_bytes_per_token=tinymodel.TinyModelRecipe().kv_bytes_per_token(),
         cost=CostModel(0.005, 2e-5, 0.0, 0.0),
     )
-    off_steps, off_out, _ = run(tmp_path, model, f"bsrctl.vllm_ext.scheduler.{off_cls}", None)
-    on_steps, on_out, records = run(tmp_path, model, f"bsrctl.vllm_ext.scheduler.{on_cls}", adapter)
+    off_steps, off_out, _ = run(tmp_path, model, f"bsrkv.vllm_ext.scheduler.{off_cls}", None)
+    on_steps, on_out, records = run(tmp_path, model, f"bsrkv.vllm_ext.scheduler.{on_cls}", adapter)
     assert len(off_steps) > 10  # chunked prefill over several steps, a queue behind 2 slots
     assert on_steps == off_steps  # same request order and token counts at every step
     assert on_out == off_out

@@ -40,9 +40,9 @@ from typing import Any
 import pytest
 
 from bsrctl.stack import tinymodel
-from bsrctl.tempokv import wire
-from bsrctl.tempokv.live import AdapterSettings
-from bsrctl.tempokv.ttu import (
+from bsrkv.tempokv import wire
+from bsrkv.tempokv.live import AdapterSettings
+from bsrkv.tempokv.ttu import (
     CostModel,
     EngineLimits,
     EngineSnapshot,
@@ -253,7 +253,7 @@ def cfg() -> Any:
 
 
 def _run(cfg: Any, tmp: Path, mp: pytest.MonkeyPatch, cls_name: str, queued: bool):
-    from bsrctl.vllm_ext import scheduler
+    from bsrkv.vllm_ext import scheduler
 
     trace = tmp / f"{cls_name}.jsonl"
     loop = batch_queue_loop if queued else sync_loop
@@ -393,7 +393,7 @@ def test_the_quiet_path_sends_what_every_view_sends(
     """Skipping the view of a step whose waiting queue is unchanged and whose projection is
     not due (``LiveAdapterCore.quiet``) changes no update, no calibration sample and no
     step count: the same run with every view taken sends the same messages."""
-    from bsrctl.vllm_ext import scheduler
+    from bsrkv.vllm_ext import scheduler
 
     monkeypatch.setattr(sys.modules[__name__], "ADAPTER",
                         replace(ADAPTER, ttu_tolerance_s=tolerance_s))  # fmt: skip

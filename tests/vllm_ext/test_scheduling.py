@@ -15,7 +15,7 @@ from bsrctl.stack.extensions import (
     TempoKVLaunch,
     tempokv_scheduler_cls,
 )
-from bsrctl.tempokv.live import AdapterSettings
+from bsrkv.tempokv.live import AdapterSettings
 
 
 def async_scheduling(device: str, requested: bool | None) -> bool:
@@ -46,8 +46,8 @@ def test_the_device_decides_unless_the_spec_does() -> None:
 
 def test_the_adapter_class_follows_the_decision() -> None:
     assert (tempokv_scheduler_cls(False), tempokv_scheduler_cls(True)) == (
-        "bsrctl.vllm_ext.scheduler.TempoKVScheduler",
-        "bsrctl.vllm_ext.scheduler.TempoKVAsyncScheduler",
+        "bsrkv.vllm_ext.scheduler.TempoKVScheduler",
+        "bsrkv.vllm_ext.scheduler.TempoKVAsyncScheduler",
     )
     assert (SYNC_SCHEDULER, ASYNC_SCHEDULER) == (
         tempokv_scheduler_cls(False), tempokv_scheduler_cls(True))  # fmt: skip

@@ -21,14 +21,14 @@ from lmcache.v1.multiprocess.protocols.server_module import (
     ServerModuleCallResponse,
 )
 
-from bsrctl.hostguard import Guard
 from bsrctl.stack.extensions import TempoKVLaunch
-from bsrctl.tempokv import wire
-from bsrctl.tempokv.live import AdapterSettings, LiveAdapterCore
-from bsrctl.vllm_ext import scheduler
-from bsrctl.vllm_ext.scheduler import TempoKVAdapter
-from bsrctl.vllm_ext.step_trace import StepTrace
-from bsrctl.vllm_ext.transport import RecordTransport, ServerModuleTransport
+from bsrkv.hostguard import Guard
+from bsrkv.tempokv import wire
+from bsrkv.tempokv.live import AdapterSettings, LiveAdapterCore
+from bsrkv.vllm_ext import scheduler
+from bsrkv.vllm_ext.scheduler import TempoKVAdapter
+from bsrkv.vllm_ext.step_trace import StepTrace
+from bsrkv.vllm_ext.transport import RecordTransport, ServerModuleTransport
 
 UPDATE = wire.UpdateRequest(0.0, ("a",), (), ("a",), {}, {})
 

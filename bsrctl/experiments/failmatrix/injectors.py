@@ -21,12 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from bsrctl.errors import StackFailed
-from bsrctl.evidence.atomic import write_atomic
 from bsrctl.experiments.failmatrix.spec import CellSpec
-
-# The failure matrix's one import of the fault wrapper's control file.
-from bsrctl.lmcache_ext.faults.control import write_control_file
-from bsrctl.settings import RestoreSettings
 from bsrctl.stack.netns import wait_until
 from bsrctl.stack.serving import ServingStack
 from bsrctl.stack.tiers import (
@@ -37,6 +32,11 @@ from bsrctl.stack.tiers import (
     prefetch_found,
     wait_held,
 )
+from bsrkv.atomic import write_atomic
+
+# The failure matrix's one import of the fault wrapper's control file.
+from bsrkv.lmcache_ext.faults.control import write_control_file
+from bsrkv.settings import RestoreSettings
 
 
 def write_rules(stack: ServingStack, tier: str, rules: list[dict[str, Any]]) -> None:

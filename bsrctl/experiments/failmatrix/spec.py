@@ -3,7 +3,7 @@
 Layout::
 
     stack: {...}                 # bsrctl.specs.StackSpec
-    restore: {...}               # bsrctl.settings.RestoreTuning (timeouts, checksum)
+    restore: {...}               # bsrkv.settings.RestoreTuning (timeouts, checksum)
     workload:
       window_chunks: 4           # W of the serving cells (> 0: BSR on)
       admission_budget_chunks: 4 # B; 0 means B = W
@@ -38,9 +38,9 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, ValidationError, model_validator
 
 from bsrctl.errors import BadInput
-from bsrctl.settings import RestoreSettings, RestoreTuning
 from bsrctl.spec_io import Strict, describe_error, read_yaml
 from bsrctl.specs import StackSpec, resolve_registration
+from bsrkv.settings import RestoreSettings, RestoreTuning
 
 Point_ = Literal["before_request", "during_window", "between_windows", "during_store"]
 Expect = Literal["lower_tier", "recompute", "closed", "restored"]

@@ -27,7 +27,6 @@ from bsrctl.evidence.verdict import Check, check
 from bsrctl.experiments.failmatrix.spec import FIELD_REPORTS, STORE_FAULTS, CellSpec, FailMatrixSpec
 from bsrctl.experiments.failmatrix.storage_spec import storage_registration, target_spec
 from bsrctl.experiments.failmatrix.store_faults import run_store_cell
-from bsrctl.settings import RestoreSettings
 from bsrctl.specs import TargetSpec
 from bsrctl.stack.storage import (
     FaultSpec,
@@ -36,7 +35,8 @@ from bsrctl.stack.storage import (
     restore_with_fault,
 )
 from bsrctl.stack.storage_target import StorageTarget
-from bsrctl.trace.collect import COLLECTOR
+from bsrkv.settings import RestoreSettings
+from bsrkv.trace.collect import COLLECTOR
 
 SHM = Path("/dev/shm")
 LEFTOVER_WAIT_S = 5.0  # how long a thread or child of a closed stack may take to end

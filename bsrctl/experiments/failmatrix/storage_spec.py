@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from bsrctl.experiments.failmatrix.spec import FailMatrixSpec
-from bsrctl.registration import Registration
 from bsrctl.specs import StorageSpec, TargetSpec
+from bsrkv.registration import Registration
 
 
 def target_spec(spec: FailMatrixSpec, root: Path | None = None) -> TargetSpec:

@@ -34,10 +34,10 @@ from bsrctl.evidence import Point
 from bsrctl.evidence.verdict import Check, check
 from bsrctl.experiments.failmatrix.spec import FIELD_REPORTS, CellSpec, FailMatrixSpec
 from bsrctl.experiments.failmatrix.storage_spec import storage_registration
-from bsrctl.settings import RestoreSettings
 from bsrctl.stack.storage import StorageStack, StorageStackConfig, StorageStackFactory, deploy
 from bsrctl.stack.storage.canonical import CanonicalKV
 from bsrctl.stack.storage.config import SeededPrefix
+from bsrkv.settings import RestoreSettings
 
 PAGE = 4096
 STORE_WAIT_S = 10.0  # one object's store through the store controller

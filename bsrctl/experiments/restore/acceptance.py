@@ -17,9 +17,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from bsrctl.evidence.verdict import Check, Point, Verdict, check
-from bsrctl.registration import first_difference
 from bsrctl.stack.serving.client import NOT_REPORTED
 from bsrctl.stack.target import RestoreMeasures
+from bsrkv.registration import first_difference
 
 
 def _missing(name: str, *what: str) -> Check:

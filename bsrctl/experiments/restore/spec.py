@@ -3,7 +3,7 @@
 Layout (every field optional except the section the command needs)::
 
     stack: {...}            # bsrctl.specs.StackSpec: the serving stack (vLLM, LMCache, Mooncake)
-    restore: {...}          # bsrctl.settings.RestoreTuning: timeouts, load concurrency, checksum
+    restore: {...}          # bsrkv.settings.RestoreTuning: timeouts, load concurrency, checksum
     registration: auto      # state geometry: auto (the model's config.json + TP, chunk, dtypes),
                             # tiny-llama | dsv4-flash (the paper's MTP-off), a registration
                             # .yaml file or an inline mapping (bsrctl.registration.declared)

@@ -5,7 +5,7 @@ its faults from.
 Layout::
 
     stack: {...}                  # bsrctl.specs.StackSpec (as a failure matrix's)
-    restore: {...}                # bsrctl.settings.RestoreTuning
+    restore: {...}                # bsrkv.settings.RestoreTuning
     workload:                     # the failure matrix's WorkloadSpec: W, B, max_tokens, salt
       window_chunks: 4
       admission_budget_chunks: 4
@@ -34,9 +34,9 @@ from pydantic import Field, ValidationError, model_validator
 
 from bsrctl.errors import BadInput
 from bsrctl.experiments.failmatrix.spec import CellSpec, FailMatrixSpec, WorkloadSpec
-from bsrctl.settings import RestoreSettings, RestoreTuning
 from bsrctl.spec_io import Strict, describe_error, read_yaml
 from bsrctl.specs import StackSpec
+from bsrkv.settings import RestoreSettings, RestoreTuning
 
 # failure-matrix faults a soak may repeat on one deployment: each arms fault-wrapper rules or
 # damages one object, and none stops a process (soak.schedule.REPEATABLE and two more)

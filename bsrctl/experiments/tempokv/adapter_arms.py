@@ -29,7 +29,7 @@ from bsrctl.stack.deployment import Deployment
 from bsrctl.stack.extensions import TempoKVLaunch
 from bsrctl.tempokv.spec import TempoKVSpec
 
-RECORDER = "bsrctl.vllm_ext.scheduler.RecordingScheduler"
+RECORDER = "bsrkv.vllm_ext.scheduler.RecordingScheduler"
 STOCK = "stock"
 
 

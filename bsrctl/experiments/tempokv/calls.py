@@ -8,8 +8,8 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from bsrctl.errors import StackFailed
-from bsrctl.tempokv import wire
 from bsrctl.tempokv.spec import TempoKVSpec
+from bsrkv.tempokv import wire
 
 MIB = 1 << 20
 

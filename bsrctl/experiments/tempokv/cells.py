@@ -8,15 +8,15 @@ import random
 
 from bsrctl.errors import BadInput
 from bsrctl.evidence.verdict import Check, check
-from bsrctl.tempokv.claims import TERMINAL, ClaimState
-from bsrctl.tempokv.kv import GIB
 from bsrctl.tempokv.sim.device import DeviceConfig
 from bsrctl.tempokv.sim.models import ModelProfile
 from bsrctl.tempokv.sim.oracle import simulate_oracle
 from bsrctl.tempokv.sim.run import ControlConfig, SimResult, simulate
 from bsrctl.tempokv.sim.workload import OutputLengths, Request, fixed_interval, poisson, replay
 from bsrctl.tempokv.spec import TempoKVSpec
-from bsrctl.tempokv.ttu import EngineLimits
+from bsrkv.tempokv.claims import TERMINAL, ClaimState
+from bsrkv.tempokv.kv import GIB
+from bsrkv.tempokv.ttu import EngineLimits
 
 
 def device_config(spec: TempoKVSpec, fast_tier_gib: float | None = None) -> DeviceConfig:

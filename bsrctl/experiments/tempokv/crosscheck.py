@@ -28,10 +28,10 @@ from typing import Any
 from bsrctl.experiments.tempokv.cells import simulate_policy
 from bsrctl.experiments.tempokv.compare import OrderingAgreement, compare
 from bsrctl.specs import StackSpec
-from bsrctl.tempokv.kv import GIB
 from bsrctl.tempokv.sim.models import ModelProfile
 from bsrctl.tempokv.spec import FixedArrivals, TempoKVSpec
-from bsrctl.tempokv.ttu import CostModel
+from bsrkv.tempokv.kv import GIB
+from bsrkv.tempokv.ttu import CostModel
 
 MIB = 1 << 20
 

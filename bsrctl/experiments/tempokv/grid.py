@@ -11,9 +11,9 @@ from bsrctl.evidence import EvidenceWriter, Point
 from bsrctl.experiments.tempokv.cells import device_config, invariants, simulate_policy
 from bsrctl.experiments.tempokv.expectations import Claim, JudgedCheck, judge
 from bsrctl.experiments.tempokv.paper import CLAIMS, PAPER_FIG4, PAPER_SIX
-from bsrctl.tempokv.kv import GIB
 from bsrctl.tempokv.sim.models import make_profile
 from bsrctl.tempokv.spec import PolicyAcceptance, PolicyGrid, TempoKVSpec
+from bsrkv.tempokv.kv import GIB
 
 Progress = Callable[[str], None]
 Cells = dict[tuple[str, float, float], dict[str, dict[str, Any]]]

@@ -17,12 +17,12 @@ from bsrctl.experiments.tempokv.cells import (
 )
 from bsrctl.experiments.tempokv.expectations import Claim, JudgedCheck, judge
 from bsrctl.experiments.tempokv.paper import CLAIMS
-from bsrctl.tempokv.kv import GIB, Manifest, prefix_manifest
 from bsrctl.tempokv.sim.models import ModelProfile, make_profile
 from bsrctl.tempokv.sim.oracle import simulate_oracle
 from bsrctl.tempokv.sim.run import simulate
 from bsrctl.tempokv.sim.workload import Request
 from bsrctl.tempokv.spec import LeadAcceptance, LeadSweep, TempoKVSpec
+from bsrkv.tempokv.kv import GIB, Manifest, prefix_manifest
 
 Progress = Callable[[str], None]
 

@@ -9,21 +9,21 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from bsrctl.clock import VirtualClock
 from bsrctl.evidence import EvidenceWriter, Point
 from bsrctl.evidence.verdict import check
 from bsrctl.experiments.tempokv.cells import device_config
 from bsrctl.experiments.tempokv.expectations import Claim, JudgedCheck, judge
 from bsrctl.experiments.tempokv.paper import CLAIMS
-from bsrctl.tempokv.claims import ClaimState
-from bsrctl.tempokv.controller import Controller
-from bsrctl.tempokv.kv import GIB, Manifest, prefix_manifest
-from bsrctl.tempokv.policies import QueueK
-from bsrctl.tempokv.provider import StagingProvider
 from bsrctl.tempokv.sim.device import DeviceConfig, SimStagingDevice
 from bsrctl.tempokv.sim.models import make_profile
 from bsrctl.tempokv.spec import RankAcceptance, RankGrid, TempoKVSpec
-from bsrctl.tempokv.ttr import RateMeter
+from bsrkv.clock import VirtualClock
+from bsrkv.tempokv.claims import ClaimState
+from bsrkv.tempokv.controller import Controller
+from bsrkv.tempokv.kv import GIB, Manifest, prefix_manifest
+from bsrkv.tempokv.policies import QueueK
+from bsrkv.tempokv.provider import StagingProvider
+from bsrkv.tempokv.ttr import RateMeter
 
 Progress = Callable[[str], None]
 BISECT_S = 1e-6  # the oracle's commit instant, to this precision

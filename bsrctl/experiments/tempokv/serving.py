@@ -2,7 +2,7 @@
 
 One deployment for every policy (a ``LaunchedDeployment`` of ``make_deployment``, TempoKV's
 shaped L2 and runtime adapter through its ``extend`` hook): vLLM schedules with the TempoKV
-runtime adapter (``bsrctl.vllm_ext.scheduler``), the LMCache server runs the controller and
+runtime adapter (``bsrkv.vllm_ext.scheduler``), the LMCache server runs the controller and
 provider in bsrctl's server module (``tempokv.configure`` switches the policy between runs),
 its FS L2 is shaped to the spec's SSD rate (O_DIRECT where the filesystem takes it). The
 run's lifecycle holds the deployment: the body brings it up, ``down`` is the teardown. The
@@ -40,7 +40,6 @@ from bsrctl.experiments.tempokv.expectations import JudgedCheck
 from bsrctl.experiments.tempokv.expectations import run_checks as _run_checks
 from bsrctl.experiments.tempokv.pooled import pool, quantile, run_order
 from bsrctl.prompts import prompt_ids
-from bsrctl.settings import RestoreSettings, RestoreTuning
 from bsrctl.specs import StackSpec, resolve_registration
 from bsrctl.stack import profile
 from bsrctl.stack.bsr_client import BsrModuleClient
@@ -57,8 +56,6 @@ from bsrctl.stack.model import prepare_model
 from bsrctl.stack.seeding import seed_tiers
 from bsrctl.stack.selector import make_deployment
 from bsrctl.stack.serving import ServingStack
-from bsrctl.tempokv import wire
-from bsrctl.tempokv.live import AdapterSettings
 from bsrctl.tempokv.serving_workload import (
     arrival_offsets,
     conversation_plan,
@@ -66,7 +63,10 @@ from bsrctl.tempokv.serving_workload import (
     question_salts,
 )
 from bsrctl.tempokv.spec import PolicyGrid, ServingRun, TempoKVSpec
-from bsrctl.tempokv.ttu import CostModel
+from bsrkv.settings import RestoreSettings, RestoreTuning
+from bsrkv.tempokv import wire
+from bsrkv.tempokv.live import AdapterSettings
+from bsrkv.tempokv.ttu import CostModel
 
 MIB = 1 << 20
 LIVE_POLICIES_EXCLUDED = {"oracle": "needs the run's future: simulation only"}

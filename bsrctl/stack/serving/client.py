@@ -15,7 +15,7 @@ from bsrctl.specs import StackSpec
 from bsrctl.stack.netns import NetNamespace, maybe_inside
 from bsrctl.stack.process import Supervised
 from bsrctl.stack.serving.commands import MQ_TIMEOUT_S
-from bsrctl.trace.spans import client_request, first_token, new_request_id
+from bsrkv.trace.spans import client_request, first_token, new_request_id
 
 
 @dataclass(frozen=True)
@@ -50,7 +50,7 @@ class ServingClient:
     ns: NetNamespace | None
     parts: dict[str, Supervised]
     model_dir: Path | None
-    # the token mutating bsr.* / tempokv.* calls carry (bsrctl.control_token), and where it
+    # the token mutating bsr.* / tempokv.* calls carry (bsrkv.control_token), and where it
     # comes from, for the message when the server refuses it
     control_token: str | None = None
     control_token_source: str = "the launched stack's own token"

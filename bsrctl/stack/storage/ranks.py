@@ -12,7 +12,7 @@ from typing import Any
 from lmcache.v1.distributed.api import MemoryLayoutDesc, ObjectKey
 from lmcache.v1.distributed.storage_manager import StorageManager
 
-from bsrctl.restore import RestoreRequest, RestoreStorage, RowId, RowKeys, StageResult, Window
+from bsrkv.restore import RestoreRequest, RestoreStorage, RowId, RowKeys, StageResult, Window
 
 
 @dataclass

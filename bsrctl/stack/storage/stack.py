@@ -19,17 +19,6 @@ from lmcache.v1.distributed.storage_manager import StorageManager
 
 from bsrctl.errors import BadInput
 from bsrctl.registration.l1 import allocation_unit
-from bsrctl.restore import (
-    BoundedRestorer,
-    ForceLocalMarkers,
-    RestoreConfig,
-    RestoreDestination,
-    RestoreOutcome,
-    RestoreRequest,
-    RestoreStorage,
-    RowId,
-    RowKeys,
-)
 from bsrctl.stack import extensions, shm_ledger
 from bsrctl.stack.storage import l2
 from bsrctl.stack.storage.canonical import CanonicalKV
@@ -41,8 +30,19 @@ from bsrctl.stack.storage.config import (
 from bsrctl.stack.storage.destinations import PoolDestination
 from bsrctl.stack.storage.ranks import L1HighWater, PerRankStorage
 from bsrctl.stack.storage.seeding import PrefixSeeding
-from bsrctl.trace.collect import COLLECTOR
-from bsrctl.trace.spans import Stopwatch, trace_local_restore
+from bsrkv.restore import (
+    BoundedRestorer,
+    ForceLocalMarkers,
+    RestoreConfig,
+    RestoreDestination,
+    RestoreOutcome,
+    RestoreRequest,
+    RestoreStorage,
+    RowId,
+    RowKeys,
+)
+from bsrkv.trace.collect import COLLECTOR
+from bsrkv.trace.spans import Stopwatch, trace_local_restore
 
 
 @dataclass(frozen=True)

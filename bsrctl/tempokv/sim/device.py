@@ -20,9 +20,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from bsrctl.clock import Clock, Timer
-from bsrctl.tempokv.kv import GIB
-from bsrctl.tempokv.schedule import DeviceShape, ShapingSchedule
+from bsrkv.clock import Clock, Timer
+from bsrkv.tempokv.kv import GIB
+from bsrkv.tempokv.schedule import DeviceShape, ShapingSchedule
 
 
 @dataclass(frozen=True, slots=True)

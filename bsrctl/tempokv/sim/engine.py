@@ -38,10 +38,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import IntEnum
 
-from bsrctl.clock import Clock, Timer
-from bsrctl.tempokv.controller import Controller, RetrievalGrant
 from bsrctl.tempokv.sim.workload import Request
-from bsrctl.tempokv.ttu import (
+from bsrkv.clock import Clock, Timer
+from bsrkv.tempokv.controller import Controller, RetrievalGrant
+from bsrkv.tempokv.ttu import (
     SAME_S,
     CostModel,
     EngineLimits,

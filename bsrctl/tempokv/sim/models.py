@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from bsrctl.tempokv.ttu import CostModel
+from bsrkv.tempokv.ttu import CostModel
 
 _HBM_BYTES_S = 2.0e12  # H100 PCIe
 _BF16_FLOPS = 756e12  # dense peak

@@ -18,13 +18,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-from bsrctl.tempokv.kv import GIB
 from bsrctl.tempokv.oracle import OraclePlan
 from bsrctl.tempokv.sim.device import DeviceConfig
 from bsrctl.tempokv.sim.models import ModelProfile
 from bsrctl.tempokv.sim.run import ControlConfig, SimResult, simulate
 from bsrctl.tempokv.sim.workload import Request
-from bsrctl.tempokv.ttu import EngineLimits
+from bsrkv.tempokv.kv import GIB
+from bsrkv.tempokv.ttu import EngineLimits
 
 MAX_ITERATIONS = 12
 MOVE_TOL_S = 1e-6  # retrieval instants this close are the same instant

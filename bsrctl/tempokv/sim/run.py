@@ -9,19 +9,19 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from bsrctl.clock import Clock, VirtualClock
-from bsrctl.tempokv.controller import Controller
-from bsrctl.tempokv.kv import GIB
 from bsrctl.tempokv.oracle import Oracle, OraclePlan
-from bsrctl.tempokv.policies import TTU_QUANTILE, Policy, make_policy
-from bsrctl.tempokv.provider import CommitRefusal, StagingProvider
 from bsrctl.tempokv.sim.device import DeviceConfig, SimStagingDevice
 from bsrctl.tempokv.sim.engine import RequestLog, SimEngine
 from bsrctl.tempokv.sim.models import ModelProfile
 from bsrctl.tempokv.sim.runtime import SimRuntime, adapter_settings
 from bsrctl.tempokv.sim.workload import Request
-from bsrctl.tempokv.ttr import RateMeter
-from bsrctl.tempokv.ttu import EngineLimits
+from bsrkv.clock import Clock, VirtualClock
+from bsrkv.tempokv.controller import Controller
+from bsrkv.tempokv.kv import GIB
+from bsrkv.tempokv.policies import TTU_QUANTILE, Policy, make_policy
+from bsrkv.tempokv.provider import CommitRefusal, StagingProvider
+from bsrkv.tempokv.ttr import RateMeter
+from bsrkv.tempokv.ttu import EngineLimits
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,8 +15,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from bsrctl.tempokv.controller import Controller
-from bsrctl.tempokv.live import (
+from bsrctl.tempokv.sim.device import DeviceConfig
+from bsrctl.tempokv.sim.engine import RequestLog, SimEngine
+from bsrctl.tempokv.sim.models import ModelProfile
+from bsrctl.tempokv.sim.workload import Request
+from bsrkv.tempokv.controller import Controller
+from bsrkv.tempokv.live import (
     AdapterSettings,
     EngineState,
     LiveAdapterCore,
@@ -25,11 +29,7 @@ from bsrctl.tempokv.live import (
     LiveWaiting,
     Update,
 )
-from bsrctl.tempokv.policies import Policy
-from bsrctl.tempokv.sim.device import DeviceConfig
-from bsrctl.tempokv.sim.engine import RequestLog, SimEngine
-from bsrctl.tempokv.sim.models import ModelProfile
-from bsrctl.tempokv.sim.workload import Request
+from bsrkv.tempokv.policies import Policy
 
 
 def adapter_settings(

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from bsrctl.tempokv.kv import Manifest, prefix_manifest
+from bsrkv.tempokv.kv import Manifest, prefix_manifest
 
 
 @dataclass(frozen=True, slots=True)

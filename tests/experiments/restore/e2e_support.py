@@ -19,9 +19,9 @@ C = 262_144
 
 def require_server_module() -> None:
     try:
-        import bsrctl.lmcache_ext.server  # noqa: F401
+        import bsrkv.lmcache_ext.server  # noqa: F401
     except Exception as exc:  # the module is what puts BSR into the LMCache server
-        pytest.skip(f"bsrctl.lmcache_ext.server does not import ({exc!r})")
+        pytest.skip(f"bsrkv.lmcache_ext.server does not import ({exc!r})")
 
 
 def only_run(out: Path) -> dict[str, Any]:

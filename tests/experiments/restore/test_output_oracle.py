@@ -8,10 +8,10 @@ import pytest
 from bsrctl.errors import BadInput
 from bsrctl.evidence import Verdict
 from bsrctl.experiments.restore import acceptance as acc
-from bsrctl.lmcache_ext.protocol import ReadbackTotals, RestoreOutcomeSummary
 from bsrctl.stack.batch_invariance import batch_invariance
 from bsrctl.stack.canonical import Reference, divergence
 from bsrctl.stack.readback import SCRATCH_NOTE, readback_measures
+from bsrkv.lmcache_ext.protocol import ReadbackTotals, RestoreOutcomeSummary
 
 from .test_acceptance import SHA_A, SHA_B, serving_measures, verdicts
 

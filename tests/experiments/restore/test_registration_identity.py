@@ -12,15 +12,15 @@ import yaml
 
 from bsrctl.evidence import Verdict, load_evidence
 from bsrctl.experiments.restore import acceptance as acc
-from bsrctl.lmcache_ext.protocol import (
+from bsrkv.lmcache_ext.protocol import (
     LiveEngineGroup,
     LiveGroup,
     LiveRegistration,
     LiveTensor,
     RegistrationReply,
 )
-from bsrctl.lmcache_ext.server.layout import live_registrations
-from bsrctl.registration import tiny_llama_cpu
+from bsrkv.lmcache_ext.server.layout import live_registrations
+from bsrkv.registration import tiny_llama_cpu
 
 from .conftest import SMALL
 

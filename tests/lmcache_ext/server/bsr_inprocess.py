@@ -24,10 +24,10 @@ from lmcache.v1.multiprocess.modules.lmcache_driven_transfer import (
 )
 from lmcache.v1.multiprocess.modules.lookup import LookupModule
 
-import bsrctl.lmcache_ext.faults.adapter  # noqa: F401  registers bsr_fault, bsr_fs
-from bsrctl.lmcache_ext.server import build_server_modules
-from bsrctl.restore.plan import confirm_plan
-from bsrctl.restore.types import RestoreRequest, RowId, RowKeys, Window
+import bsrkv.lmcache_ext.faults.adapter  # noqa: F401  registers bsr_fault, bsr_fs
+from bsrkv.lmcache_ext.server import build_server_modules
+from bsrkv.restore.plan import confirm_plan
+from bsrkv.restore.types import RestoreRequest, RowId, RowKeys, Window
 
 TOKEN = "in-process-control-token"  # every InProcessServer's unless a test sets its own
 CHUNK = 16  # tokens per chunk

@@ -14,13 +14,13 @@ from lmcache.v1.multiprocess.modules.lookup import LookupModule  # noqa: E402
 from lmcache.v1.multiprocess.request_handler import iter_request_handlers  # noqa: E402
 
 from bsrctl.errors import BadInput  # noqa: E402
-from bsrctl.lmcache_ext.server import (  # noqa: E402
+from bsrkv.lmcache_ext.server import (  # noqa: E402
     BsrServerModule,
     ServerConfigError,
     ServerModuleConfig,
 )
-from bsrctl.restore.restorer import RestoreConfig  # noqa: E402
-from bsrctl.settings import RestoreSettings  # noqa: E402
+from bsrkv.restore.restorer import RestoreConfig  # noqa: E402
+from bsrkv.settings import RestoreSettings  # noqa: E402
 
 REPLACED = {
     "lookup",

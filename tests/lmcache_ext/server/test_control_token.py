@@ -1,5 +1,5 @@
 """The control surface closed: the server module's mutating methods run only for a caller
-holding the operator's control token (``bsrctl.control_token``), read-only ones answer
+holding the operator's control token (``bsrkv.control_token``), read-only ones answer
 anyone. In process, over LMCache's real StorageManager: every handler the module registers
 (as LMCache discovers them) is classified; a refused call leaves L1, W, the peak, the fault
 rules and TempoKV exactly as they were."""
@@ -18,12 +18,12 @@ import torch  # noqa: E402
 from bsr_inprocess import C_BYTES, LAYOUT, TOKEN, authed, make_tokens  # noqa: E402
 from lmcache.v1.multiprocess.ext_server_module import iter_server_module_handlers  # noqa: E402
 
-from bsrctl import control_token  # noqa: E402
-from bsrctl.control_token import MUTATING, READ_ONLY  # noqa: E402
-from bsrctl.lmcache_ext.faults.control import fault_stats  # noqa: E402
-from bsrctl.lmcache_ext.protocol import RefusedReply  # noqa: E402
-from bsrctl.lmcache_ext.server.guard import GUARDED  # noqa: E402
-from bsrctl.tempokv import wire  # noqa: E402
+from bsrkv import control_token  # noqa: E402
+from bsrkv.control_token import MUTATING, READ_ONLY  # noqa: E402
+from bsrkv.lmcache_ext.faults.control import fault_stats  # noqa: E402
+from bsrkv.lmcache_ext.protocol import RefusedReply  # noqa: E402
+from bsrkv.lmcache_ext.server.guard import GUARDED  # noqa: E402
+from bsrkv.tempokv import wire  # noqa: E402
 
 WRONG_SAME_LENGTH = "x" * len(TOKEN)
 WRONG_OTHER_LENGTH = "short"

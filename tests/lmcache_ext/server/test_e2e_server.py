@@ -22,8 +22,8 @@ pytest.importorskip("lmcache")
 from bsr_inprocess import private_dir  # noqa: E402
 from lmcache.v1.multiprocess.custom_types import IPCCacheServerKey  # noqa: E402
 
-from bsrctl.control_token import CONTROL_TOKEN_ENV, new_token, sealed  # noqa: E402
 from bsrctl.stack.serving.vllm_cache import vllm_cache_root  # noqa: E402
+from bsrkv.control_token import CONTROL_TOKEN_ENV, new_token, sealed  # noqa: E402
 
 # ---------------------------------------------------------------------------------------
 # e2e: the real `lmcache server` with this module + a real vLLM over the tiny Llama
@@ -90,7 +90,7 @@ class _Stack:
         self.mq_port, self.lmc_http = free_port(), free_port()
         self.vllm_port = free_port()
         env = _e2e_env(root / "vllm-cache")
-        module = {"module_path": "bsrctl.lmcache_ext.server", "config": cfg}
+        module = {"module_path": "bsrkv.lmcache_ext.server", "config": cfg}
         venv_bin = Path(sys.executable).parent
         self.server_argv = [
             str(venv_bin / "lmcache"),
@@ -243,7 +243,7 @@ def _fault_l2(base: Path) -> dict:
     """bsrctl's FS L2 behind bsrctl's fault adapter (no rules armed: a plain FS tier)."""
     return {
         "type": "plugin",
-        "module_path": "bsrctl.lmcache_ext.faults.adapter",
+        "module_path": "bsrkv.lmcache_ext.faults.adapter",
         "class_name": "BsrFaultL2Adapter",
         "adapter_params": {"name": "fs", "inner": {"type": "bsr_fs", "base_path": str(base)}},
     }
@@ -374,7 +374,7 @@ def test_e2e_window_peaks_canonical_output_and_full_hits(bsr_e2e) -> None:
 
     with urllib.request.urlopen(f"http://127.0.0.1:{s.lmc_http}/status", timeout=30) as r:
         page = json.loads(r.read())
-    assert page["bsr"]["schema"] == "bsrctl.lmcache_ext/1"
+    assert page["bsr"]["schema"] == "bsrkv.lmcache_ext/1"
     assert page["bsr"]["effective_window_chunks"] == 4
 
 

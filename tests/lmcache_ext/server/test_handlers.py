@@ -21,14 +21,14 @@ from bsr_inprocess import (  # noqa: E402
 )
 from lmcache.v1.multiprocess.custom_types import IPCCacheServerKey  # noqa: E402
 
-from bsrctl.lmcache_ext import extensions  # noqa: E402
-from bsrctl.lmcache_ext.faults.control import (  # noqa: E402
+from bsrkv.lmcache_ext import extensions  # noqa: E402
+from bsrkv.lmcache_ext.faults.control import (  # noqa: E402
     clear_fault_rules,
     fault_stats,
     set_fault_rules,
 )
-from bsrctl.lmcache_ext.mp_storage import InstallRefused, MPBlockDestination  # noqa: E402
-from bsrctl.lmcache_ext.protocol import (  # noqa: E402
+from bsrkv.lmcache_ext.mp_storage import InstallRefused, MPBlockDestination  # noqa: E402
+from bsrkv.lmcache_ext.protocol import (  # noqa: E402
     ConfigureReply,
     ForgetReply,
     MarkersReply,
@@ -37,7 +37,7 @@ from bsrctl.lmcache_ext.protocol import (  # noqa: E402
     ResetPeakReply,
     StatusReply,
 )
-from bsrctl.restore.types import FailureKind, Window  # noqa: E402
+from bsrkv.restore.types import FailureKind, Window  # noqa: E402
 
 
 def test_probe_only_lookup_counts_the_whole_prefix_and_stages_nothing(bsr_sm_server) -> None:
@@ -260,7 +260,7 @@ def test_restore_s_runs_from_the_requests_first_lookup(bsr_sm_server, monkeypatc
     """restore_s starts at the request's first lookup (vLLM may look up again while it
     waits), retrieve_s at its retrieve; a request whose lookup this server never saw falls
     back to the retrieve; the newest LOOKUPS_KEPT lookups are kept."""
-    from bsrctl.lmcache_ext.server import state
+    from bsrkv.lmcache_ext.server import state
 
     server = bsr_sm_server(8 * C_BYTES, window_chunks=2)
     m = server.module

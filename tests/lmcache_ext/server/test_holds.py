@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from bsrctl.lmcache_ext.protocol import HoldsReply
-from bsrctl.lmcache_ext.server import holds
-from bsrctl.lmcache_ext.server.holds import l2_holds, leading_whole
+from bsrkv.lmcache_ext.protocol import HoldsReply
+from bsrkv.lmcache_ext.server import holds
+from bsrkv.lmcache_ext.server.holds import l2_holds, leading_whole
 
 
 @pytest.mark.parametrize(

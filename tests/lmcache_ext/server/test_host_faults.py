@@ -15,10 +15,10 @@ import pytest
 from bsr_inprocess import C_BYTES, CHUNK, TOKEN, authed
 from test_tempokv_handlers import configure, hit, key, states, turn_on, until, update
 
-from bsrctl.lmcache_ext.protocol import FailedReply, StatusReply
 from bsrctl.prompts import prompt_ids
-from bsrctl.tempokv import wire
-from bsrctl.trace import spans
+from bsrkv.lmcache_ext.protocol import FailedReply, StatusReply
+from bsrkv.tempokv import wire
+from bsrkv.trace import spans
 
 N_CHUNKS = 4
 

@@ -24,8 +24,8 @@ from lmcache.v1.platform.base.event_ipc import get_event_ipc_backend  # noqa: E4
 from lmcache.v1.platform.cache_context import create_cache_context  # noqa: E402
 from lmcache.v1.platform.kv_wrap import _release_partial_kv_wrappers, wrap_kv_caches  # noqa: E402
 
-from bsrctl.lmcache_ext.mp_storage import MPBlockDestination  # noqa: E402
-from bsrctl.restore import (  # noqa: E402
+from bsrkv.lmcache_ext.mp_storage import MPBlockDestination  # noqa: E402
+from bsrkv.restore import (  # noqa: E402
     BoundedRestorer,
     EventKind,
     FailureKind,

@@ -18,11 +18,11 @@ import pytest
 from bsr_inprocess import C_BYTES, CHUNK, MODEL, TOKEN
 from lmcache.v1.multiprocess.custom_types import IPCCacheServerKey
 
-from bsrctl.control_token import sealed
-from bsrctl.lmcache_ext.protocol import FailedReply
 from bsrctl.prompts import prompt_ids
-from bsrctl.tempokv import wire
-from bsrctl.tempokv.kv import Manifest
+from bsrkv.control_token import sealed
+from bsrkv.lmcache_ext.protocol import FailedReply
+from bsrkv.tempokv import wire
+from bsrkv.tempokv.kv import Manifest
 
 N_CHUNKS = 4
 

@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 
 from bsrctl.errors import BadInput, StackFailed
-from bsrctl.settings import RestoreSettings
 from bsrctl.specs import LmcacheSpec, MooncakeSpec, StackSpec
 from bsrctl.stack.extensions import LMCacheExtensions, ServerModule, bsr_extensions
 from bsrctl.stack.process import Supervised
 from bsrctl.stack.serving import ServingStack
+from bsrkv.settings import RestoreSettings
 
 
 class Recorded(ServingStack):

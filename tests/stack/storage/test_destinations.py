@@ -12,10 +12,10 @@ import pytest
 
 pytest.importorskip("lmcache")
 
-from bsrctl.registration import tiny_llama_cpu  # noqa: E402
-from bsrctl.restore import RestoreRequest, RowId, RowKeys, Window  # noqa: E402
 from bsrctl.stack.storage import CanonicalKV, InjectedInstallError, PoolDestination  # noqa: E402
 from bsrctl.stack.storage.faults import FailingInstall  # noqa: E402
+from bsrkv.registration import tiny_llama_cpu  # noqa: E402
+from bsrkv.restore import RestoreRequest, RowId, RowKeys, Window  # noqa: E402
 
 REG = tiny_llama_cpu()
 C = REG.bytes_per_chunk

@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 from bsrctl.errors import BadInput
-from bsrctl.restore import (
+from bsrctl.stack.storage.faults import FailingInstall, FaultSpec, FaultyStorage
+from bsrkv.restore import (
     BoundedRestorer,
     FailureKind,
     RestoreConfig,
@@ -21,7 +22,6 @@ from bsrctl.restore import (
     StageResult,
     Window,
 )
-from bsrctl.stack.storage.faults import FailingInstall, FaultSpec, FaultyStorage
 
 ROWS = (RowId(0, 0), RowId(1, 0))
 

@@ -1,0 +1,57 @@
+"""``BsrServerModule``: the lookup, retrieve and control handlers on one engine module.
+
+LMCache discovers a module's handlers on its class (inherited ones included), so the
+module is the composition of the handler mixins over their shared ``ModuleState``.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import os
+import signal
+from typing import Any
+
+from lmcache.v1.multiprocess.ext_server_module import ExtServerModuleBuildContext
+
+from bsrkv.lmcache_ext.server.control import ControlHandlers
+from bsrkv.lmcache_ext.server.lookup import LookupHandlers
+from bsrkv.lmcache_ext.server.retrieve import RetrieveHandlers
+from bsrkv.lmcache_ext.server.tempokv import TempoKVHandlers
+from bsrkv.trace.spans import shutdown_server_tracer
+
+
+class BsrServerModule(TempoKVHandlers, LookupHandlers, RetrieveHandlers, ControlHandlers):
+    """The engine module: replaces the lookup/retrieve handlers, adds bsr.* and tempokv.*
+    methods (TempoKV's hooks override ModuleState's no-ops: first in the MRO)."""
+
+    @property
+    def context(self) -> Any:
+        return self._ctx
+
+    def report_status(self) -> dict[str, Any]:
+        """Merged into the server's ``/status``: never breaks that page."""
+        fallback = {"bsr": {"error": "bsr.status failed (counted: guard_report_status)"}}
+        return self._guard.run("report_status", fallback, lambda: {"bsr": self.status().to_json()})
+
+    def close(self) -> None:
+        """Each part stopped under the guard: one that fails stops none of the others, and
+        nothing reaches LMCache's shutdown."""
+        g = self._guard
+        if self._tempo is not None:
+            g.call("close_tempokv", self._tempo.close)
+        g.call("close_stall", self._stall.stop)
+        g.call("close_probe", self._probe_pool.shutdown, wait=False, cancel_futures=True)
+        # the spans still queued, then the exporter's last spans, before the process goes
+        g.call("close_trace", self._trace_pool.shutdown, wait=True)
+        shutdown_server_tracer()
+
+
+def build_server_modules(ctx: ExtServerModuleBuildContext) -> BsrServerModule:
+    """Factory named by ``--server-module`` (``factory_name`` defaults to this).
+
+    With ``BSRCTL_DUMP_STACKS=1`` in the server's environment, SIGUSR1 dumps every
+    thread's stack to stderr (diagnosing a stalled server without a debugger).
+    """
+    if os.environ.get("BSRCTL_DUMP_STACKS") == "1":
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
+    return BsrServerModule(ctx)

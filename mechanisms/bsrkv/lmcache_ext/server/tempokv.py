@@ -1,0 +1,268 @@
+"""TempoKV inside the server module: the ``tempokv.*`` methods and the retrieval hooks.
+Every payload is a record of the TempoKV wire (``bsrkv.tempokv.wire``), read with
+``from_json`` (a missing or unknown key is refused, naming it); ``tempokv.configure`` and
+``tempokv.update`` run only for a caller holding the control token (``server.guard``):
+
+- ``tempokv.configure`` ``ConfigureRequest`` -> ``ConfigureReply``: (re)start the
+  controller and provider (``bsrkv.lmcache_ext.tempokv_live.LiveTempo``) over this
+  server's StorageManager; ``config: null`` turns TempoKV off. A config whose
+  ``chunk_tokens`` is not this server's chunk size is refused, naming both.
+- ``tempokv.update`` (the vLLM runtime adapter, ``bsrkv.vllm_ext.scheduler``):
+  ``UpdateRequest`` -> ``UpdateReply``. A reported claim's objects come from this
+  server's own key derivation and a probe (metadata only: nothing staged or locked).
+- ``tempokv.status`` ``{}`` -> ``StatusReply`` (claims' traces, sampled protected bytes
+  and C, stages, TTR at commit vs stage-ready), or ``OFF_STATUS``.
+
+Retrieval hooks (the stock path, W = 0): at a request's lookup its claim is asked for
+retrieval; READY or ORDINARY go on at once (the stock lookup finds staged objects in L1,
+or reads L2 as usual), WAIT holds the lookup (its status answers "not yet", so vLLM keeps
+the request waiting) until the committed staging is ready. A lookup that reads L2 itself
+(no claim, or ORDINARY) is registered with the provider as an observed ordinary read
+(``LiveTempo.observe_stock``), done when its prefetch status reports done. After every
+rank's retrieve (the claim's or lookup's world size) the claim's protection and the
+observed read end; its end_session cancels a claim still open and ends the read.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from concurrent.futures import Future
+from typing import Any
+
+from lmcache.v1.multiprocess.custom_types import IPCCacheServerKey
+
+from bsrkv.lmcache_ext.mp_storage import ServerRestoreStorage
+from bsrkv.lmcache_ext.server.guard import handler, mutating
+from bsrkv.lmcache_ext.server.state import Mode, ModuleState, log
+from bsrkv.lmcache_ext.tempokv_device import LiveObject
+from bsrkv.lmcache_ext.tempokv_live import LiveConfig, LiveTempo
+from bsrkv.tempokv import wire
+from bsrkv.tempokv.controller import RetrievalGrant
+from bsrkv.trace.spans import server_event_span, server_span
+
+WAIT_READY_MAX_S = 40.0  # a held lookup never outlives vLLM's mq timeout (60 s)
+
+
+def _json(obj: Any) -> bytes:
+    return json.dumps(obj, sort_keys=True, default=str).encode()
+
+
+def _payload(raw: bytes) -> dict[str, Any]:
+    data = json.loads(raw.decode()) if raw else {}
+    if not isinstance(data, dict):
+        raise ValueError("tempokv.* payloads are JSON objects")
+    return data
+
+
+_OFF_REPLY = _json(wire.UpdateReply.turned_off().to_json())
+
+
+class TempoKVHandlers(ModuleState):
+    _tempo: LiveTempo | None = None
+    _tempo_held: dict[str, Future[None]]
+
+    def _tempo_init(self) -> None:
+        if not hasattr(self, "_tempo_held"):
+            self._tempo_held = {}
+
+    @mutating(wire.CONFIGURE)
+    def tempokv_configure(self, payload: bytes) -> bytes:
+        self._tempo_init()
+        try:
+            cfg = wire.ConfigureRequest.from_json(_payload(payload)).config
+            old, self._tempo = self._tempo, None
+            if old is not None:
+                old.close()
+            if cfg is None:
+                return _json(wire.ConfigureReply(True, None, None).to_json())
+            chunk = self._ctx.chunk_size
+            if cfg.chunk_tokens != chunk:
+                raise ValueError(
+                    f"config.chunk_tokens {cfg.chunk_tokens} is not this server's chunk size "
+                    f"{chunk} (--chunk-size): the claims' objects would be the wrong chunks"
+                )
+            live = LiveConfig.from_json(cfg.to_json())
+            # TempoKV's pins are a prefetch's read locks (tempokv_device): staged by LMCache
+            storage = ServerRestoreStorage(self._sm, self._layouts_of, staging="prefetch")
+            self._tempo = LiveTempo(storage, live)
+            return _json(wire.ConfigureReply(True, cfg, None).to_json())
+        except Exception as e:
+            return _json(wire.ConfigureReply(False, None, str(e)).to_json())
+
+    @handler(wire.STATUS)
+    def tempokv_status(self, payload: bytes) -> bytes:
+        tempo = self._tempo
+        if tempo is None:
+            return _json(wire.OFF_STATUS)
+        with self._lock:
+            counts = {k: v for k, v in self._counters.items() if k.startswith("tempokv_")}
+        # read back through the record: a key the live report renamed fails here, named
+        status = wire.StatusReply.from_json({**tempo.report_json(), "reports_dropped": counts})
+        log.info("tempokv status (%s): observed stock reads %s", status.policy,
+                 json.dumps(status.observed_stock_reads.to_json(), sort_keys=True))  # fmt: skip
+        return _json(status.to_json())
+
+    @mutating(wire.UPDATE)
+    def tempokv_update(self, payload: bytes) -> bytes:
+        req = wire.UpdateRequest.from_json(_payload(payload))
+        tempo = self._tempo
+        if tempo is None:
+            return _OFF_REPLY
+        # on the server's one request thread, in front of the lookups behind it: its span
+        # belongs to the request when it reports that request's claim alone
+        attrs: dict[str, Any] = {"claims_reported": len(req.hits)}
+        if len(req.hits) == 1:
+            attrs["request_id"] = next(iter(req.hits))
+        with server_span("tempokv.update", attrs):
+            # a controller that fails answers as one turned off: the adapter reads the
+            # reply, vLLM's requests go the ordinary path
+            return self._guard.run("tempokv_update", _OFF_REPLY, self._tempo_update, tempo, req)
+
+    def _tempo_update(self, tempo: LiveTempo, req: wire.UpdateRequest) -> bytes:
+        hit_tokens: dict[str, int] = {}
+        for rid, hit in req.hits.items():
+            with self._lock:
+                looked_up = rid in self._modes
+            if looked_up:
+                # its lookup (= retrieval start) came first: a claim now could only stage
+                # what the ordinary path is already reading
+                self._count("tempokv_reports_after_lookup")
+                continue
+            try:
+                objects = self._tempo_objects(rid, hit)
+            except Exception:
+                log.exception("tempokv: objects of %s not found: no claim", rid)
+                continue
+            hit_tokens[rid] = len(objects) * self._ctx.chunk_size
+            if objects:
+                tempo.report(rid, objects, hit.world_size)
+            else:
+                self._count("tempokv_reports_no_hit")
+        for rid in req.cancel:
+            tempo.cancel(rid)
+        tempo.update(list(req.order), req.ttus_s or None)
+        claimed = [r for r in req.order if r in tempo.controller.claims]
+        policy = tempo.policy
+        reply = wire.UpdateReply(
+            hit_tokens,
+            tempo.eta_s(claimed),
+            False,
+            policy.needs_ttu,
+            getattr(policy, "ttu_quantile", None),
+        )
+        return _json(reply.to_json())
+
+    def _tempo_objects(self, rid: str, hit: wire.Hit) -> list[LiveObject]:
+        """The claim's objects: the complete hit prefix, one chunk column each."""
+        key = IPCCacheServerKey(
+            model_name=hit.model_name,
+            world_size=hit.world_size,
+            worker_id=None,
+            token_ids=hit.token_ids,
+            start=0,
+            end=len(hit.token_ids),
+            request_id=rid,
+            cache_salt=hit.cache_salt,
+            num_kv_readers=hit.world_size,
+        )
+        return self._tempo_key_objects(key)
+
+    def _tempo_key_objects(self, key: IPCCacheServerKey) -> list[LiveObject]:
+        """The complete hit prefix of a lookup key (probe: metadata only), one chunk column
+        each; a claim's and a lookup's objects of one document share their ids."""
+        model = key.model_name
+        attn_desc = self._ctx.layout_desc_registry.find_attn_desc(model, key.world_size)
+        hashes = self._ctx.token_hasher.compute_chunk_hashes(list(key.token_ids), end=key.end)
+        if not hashes:
+            return []
+        request = self._lookup_request(key, hashes, attn_desc)  # type: ignore[attr-defined]
+        plan = self.restorer.probe(request)
+        return [
+            LiveObject(
+                f"{model}/{hashes[j].hex()}",
+                tuple((r.row, r.keys[j], r.chunk_bytes) for r in request.rows),
+            )
+            for j in range(plan.prefix_chunks)
+        ]
+
+    # ---- hooks the lookup / retrieve handlers call -------------------------------------
+    def _tempo_gate(self, key: IPCCacheServerKey, tp_size: int) -> bool:
+        """True when the lookup is held for committed staging (answered later). The hold's
+        thread always runs LMCache's own lookup at its end, whatever TempoKV did: a held
+        request is never left without one (vLLM would wait on it to its mq timeout)."""
+        tempo = self._tempo
+        if tempo is None:
+            return False
+        self._tempo_init()
+        rid = key.request_id
+        grant = tempo.begin_retrieval(rid)
+        if grant is not RetrievalGrant.WAIT:
+            return False
+        fut: Future[None] = Future()
+        held_from = time.time_ns()
+        g = self._guard
+
+        def release() -> None:
+            try:
+                ready = g.run("tempokv_hold", False, tempo.wait_ready, rid, WAIT_READY_MAX_S)
+                # the held lookup on the request's timeline: vLLM sees "not yet" meanwhile
+                server_event_span("tempokv.hold", held_from,
+                                  {"request_id": rid, "stage_ready": ready})  # fmt: skip
+                if not ready:
+                    log.warning("tempokv: %s not stage-ready in %ss: lookup goes on", rid,
+                                WAIT_READY_MAX_S)  # fmt: skip
+                self._count("lookups_stock")
+                self._lookup_mod.lookup(key, tp_size)
+            except Exception:
+                log.exception("tempokv: held lookup of %s failed: answering 0 chunks", rid)
+                with self._lock:
+                    self._results[rid] = 0
+            finally:
+                fut.set_result(None)
+
+        with self._lock:
+            self._modes[rid] = Mode.STOCK
+            self._stock_keys[rid] = key
+        self._tempo_held[rid] = fut
+        try:
+            threading.Thread(target=release, name=f"tempokv-hold-{rid}", daemon=True).start()
+        except Exception:  # no thread: not held, the caller looks it up now
+            self._tempo_held.pop(rid, None)
+            raise
+        return True
+
+    def _tempo_holding(self, request_id: str) -> bool:
+        held = getattr(self, "_tempo_held", {}).get(request_id)
+        return held is not None and not held.done()
+
+    def _tempo_observe(self, key: IPCCacheServerKey) -> None:
+        """The stock lookup of this key reads L2 itself: the provider sees that read."""
+        tempo = self._tempo
+        if tempo is None:
+            return
+        try:
+            objects = self._tempo_key_objects(key)
+        except Exception:
+            log.exception("tempokv: objects of %s not found: stock read not observed",
+                          key.request_id)  # fmt: skip
+            return
+        if objects:
+            tempo.observe_stock(key.request_id, objects, key.world_size)
+
+    def _tempo_stock_done(self, request_id: str, chunks: int) -> None:
+        tempo = self._tempo
+        if tempo is not None:
+            tempo.stock_done(request_id, chunks)
+
+    def _tempo_retrieved(self, request_id: str, rank: int | None = None) -> None:
+        tempo = self._tempo
+        if tempo is not None:
+            tempo.end_retrieval(request_id, rank)
+
+    def _tempo_ended(self, request_id: str) -> None:
+        getattr(self, "_tempo_held", {}).pop(request_id, None)
+        tempo = self._tempo
+        if tempo is not None:
+            tempo.end_session(request_id)

@@ -1,0 +1,146 @@
+"""TempoKV's device on the flash tier (``serving.fast_tier``): LMCache's L1 is a Device-DAX
+arena whose page cache is the fast tier and whose device is the flash (``stack/fast_tier``).
+
+Every document's objects are in L1 already (the arena holds them all); what is not resident
+is read from flash when touched. So a staging op here is:
+
+1. a LOCK prefetch of its objects' keys, as on the DRAM tier: they are L1 hits, read-locked
+   at once, so LMCache neither evicts nor reuses their arena ranges while protected;
+2. ``mlock`` of each object's arena range (``page_lock.PageLocker``): the server faults every
+   page in, through its cgroup's read throttle (the flash rate), and the pages stay
+   resident until ``munlock``. Ops run one at a time, in issue order (one FIFO device, as
+   the provider's schedule models it); an op's objects are locked by torch's intra-op
+   thread count of this process (the parallelism LMCache's CPU copies run with), so staging
+   does not read the arena with less concurrency than the stock retrieve faults it: the
+   read throttle paces 4 KiB faults unevenly at one in flight (at an 11 MiB/s limit: one
+   mlock thread 5-11 MiB/s, two 11-15; LMCache-DAX's retrieves 10.5-14.7 MiB/s per
+   document). The op is stage-ready when every mlock returned.
+
+Release (protection ended): ``munlock`` and the read locks dropped. The locker's budget is
+the protected budget, so nothing is ever locked past it. Protected bytes (C's samples) are
+the bytes ``mlock`` returned for. An object that cannot be locked (``mlock`` refused) is
+counted missed: its retrieval faults it in on demand, as an uncommitted claim's does."""
+
+from __future__ import annotations
+
+import logging
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from bsrkv.lmcache_ext.page_lock import PageLocker
+from bsrkv.lmcache_ext.storage import LMCacheTicket
+from bsrkv.lmcache_ext.tempokv_device import LiveObject, LmcStagingDevice, StageRecord, _Op
+from bsrkv.lmcache_ext.tempokv_device import _trace_stage as trace_stage
+
+log = logging.getLogger(__name__)
+DRAIN_S = 30.0  # at close: how long an mlock in flight may still take
+
+
+def _copy_threads() -> int:
+    """torch's intra-op threads in this process (LMCache's CPU copies run on them)."""
+    import torch
+
+    return max(1, torch.get_num_threads())
+
+
+@dataclass(slots=True)
+class _Locking:
+    op: _Op
+    future: Future[int]  # objects that could not be locked
+
+
+class DaxStagingDevice(LmcStagingDevice):
+    """``StagingDevice`` over a Device-DAX L1: an op is a LOCK prefetch, then ``mlock``."""
+
+    def __init__(
+        self,
+        storage: Any,
+        now: Any,
+        est_bytes_s: float,
+        latency_s: float = 0.0,
+        budget_bytes: int = 0,
+        locker: PageLocker | None = None,
+        readers: int | None = None,
+    ) -> None:
+        super().__init__(storage, now, est_bytes_s, latency_s)
+        self.locker = locker if locker is not None else PageLocker(budget_bytes)
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tempokv-stage")
+        self.readers = readers if readers is not None else _copy_threads()
+        self._readers = ThreadPoolExecutor(self.readers, thread_name_prefix="tempokv-mlock")
+        self._locking: dict[int, _Locking] = {}
+
+    def _ranges(self, obj: LiveObject, keys: list[Any]) -> list[tuple[int, int]]:
+        """The object's arena ranges: each of its locked keys' memory object."""
+        got, objs = self.storage.sm.unsafe_read(keys)
+        return [(m.data_ptr, m.data_ptr + m.get_physical_size()) for m in objs]
+
+    def _lock_one(self, obj: LiveObject, keys: list[Any]) -> int:
+        """1 when the object is missed: not whole in L1 (its retrieval recomputes what is
+        not), or not locked (its retrieval faults it in)."""
+        if not keys:
+            return 1
+        try:
+            self.locker.lock(obj.object_id, self._ranges(obj, keys))
+        except Exception:
+            log.exception("tempokv dax: %s not locked: its retrieval faults", obj.object_id)
+            return 1
+        return int(len(keys) < len(obj.keys))
+
+    def _lock_objects(self, objects: list[tuple[LiveObject, list[Any]]]) -> int:
+        """Every object of one op, on the reader threads; how many were missed."""
+        return sum(self._readers.map(lambda ok: self._lock_one(*ok), objects))
+
+    def poll(self) -> None:
+        """A prefetch done starts its objects' mlock; an mlock done completes the op."""
+        for op_id, op in list(self._ops.items()):
+            if op_id in self._locking:
+                continue
+            if self.storage.wait(op.ticket, 0.0) is None:
+                continue
+            ticket: LMCacheTicket = getattr(op.ticket, "ticket", op.ticket)
+            held = set(ticket.hit_keys)
+            objects = [(o, [k for _, k, _ in o.keys if k in held]) for o in op.objects]
+            for obj, keys in objects:
+                self.locked.setdefault(obj.object_id, []).extend(keys)
+            ticket.released = True  # its read locks are now held per object (sync_pins)
+            fut = self._pool.submit(self._lock_objects, objects)
+            self._locking[op_id] = _Locking(op, fut)
+        for op_id, lk in list(self._locking.items()):
+            if not lk.future.done():
+                continue
+            del self._locking[op_id]
+            del self._ops[op_id]
+            self.schedule.drop(op_id, self.now())
+            try:
+                missed = lk.future.result()
+            except Exception:
+                log.exception("tempokv dax: op %s", op_id)
+                missed = len(lk.op.objects)
+            rec = StageRecord(op_id, lk.op.size_bytes, lk.op.start_s, self.now(), missed)
+            self.stages.append(rec)
+            trace_stage(rec, self.now())
+            lk.op.on_done(op_id)
+
+    def sync_pins(self, keep: Any) -> None:
+        """Unprotected objects: munlocked, then their read locks dropped. An object whose
+        mlock is still running stays until its op completes."""
+        busy = {o.object_id for lk in self._locking.values() for o in lk.op.objects}
+        for oid in [o for o in self.locked if o not in keep and o not in busy]:
+            self.locker.unlock(oid)
+        super().sync_pins(set(keep) | busy)
+
+    def locked_bytes(self) -> int:
+        return self.locker.locked_bytes
+
+    def release_all(self) -> None:
+        for lk in self._locking.values():
+            try:
+                lk.future.result(timeout=DRAIN_S)
+            except Exception:
+                log.exception("tempokv dax: an mlock at close")
+        self._locking.clear()
+        self._pool.shutdown(wait=False)
+        self._readers.shutdown(wait=False)
+        self.locker.unlock_all()
+        super().release_all()
