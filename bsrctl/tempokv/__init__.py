@@ -1,7 +1,7 @@
 """TempoKV: time SSD→fast-tier staging commitment by time-to-use vs time-to-ready.
 
 Engine-independent: the same claims, estimators, controller and provider run against the
-simulated engine and device (`sim/`) and, later, the real serving stack.
+simulated engine and device (`sim/`) and the real serving stack (`--stack serving`).
 """
 
 from bsrctl.clock import Clock, VirtualClock, WallClock
