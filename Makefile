@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml mechanisms/pyproject.toml Makefile
 	@# The mechanisms (bsrkv, mechanisms/) and the harness that depends on them, in one resolve.
 	$(PY) -m pip install -q -e ./mechanisms -e '.[cpu,dev]'
 	@# PyPI's torchvision/torchaudio/torchcodec are CUDA builds that break transformers beside a
-	@# CPU torch; triton has no CPU backend (STACK-NOTES). Never run `pip check` after this.
+	@# CPU torch; triton has no CPU backend (docs/architecture/stack.md, CPU stack facts). Never run `pip check` after this.
 	$(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec triton 2>/dev/null || true
 	@# Mooncake's binaries link libibverbs even over TCP.
 	@ldconfig -p | grep -q 'libibverbs\.so\.1' || \

@@ -1,4 +1,4 @@
-"""Issue 16 item 3: a `tempokv --stack serving` run against the simulation of its spec,
+"""The sim cross-check: a `tempokv --stack serving` run against the simulation of its spec,
 calibrated from that run's measured step times (adapter trace) and staging rate
 (evidence). Prints the calibration, both runs' C and p95 per policy, and the orderings.
 

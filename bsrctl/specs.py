@@ -22,7 +22,7 @@ from bsrkv.settings import RestoreSettings, RestoreTuning
 from bsrkv.trace.spec import TraceSpec
 
 # vLLM --dtype when the spec sets none (bsrctl.stack.profile reads it): the CPU stack's
-# numerics are float32 (greedy outputs identical across processes, STACK-NOTES); on CUDA vLLM
+# numerics are float32 (greedy outputs identical across processes: CPU stack facts); on CUDA vLLM
 # takes the checkpoint's dtype (bf16 for the shipped models; it refuses float32 for FP8).
 DEFAULT_DTYPE = {"cpu": "float32", "cuda": "auto"}
 

@@ -192,13 +192,13 @@ BREAKS = [
         {"report-from-evidence", "package-layers"},  # report and stack are siblings
         "bsrctl.report.figures -> bsrctl.stack.process",
     ),
-    (  # the upward arrow issue 21 removed: the spec models reaching up into the stack
+    (  # the upward arrow since removed: the spec models reaching up into the stack
         "bsrctl/specs.py",
         "import bsrctl.stack.tinymodel",
         {"package-layers", "tempokv-no-stack", "acyclic"},  # tempokv.spec imports specs
         "bsrctl.specs -> bsrctl.stack.tinymodel",
     ),
-    (  # the circle issue 21 removed: the Target contract importing make_target's module
+    (  # the circle since removed: the Target contract importing make_target's module
         "bsrctl/stack/target.py",
         "import bsrctl.stack.selector",
         {"stack-targets", "acyclic"},

@@ -28,7 +28,7 @@ def merge(verdicts: Iterable[Verdict]) -> Verdict:
 
 
 def exit_code(verdict: Verdict) -> int:
-    """DESIGN.md: 0 PASS, 1 FAIL, 3 UNKNOWN (2 is reserved for bad input)."""
+    """README, verdict table: 0 PASS, 1 FAIL, 3 UNKNOWN (2 is reserved for bad input)."""
     return {Verdict.PASS: 0, Verdict.FAIL: 1, Verdict.UNKNOWN: 3}[Verdict(verdict)]
 
 

@@ -1,1 +1,1 @@
-"""Stacks bsrctl drives: serving (real vLLM + LMCache [+ Mooncake]), storage, sim."""
+"""Stacks by stack.kind: serving (launched vLLM + LMCache [+ Mooncake]), attach, storage."""

@@ -1,7 +1,7 @@
 """Whether a deployment runs vLLM with ``VLLM_BATCH_INVARIANT=1``: a pure decision from the
 spec and the model's ``config.json``, for the device profile to put in vLLM's environment.
 
-What vLLM 0.32 does with it (read in its source; docs/architecture.md, "Output oracle"):
+What vLLM 0.32 does with it (read in its source; docs/architecture/output-oracle.md):
 matmuls, softmax, log-softmax, bmm, mean and RMSNorm are replaced or pinned so a row's
 result does not depend on how many rows run beside it; all-reduce is pinned to one
 order; attention runs with one KV split; and only attention backends that declare
@@ -65,7 +65,7 @@ def batch_invariance(
 ) -> BatchInvariance:
     """``requested`` is ``vllm.batch_invariant``: True asks for it (an error where it cannot
     hold), False turns it off, None turns it on wherever it holds. ``config`` is the model's
-    ``config.json``. Never on cpu: vLLM's CPU float32 is already deterministic (STACK-NOTES),
+    ``config.json``. Never on cpu: vLLM's CPU float32 is already deterministic (CPU stack facts),
     and the mode's overrides are CUDA kernels."""
     if device != "cuda":
         if requested:

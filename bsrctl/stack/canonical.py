@@ -1,7 +1,7 @@
 """Canonical outputs: the same request on a vLLM with no KV connector at all (the model is
 prepared in ``bsrctl.stack.model``, the one home of folder and vocabulary).
 
-Greedy decoding on the tiny model is deterministic across processes (STACK-NOTES), so a
+Greedy decoding on the tiny model is deterministic across processes (CPU stack facts), so a
 canonical output (its ids and each one's top-1 logprob, ``Reference``) is computed once per
 key and cached under .cache/canonical/ (a file from before logprobs were kept is a miss).
 The key holds everything that changes the numbers: the model (its files' sha256), the vLLM

@@ -99,7 +99,7 @@ def _cpu(v: VllmSpec, lmcache_threads: int | None = None) -> DeviceProfile:
     tp = v.tensor_parallel_size
     if tp > 1:
         # one core per rank ("Not enough allowed NUMA nodes to bind threads" otherwise,
-        # STACK-NOTES), for the reference as for the served vLLM: same ranks, same sums
+        # CPU stack facts), for the reference as for the served vLLM: same ranks, same sums
         env["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(
             str(i % (os.cpu_count() or 1)) for i in range(tp)
         )

@@ -5,7 +5,7 @@ left out), each started by the first run that misses the canonical cache on it a
 that misses starts and stops its own reference (``canonical.canonical_references``).
 
 Why a pool: the reference's numbers depend only on its launch (no connector, no prefix
-cache, greedy: STACK-NOTES), and a vLLM start is ~30 s of interpreter imports on 2 cores.
+cache, greedy: CPU stack facts), and a vLLM start is ~30 s of interpreter imports on 2 cores.
 The test suite sets the variable for its session (tests/conftest.py); a nightly job that
 runs many specs on one node can too.
 

@@ -21,7 +21,7 @@ TOKEN_ENV = "BSRCTL_ATTACH_TOKEN"  # bsrctl's side: the variable stack.attach na
 
 
 def readme_token() -> str:
-    """The control token the README's `lmcache server` line gives the server module."""
+    """The control token docs/attach.md's `lmcache server` line gives the server module."""
     from operator_stack import readme_block
 
     words = readme_block("lmcache")
@@ -97,7 +97,7 @@ class Deployment:
             "vllm_url": f"http://127.0.0.1:{p['vllm']}",
             "lmcache_url": f"tcp://127.0.0.1:{p['lmcache']}",
             "lmcache_http_port": p["lmcache_http"],
-            "control_token_env": TOKEN_ENV,  # run_bsrctl sets it to the README's token
+            "control_token_env": TOKEN_ENV,  # run_bsrctl sets it to docs/attach.md's token
             **over,
         }
         return "  attach: " + json.dumps(doc) + "\n"

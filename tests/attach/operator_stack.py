@@ -1,9 +1,9 @@
 """An operator's own deployment, as a cluster's tooling would start it: vLLM + LMCache MP server
-with the README's known-good command lines (its "Attach to a running deployment" section, read
-out of README.md here: what the README says is what runs), NOT bsrctl's stack code (nothing of
+with the known-good command lines of docs/attach.md (its ``<!-- operator: NAME -->`` blocks,
+read out of that page here: what the docs say is what runs), NOT bsrctl's stack code (nothing of
 ``bsrctl.stack`` is imported). Only ports, folders, the model and L1's size are this
-machine's; LMCache's L2 is the README's stock ``fs`` adapter, or with ``--l2 faults`` the
-README's fault-adapter variant (what failure cells need).
+machine's; LMCache's L2 is the page's stock ``fs`` adapter, or with ``--l2 faults`` the
+page's fault-adapter variant (what failure cells need).
 
     python operator_stack.py up DIR --model MODEL [--no-module] [--only-lmcache]
     python operator_stack.py restart-vllm DIR [--without-env NAME]
@@ -47,21 +47,21 @@ def http_ok(url: str) -> bool:
         return False
 
 
-README = Path(__file__).parents[2] / "README.md"
+ATTACH_DOC = Path(__file__).parents[2] / "docs" / "attach.md"
 
 
 def readme_block(name: str) -> list[str]:
-    """The shell words of the README's ``<!-- operator: NAME -->`` code block."""
-    text = README.read_text()
+    """The shell words of docs/attach.md's ``<!-- operator: NAME -->`` code block."""
+    text = ATTACH_DOC.read_text()
     marker = f"<!-- operator: {name} -->"
     if marker not in text:
-        sys.exit(f"README.md has no {marker} block")
+        sys.exit(f"docs/attach.md has no {marker} block")
     body = text.split(marker, 1)[1].split("```sh\n", 1)[1].split("```", 1)[0]
     return shlex.split(body.replace("\\\n", " "))
 
 
 def env(root: Path) -> dict[str, str]:
-    """This machine's hygiene around the README's own variables: the mark the tests find
+    """This machine's hygiene around the page's own variables: the mark the tests find
     parts by, no telemetry, no hub, loopback only, a private compile cache."""
     return {
         **os.environ,
@@ -77,7 +77,7 @@ def env(root: Path) -> dict[str, str]:
 
 
 def localize(words: list[str], root: Path, ports: dict[str, int], model: str, l2: str) -> list[str]:
-    """The README's example ports, folders and model as this machine's (nothing else)."""
+    """The page's example ports, folders and model as this machine's (nothing else)."""
     subs = [
         ("5555", str(ports["lmcache"])), ("8080", str(ports["lmcache_http"])),
         ("8000", str(ports["vllm"])), ("/var/lib/lmcache/l2", str(root / f"l2-{l2}")),
@@ -92,7 +92,7 @@ def localize(words: list[str], root: Path, ports: dict[str, int], model: str, l2
 
 
 def command(name: str, root: Path, ports: dict[str, int], model: str, **how: object) -> dict:
-    """The README's command line `name` ("lmcache" | "vllm") for this machine: argv + env."""
+    """docs/attach.md's command line `name` ("lmcache" | "vllm") for this machine: argv + env."""
     words = readme_block(name)
     variables = {}
     while "=" in words[0] and not words[0].startswith("-"):
@@ -101,7 +101,7 @@ def command(name: str, root: Path, ports: dict[str, int], model: str, **how: obj
     if name == "lmcache":
         words[0] = str(VENV_BIN / "lmcache")
         words[words.index("--l1-size-gb") + 1] = repr(L1_GB)
-        if how.get("l2") == "faults":  # the README's fault-adapter variant of --l2-adapter
+        if how.get("l2") == "faults":  # the page's fault-adapter variant of --l2-adapter
             at = words.index("--l2-adapter")
             words[at : at + 2] = readme_block("lmcache-l2-faults")
         if not how.get("module", True):
@@ -243,7 +243,7 @@ def up(root: Path, model: str, module: bool, only_lmcache: bool) -> dict:
 
 def restart(root: Path, name: str, l2: str | None = None, without_env: str | None = None) -> None:
     """Stop the part by its group, then start it again: with `l2`, LMCache with that L2 (the
-    README's stock or fault-adapter line); with `without_env`, that variable dropped."""
+    docs/attach.md's stock or fault-adapter line); with `without_env`, that variable dropped."""
     state = load(root)
     vllm_on = name == "lmcache" and bool(state["pids"].get("vllm"))
     if vllm_on:

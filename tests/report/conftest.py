@@ -19,7 +19,7 @@ SMALL = (DATA / "small-storage-stack.yaml").read_text() + (DATA / "small-section
 
 @pytest.fixture
 def figures() -> None:
-    """The figure tests need matplotlib (a dependency since issue 13): fail saying so."""
+    """The figure tests need matplotlib (a dependency of bsrctl): fail saying so."""
     try:
         import matplotlib  # noqa: F401
     except ImportError:

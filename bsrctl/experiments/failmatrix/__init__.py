@@ -1,5 +1,5 @@
 """`bsrctl failmatrix`: a workload x fault matrix proving a failed bounded restore ends
-closed, correct and explained (issue 5), the way Jepsen proves a database.
+closed, correct and explained, the way Jepsen proves a database.
 
 - ``spec``: the matrix (cells, each with its fault and expected outcome), ``load_matrix``.
 - ``injectors``: each fault by real means on the serving stack (arm, strike, recover).

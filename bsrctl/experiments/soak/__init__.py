@@ -1,1 +1,1 @@
-"""The nemesis soak (issue 24 item 2): only its seeded schedule exists so far."""
+"""`bsrctl soak`, the nemesis soak: spec, seeded schedule, run (load, faults, quiesce), checker."""

@@ -1,4 +1,4 @@
-"""Issue 16 item 3: the serving run's spec under the simulation, calibrated from what the
+"""The sim cross-check: the serving run's spec under the simulation, calibrated from what the
 serving run measured, and the two runs' per-policy orderings by C and by p95 TTFT.
 
 Calibration (nothing tuned toward an ordering; every input is a measurement or the spec):

@@ -64,7 +64,7 @@ class Slots:
 
 
 def base_env() -> dict[str, str]:
-    """Every process's: telemetry off, loopback only, offline (STACK-NOTES)."""
+    """Every process's: telemetry off, loopback only, offline (docs/architecture/stack.md)."""
     return {
         "LMCACHE_TRACK_USAGE": "false",
         "LMCACHE_DISABLE_BANNER": "1",

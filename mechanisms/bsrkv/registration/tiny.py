@@ -15,7 +15,7 @@ RECIPE_VERSION = 1
 
 @dataclass(frozen=True)
 class TinyModelRecipe:
-    # Head dim 32 is the smallest the CPU attention kernels accept (STACK-NOTES).
+    # Head dim 32 is the smallest the CPU attention kernels accept (CPU stack facts).
     hidden_size: int = 128
     intermediate_size: int = 256
     num_hidden_layers: int = 2

@@ -73,7 +73,7 @@ def test_vllm_behind_the_connector() -> None:
 
 
 def test_plain_vllm_has_no_connector_and_no_prefix_cache() -> None:
-    # the reference runs at the served deployment's TP (it returned before TP: issue 22 #1)
+    # the reference runs at the served deployment's TP (it once returned before TP)
     v = _cpu(max_model_len=4096, tensor_parallel_size=2)
     assert vllm_command(v, Path("/models/m"), 8000) == [
         *HEAD, "--tensor-parallel-size", "2", "--no-enable-prefix-caching",
