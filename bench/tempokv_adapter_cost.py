@@ -127,8 +127,8 @@ def profile_lines(profiles: dict[str, list[Path]]) -> list[str]:
     for arm, paths in profiles.items():
         for p in paths:
             s = engine_profile.summarize(p)
-            lines.append(f"profile {arm} ({p}): {s.samples} samples, bsrctl frames "
-                         f"{100 * s.bsrctl_share:.2f} %")  # fmt: skip
+            lines.append(f"profile {arm} ({p}): {s.samples} samples, adapter (bsrkv) frames "
+                         f"{100 * s.adapter_share:.2f} %")  # fmt: skip
             lines += [f"  self {100 * v:5.2f} % {f}" for f, v in s.top_self[:10]]
     return lines
 

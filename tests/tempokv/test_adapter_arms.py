@@ -78,7 +78,7 @@ def test_a_py_spy_profile_is_read_as_shares(tmp_path: Path) -> None:
         "garbage line\n"
     )
     s = summarize(raw, top=2)
-    assert s.samples == 100 and s.bsrctl_share == pytest.approx(0.3)
+    assert s.samples == 100 and s.adapter_share == pytest.approx(0.3)
     assert s.top_self == (
         ("forward (torch/m.py:9)", 0.6),
         ("schedule (bsrkv/vllm_ext/s.py:3)", 0.3),

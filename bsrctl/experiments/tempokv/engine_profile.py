@@ -67,7 +67,7 @@ class Recorder:
 @dataclass(frozen=True)
 class ProfileSummary:
     samples: int
-    bsrctl_share: float  # samples with any bsrctl frame on the stack
+    adapter_share: float  # samples with any frame of the mechanisms (bsrkv) on the stack
     top_self: tuple[tuple[str, float], ...]  # (function, share of samples as the leaf)
     top_total: tuple[tuple[str, float], ...]  # (function, share of samples on the stack)
 
@@ -88,7 +88,7 @@ def summarize(raw: Path, top: int = 15) -> ProfileSummary:
         c = int(count)
         frames = _frames(stack)
         n += c
-        ours += c * any("bsrctl/" in f for f in frames)
+        ours += c * any("bsrkv/" in f for f in frames)
         if frames:
             leaf[frames[-1]] += c
         for f in set(frames):
