@@ -7,7 +7,7 @@
 FROM nvidia/cuda:13.0.0-devel-ubuntu24.04
 
 # Python 3.11 (bsrctl's requires-python), and unshare/nsenter/ip for the network
-# namespace a stack with Mooncake puts its parts in (bsrctl/stack/netns.py); fio, the FS
+# namespace a stack with Mooncake puts its parts in (bsrctl/stack/launch/netns.py); fio, the FS
 # tier's limit in bench/restore_bandwidth.py.
 RUN apt-get update \
  && apt-get install -y --no-install-recommends software-properties-common \

@@ -105,9 +105,9 @@ from bsrctl.experiments.tempokv.serving import (
     stack_spec,
 )
 from bsrctl.spec_io import describe_error
-from bsrctl.stack.bsr_client import outcomes_since
-from bsrctl.stack.deployment import Deployment
-from bsrctl.stack.extensions import TempoKVLaunch, odirect_allowed
+from bsrctl.stack.contracts.bsr_client import outcomes_since
+from bsrctl.stack.contracts.deployment import Deployment
+from bsrctl.stack.launch.extensions import TempoKVLaunch, odirect_allowed
 from bsrctl.tempokv.serving_workload import goodput
 from bsrctl.tempokv.spec import TempoKVSpec
 from bsrkv.trace.collect import read_spans

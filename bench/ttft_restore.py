@@ -53,9 +53,9 @@ from bsrctl.experiments.restore.repeats import PRODUCTION, Pass, rounds
 from bsrctl.experiments.restore.spec import ExperimentSpec
 from bsrctl.prompts import prompt_ids
 from bsrctl.spec_io import read_yaml
-from bsrctl.stack.bsr_client import outcomes_since
+from bsrctl.stack.contracts.bsr_client import outcomes_since
+from bsrctl.stack.contracts.target import Prompt
 from bsrctl.stack.selector import make_target
-from bsrctl.stack.target import Prompt
 from bsrctl.stats import Interval, median_ci, paired_ratio_ci
 
 PHASES = ("fetch_s", "install_s", "sync_s")  # a window's own work (not its waits)

@@ -84,7 +84,7 @@ def finish(verdict: Verdict, out_dir: Path, as_json: bool = False) -> None:
 def reclaim_dead_runs(say: bool = True) -> None:
     """Remove the /dev/shm segments that runs killed before their teardown named (and only
     those whose processes are gone and that nothing maps)."""
-    from bsrctl.stack.shm_ledger import reclaim
+    from bsrctl.stack.launch.shm_ledger import reclaim
 
     gone = reclaim()
     if gone and say:
@@ -236,7 +236,7 @@ def doctor(
     from rich.markup import escape
 
     from bsrctl.specs import load_stack_section
-    from bsrctl.stack.doctor import diagnose
+    from bsrctl.stack.doctor.command import diagnose
 
     stack = guarded(lambda: load_stack_section(spec)[0]) if spec is not None else None
     rows = diagnose(model=model, stack=stack, where=str(spec))
@@ -257,7 +257,7 @@ def stack_up(
 ) -> None:
     """Start the stack a spec's `stack:` and `restore:` sections describe (W = 0) and leave
     it running."""
-    from bsrctl.stack import standalone
+    from bsrctl.stack.launch import standalone
 
     def go() -> Any:
         reclaim_dead_runs()
@@ -274,7 +274,7 @@ def stack_plan(
 ) -> None:
     """Every process the spec would start (argv, env) and its figures; starts nothing, needs
     no GPU, reads no model but its config.json."""
-    from bsrctl.stack.plan import plan_spec, render
+    from bsrctl.stack.launch.plan import plan_spec, render
 
     plan = guarded(lambda: plan_spec(spec))
     sys.stdout.write(json.dumps(plan.to_json()) + "\n" if as_json else render(plan))
@@ -285,7 +285,7 @@ def stack_status(
     run_dir: Annotated[Path, typer.Option("--run-dir")] = Path("reports/stack"),
 ) -> None:
     """Each part's PID, liveness, health and endpoint."""
-    from bsrctl.stack.status import status_from_state
+    from bsrctl.stack.launch.status import status_from_state
 
     rows = guarded(lambda: status_from_state(run_dir))
     out.print_json(json.dumps(rows))
@@ -297,7 +297,7 @@ def stack_down(
     run_dir: Annotated[Path, typer.Option("--run-dir")] = Path("reports/stack"),
 ) -> None:
     """Stop every process the stack started, by PID (SIGTERM, then SIGKILL)."""
-    from bsrctl.stack.standalone import stack_down as down
+    from bsrctl.stack.launch.standalone import stack_down as down
 
     left = guarded(lambda: down(run_dir))
     if left:

@@ -21,7 +21,7 @@ from bsrkv.registration.tiny import TinyModelRecipe
 from bsrkv.settings import RestoreSettings, RestoreTuning
 from bsrkv.trace.spec import TraceSpec
 
-# vLLM --dtype when the spec sets none (bsrctl.stack.profile reads it): the CPU stack's
+# vLLM --dtype when the spec sets none (bsrctl.stack.launch.profile reads it): the CPU stack's
 # numerics are float32 (greedy outputs identical across processes: CPU stack facts); on CUDA vLLM
 # takes the checkpoint's dtype (bf16 for the shipped models; it refuses float32 for FP8).
 DEFAULT_DTYPE = {"cpu": "float32", "cuda": "auto"}
@@ -89,7 +89,7 @@ class VllmSpec(Strict):
     )
     batch_invariant: bool | None = Field(
         None,
-        description="cuda: VLLM_BATCH_INVARIANT=1 (bsrctl.stack.batch_invariance); None: on "
+        description="cuda: VLLM_BATCH_INVARIANT=1 (bsrctl.stack.launch.batch_invariance); None: on "
         "where vLLM 0.32 makes it hold (unquantized weights and KV, a declaring attention "
         "backend), else off; never on cpu",
     )

@@ -13,7 +13,7 @@ two never overlap. Unit tests take no lock, so the exclusive unit runs first, be
 Without xdist the lock is never contended.
 
 Reference vLLMs (canonical outputs) come from one pool for the session
-(``bsrctl.stack.reference_pool``): one per launch, stopped by PID when the session ends.
+(``bsrctl.stack.measure.reference_pool``): one per launch, stopped by PID when the session ends.
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ from typing import Any
 
 import pytest
 
-from bsrctl.stack.reference_pool import POOL_ENV, close_pool
-from bsrctl.stack.shm_ledger import LEDGER_ENV
+from bsrctl.stack.launch.shm_ledger import LEDGER_ENV
+from bsrctl.stack.measure.reference_pool import POOL_ENV, close_pool
 
 LOCK_ENV = "BSRCTL_TEST_SHM_LOCK"
 HEAVY_MARKERS = ("e2e", "mooncake", "process")
@@ -71,7 +71,7 @@ def pytest_configure(config: pytest.Config) -> None:
         else:
             os.unlink(path)
         # one reference vLLM per launch for the whole session, workers and the bsrctl they
-        # run alike (bsrctl.stack.reference_pool); stopped by PID in pytest_unconfigure
+        # run alike (bsrctl.stack.measure.reference_pool); stopped by PID in pytest_unconfigure
         if POOL_ENV not in os.environ:
             os.environ[POOL_ENV] = tempfile.mkdtemp(prefix="bsrctl-refpool-")
             _POOLS.append(Path(os.environ[POOL_ENV]))
@@ -179,7 +179,7 @@ def _unit_ledger(
     monkeypatch: pytest.MonkeyPatch,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
-    """Unit tests get a /dev/shm ledger of their own (bsrctl.stack.shm_ledger): every
+    """Unit tests get a /dev/shm ledger of their own (bsrctl.stack.launch.shm_ledger): every
     experiment command reclaims dead runs' segments first and says so in a line, and a dead
     run of a heavy test beside them (two workers) must not add that line to the output a
     unit test checks, nor a unit test reclaim what a heavy test is about to."""
@@ -221,7 +221,7 @@ def session_leftovers(pool: Path) -> dict[int, str]:
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    from bsrctl.stack.process import stop_pids
+    from bsrctl.stack.launch.process import stop_pids
 
     _LOCK.release()
     for pool in _POOLS:

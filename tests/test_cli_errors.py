@@ -8,7 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from bsrctl.cli import app
-from bsrctl.stack.process import free_port
+from bsrctl.stack.launch.process import free_port
 
 runner = CliRunner()
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from bsrctl.stack.extensions import (
+from bsrctl.stack.launch.extensions import (
     ASYNC_SCHEDULER,
     BSR_SERVER_MODULE,
     FAULT_ADAPTER_MODULE,

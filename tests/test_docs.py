@@ -83,7 +83,7 @@ def test_attach_page_names_the_modules_bsrctl_loads() -> None:
     launched stacks load (bsrkv's, once the mechanisms live in their own distribution)."""
     import json
 
-    from bsrctl.stack.extensions import BSR_SERVER_MODULE, FAULT_ADAPTER_MODULE
+    from bsrctl.stack.launch.extensions import BSR_SERVER_MODULE, FAULT_ADAPTER_MODULE
 
     op = _operator_stack()
     lmcache = op.readme_block("lmcache")

@@ -16,7 +16,7 @@ from bsrctl.errors import BadInput
 from bsrctl.registration import declared
 from bsrctl.registration.derive import derive, derive_from_folder
 from bsrctl.specs import TargetSpec
-from bsrctl.stack.tinymodel import TINY_QWEN3, TinyModelRecipe
+from bsrctl.stack.launch.tinymodel import TINY_QWEN3, TinyModelRecipe
 from bsrkv.registration import dsv4_flash_mtp_off, first_difference, tiny_llama_cpu
 
 LADDERS = Path(__file__).parents[1] / "ladders"

@@ -9,8 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bsrctl.stack.process import stop_pids
-from bsrctl.stack.reference_pool import POOL_ENV
+from bsrctl.stack.launch.process import stop_pids
+from bsrctl.stack.measure.reference_pool import POOL_ENV
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from conftest import session_leftovers  # noqa: E402

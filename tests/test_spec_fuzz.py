@@ -56,7 +56,7 @@ def _roundtrip(path: Path) -> Any:
 
 
 def _plan(path: Path) -> Any:
-    from bsrctl.stack.plan import plan_spec
+    from bsrctl.stack.launch.plan import plan_spec
 
     return plan_spec(path)
 
@@ -191,7 +191,7 @@ def no_stack(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
     def refuse(*_a: Any, **_k: Any) -> None:
         raise AssertionError("the fuzz test started a stack")
 
-    monkeypatch.setattr("bsrctl.stack.serving.stack.ServingStack.up", refuse)
+    monkeypatch.setattr("bsrctl.stack.launch.serving.stack.ServingStack.up", refuse)
     monkeypatch.setattr("bsrctl.cli.reclaim_dead_runs", lambda say=True: None)
     return monkeypatch
 

@@ -72,7 +72,7 @@ def test_a_stack_subcommand_is_named_by_its_path(monkeypatch, tmp_path) -> None:
     def broken(*_a: object, **_k: object) -> None:
         raise Boom("it broke")
 
-    monkeypatch.setattr("bsrctl.stack.status.status_from_state", broken)
+    monkeypatch.setattr("bsrctl.stack.launch.status.status_from_state", broken)
     code, lines = invoke("stack", "status", "--run-dir", str(tmp_path))
     assert code == 3
     the_line(lines, "stack status")

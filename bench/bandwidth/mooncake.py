@@ -46,8 +46,8 @@ def read_worker(stdout: str, say: Say) -> TierResult | None:
 
 def mooncake_tier(args: argparse.Namespace, say: Say) -> list[TierResult]:
     """Start a Mooncake master + node in a private namespace; measure inside it."""
-    from bsrctl.stack.mooncake import start_mooncake
-    from bsrctl.stack.netns import start_netns
+    from bsrctl.stack.launch.netns import start_netns
+    from bsrctl.stack.launch.serving.mooncake import start_mooncake
 
     reg = registration()
     need = max(reg.num_chunks(t) for t in args.tokens) * reg.bytes_per_chunk * reg.tp_size

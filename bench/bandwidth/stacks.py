@@ -10,7 +10,7 @@ from typing import Any
 
 from bsrctl.specs import StorageSpec, TargetSpec
 from bsrctl.stack.storage import StorageStack
-from bsrctl.stack.storage_target import StorageTarget
+from bsrctl.stack.storage.target import StorageTarget
 from bsrkv.registration import Registration
 from bsrkv.settings import RestoreSettings
 

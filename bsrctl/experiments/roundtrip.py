@@ -20,12 +20,12 @@ from bsrctl.experiments.run import execute, progress
 from bsrctl.prompts import expected_external_tokens, prompt_ids, tokens_sha256
 from bsrctl.spec_io import load_spec
 from bsrctl.specs import RoundTripSpec
-from bsrctl.stack.canonical import canonical_outputs
-from bsrctl.stack.deployment import FOLLOW_UP_MAX_TOKENS, FOLLOW_UP_PROMPT_TOKENS
-from bsrctl.stack.model import prepare_model
+from bsrctl.stack.contracts.deployment import FOLLOW_UP_MAX_TOKENS, FOLLOW_UP_PROMPT_TOKENS
+from bsrctl.stack.launch.model import prepare_model
+from bsrctl.stack.launch.serving import Completion, ServingStack, check_ports
+from bsrctl.stack.measure.canonical_outputs import canonical_outputs
+from bsrctl.stack.measure.tiers import mooncake_stored_keys, wait_written_through
 from bsrctl.stack.selector import make_deployment
-from bsrctl.stack.serving import Completion, ServingStack, check_ports
-from bsrctl.stack.tiers import mooncake_stored_keys, wait_written_through
 from bsrkv.settings import RestoreSettings
 
 

@@ -34,9 +34,9 @@ class Privileges:
 def privileges(stack: StackSpec) -> Privileges:
     """The least a stack kind needs. Attach and storage only talk HTTP/ZMQ or read files: no
     capability at all. A launched stack with Mooncake puts its parts in a private network
-    namespace (bsrctl/stack/netns.py): ``unshare -n`` and ``nsenter -n``/setns(2) need
+    namespace (bsrctl/stack/launch/netns.py): ``unshare -n`` and ``nsenter -n``/setns(2) need
     CAP_SYS_ADMIN, ``ip link set lo up`` in it (and two-hosts' veth pair,
-    bsrctl/stack/twohost.py) CAP_NET_ADMIN; nothing mounts, so not privileged. RDMA pins
+    bsrctl/stack/launch/twohost.py) CAP_NET_ADMIN; nothing mounts, so not privileged. RDMA pins
     memory (CAP_IPC_LOCK). A launched stack without Mooncake starts processes, no namespace."""
     base: dict[str, Any] = {"allowPrivilegeEscalation": False, "privileged": False}
     if stack.kind in ("attach", "storage"):

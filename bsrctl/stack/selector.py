@@ -6,8 +6,9 @@
     storage  StorageTarget (in-process StorageManagers, no model, no vLLM)
 
 Everything downstream reads ``target.kind`` or calls the target; nothing re-derives the stack.
-This module sits above the implementations it names, which import only ``bsrctl.stack.target``
-(no import circle: the ``stack-targets`` contract in pyproject.toml).
+This module sits above the implementations it names, which import only
+``bsrctl.stack.contracts.target`` (no import circle: the ``stack-targets`` contract in
+pyproject.toml).
 """
 
 from __future__ import annotations
@@ -17,13 +18,13 @@ from pathlib import Path
 
 from bsrctl.errors import BadInput
 from bsrctl.specs import StackSpec, TargetSpec
-from bsrctl.stack.attached import AttachedDeployment
-from bsrctl.stack.deployment import Deployment
-from bsrctl.stack.extensions import LMCacheExtensions, ServerModule
-from bsrctl.stack.launched import LaunchedDeployment
-from bsrctl.stack.running_target import RunningTarget
-from bsrctl.stack.storage_target import StorageTarget
-from bsrctl.stack.target import Target
+from bsrctl.stack.contracts.deployment import Deployment
+from bsrctl.stack.contracts.target import Target
+from bsrctl.stack.deployments.attached import AttachedDeployment
+from bsrctl.stack.deployments.launched import LaunchedDeployment
+from bsrctl.stack.launch.extensions import LMCacheExtensions, ServerModule
+from bsrctl.stack.measure.target import RunningTarget
+from bsrctl.stack.storage.target import StorageTarget
 from bsrkv.settings import RestoreSettings
 
 SERVING_KINDS = ("serving", "attach")

@@ -1,5 +1,5 @@
 """``serving.fast_tier``: a memory-semantic flash tier on one machine (the paper's §5.3
-deployment, ``bsrctl/stack/fast_tier.py`` builds it). LMCache's whole L1 is an arena on a
+deployment, ``bsrctl/stack/launch/fast_tier.py`` builds it). LMCache's whole L1 is an arena on a
 read-throttled device (the flash); the LMCache server's memory cgroup keeps at most
 ``fast_tier_mib`` of it resident beyond its own base (the device's DRAM)."""
 

@@ -38,13 +38,13 @@ def operator(*args: str, timeout: float = 400) -> str:
 
 
 def pool_pids() -> set[int]:
-    """The session's kept reference vLLMs (``bsrctl.stack.reference_pool``) with their
+    """The session's kept reference vLLMs (``bsrctl.stack.measure.reference_pool``) with their
     children: a run that missed the canonical cache started one, under that run's
     environment, and the pool keeps it past the run by design (``close_pool`` stops every
     one by PID at the session's end and asserts none is left)."""
     import psutil
 
-    from bsrctl.stack import reference_pool
+    from bsrctl.stack.measure import reference_pool
 
     pool = reference_pool.pool_dir()
     out: set[int] = set()

@@ -25,7 +25,7 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
         import bsrkv.lmcache_ext.server  # noqa: F401
     except Exception as exc:
         pytest.skip(f"bsrkv.lmcache_ext.server does not import ({exc!r})")
-    from bsrctl.stack import tinymodel  # the model folder an operator would have
+    from bsrctl.stack.launch import tinymodel  # the model folder an operator would have
 
     root = tmp_path_factory.mktemp("operator")
     state = json.loads(operator("up", str(root), "--model", str(tinymodel.build())))

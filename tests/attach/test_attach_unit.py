@@ -13,7 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from bsrctl.cli import app
-from bsrctl.stack.attach import host_port, server_module_line
+from bsrctl.stack.attach.stack import host_port, server_module_line
 from bsrkv.settings import RestoreSettings
 
 SMOKE = Path(__file__).parents[2] / "ladders" / "cpu-smoke.yaml"
@@ -142,7 +142,7 @@ def test_commands_that_launch_refuse_attach(tmp_path: Path, command: str) -> Non
 
 def attached_stack(tmp_path: Path, adapters: list[dict]):
     from bsrctl.specs import StackSpec
-    from bsrctl.stack.attach import AttachedStack
+    from bsrctl.stack.attach.stack import AttachedStack
 
     spec = StackSpec.model_validate({
         "kind": "attach",
@@ -166,7 +166,7 @@ def test_lmcache_stock_fs_adapter_is_the_fs_tier(tmp_path: Path) -> None:
 
 
 def test_seeding_reads_each_tier_by_a_lookup_through_the_server(tmp_path: Path) -> None:
-    from bsrctl.stack.tiers import chunks_held
+    from bsrctl.stack.measure.tiers import chunks_held
     from bsrkv.lmcache_ext.protocol import HoldsReply
 
     st = attached_stack(tmp_path, [STOCK_FS, WRAPPED_MOONCAKE])
@@ -194,7 +194,7 @@ def test_the_console_shows_the_attached_servers_l1_not_the_specs(tmp_path: Path)
     from types import SimpleNamespace
 
     from bsrctl.specs import TargetSpec
-    from bsrctl.stack.running_target import RunningTarget
+    from bsrctl.stack.measure.target import RunningTarget
 
     spec = TargetSpec()
     attached = SimpleNamespace(kind="attach", l1_capacity_bytes=64 << 20)

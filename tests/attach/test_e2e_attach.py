@@ -205,7 +205,7 @@ def test_vllm_without_dev_mode_is_exit_3_naming_it_with_no_traceback(
 ) -> None:
     """The same deployment, its vLLM restarted by the operator without VLLM_SERVER_DEV_MODE=1
     (so last: nothing after it needs /reset_prefix_cache)."""
-    from bsrctl.stack.prerequisites import DEV_MODE
+    from bsrctl.stack.attach.prerequisites import DEV_MODE
 
     operator("restart-vllm", str(deployment.root), "--without-env", "VLLM_SERVER_DEV_MODE")
     deployment.reload()

@@ -22,7 +22,7 @@ fig6 = importlib.util.module_from_spec(_spec)
 sys.modules[_spec.name] = fig6  # dataclasses look their module up
 _spec.loader.exec_module(fig6)
 
-from bsrctl.stack.extensions import L1Options  # noqa: E402
+from bsrctl.stack.launch.extensions import L1Options  # noqa: E402
 
 
 def test_arm_orders_alternate() -> None:

@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import pytest
 
-from bsrctl.stack.process import stop_pids
+from bsrctl.stack.launch.process import stop_pids
 
 BSRCTL = [sys.executable, "-m", "bsrctl.cli"]
 TEARDOWN_GRACE_S = 120.0

@@ -16,8 +16,8 @@ import pytest
 
 from bsrctl.evidence import load_evidence
 from bsrctl.report import render
-from bsrctl.stack.process import pids_alive, stop_pids
-from bsrctl.stack.serving import shm_mapped, shm_segments
+from bsrctl.stack.launch.process import pids_alive, stop_pids
+from bsrctl.stack.launch.serving import shm_mapped, shm_segments
 
 pytestmark = pytest.mark.e2e
 BSRCTL = [sys.executable, "-m", "bsrctl.cli"]

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from bsrctl.evidence import load_evidence
-from bsrctl.stack.process import pids_alive
+from bsrctl.stack.launch.process import pids_alive
 
 pytestmark = [pytest.mark.e2e, pytest.mark.mooncake]
 DEMO = Path(__file__).parents[2] / "ladders" / "demo-roundtrip.yaml"
@@ -25,7 +25,7 @@ def host_ip(*args: str) -> str:
 
 
 def test_roundtrip_across_two_hosts(tmp_path: Path, bsrctl: Callable[..., Any]) -> None:
-    from bsrctl.stack.netns import namespace_support
+    from bsrctl.stack.launch.netns import namespace_support
 
     if not namespace_support().ok:
         pytest.skip(namespace_support().detail)

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from bsrctl.stack.process import pids_alive
-from bsrctl.stack.serving import shm_mapped, shm_segments
+from bsrctl.stack.launch.process import pids_alive
+from bsrctl.stack.launch.serving import shm_mapped, shm_segments
 
 pytestmark = pytest.mark.e2e
 DEMO = Path(__file__).parents[2] / "ladders" / "demo-roundtrip.yaml"

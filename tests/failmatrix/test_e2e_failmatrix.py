@@ -11,7 +11,7 @@ import pytest
 
 from bsrctl.evidence.verdict import Verdict
 from bsrctl.experiments.failmatrix import ServingRig, load_matrix
-from bsrctl.stack.process import pids_alive
+from bsrctl.stack.launch.process import pids_alive
 
 from .serving_mutants import MUTANT_SERVER, set_mutations
 

@@ -12,8 +12,8 @@ import pytest
 
 from bsrctl.evidence.verdict import Verdict
 from bsrctl.experiments.failmatrix import ServingRig, load_matrix
-from bsrctl.stack.process import pids_alive
-from bsrctl.stack.twohost import SERVING_ADDR, STORAGE_ADDR
+from bsrctl.stack.launch.process import pids_alive
+from bsrctl.stack.launch.twohost import SERVING_ADDR, STORAGE_ADDR
 
 pytestmark = [pytest.mark.e2e, pytest.mark.mooncake]
 MATRIX = Path(__file__).parents[2] / "matrices" / "cpu-two-hosts.yaml"
@@ -29,7 +29,7 @@ def rig(tmp_path_factory: pytest.TempPathFactory):
         import mooncake  # noqa: F401
     except Exception as exc:
         pytest.skip(f"mooncake unavailable ({exc!r})")
-    from bsrctl.stack.netns import namespace_support
+    from bsrctl.stack.launch.netns import namespace_support
 
     if not namespace_support().ok:
         pytest.skip(namespace_support().detail)

@@ -19,7 +19,7 @@ from bsrctl.experiments.failmatrix.injectors import (
     WindowTimeout,
     clear_rules,
 )
-from bsrctl.stack.tiers import chunk_hashes_hex
+from bsrctl.stack.measure.tiers import chunk_hashes_hex
 
 MATRICES = Path(__file__).parents[2] / "matrices"
 

@@ -11,9 +11,9 @@ from failmatrix_mutants import MODULE_DIR, MUTATIONS, check_mutations
 
 import bsrctl.experiments.failmatrix as failmatrix
 from bsrctl.specs import StackSpec
-from bsrctl.stack.extensions import BSR_SERVER_MODULE, ServerModule, bsr_extensions
-from bsrctl.stack.process import Supervised
-from bsrctl.stack.serving import ServingStack, base_env
+from bsrctl.stack.launch.extensions import BSR_SERVER_MODULE, ServerModule, bsr_extensions
+from bsrctl.stack.launch.process import Supervised
+from bsrctl.stack.launch.serving import ServingStack, base_env
 from bsrkv.settings import RestoreSettings
 
 from .serving_mutants import MUTANT_SERVER, REPO

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from bsrctl.stack.mooncake import MooncakeStack, start_mooncake
-from bsrctl.stack.netns import NetNamespace, namespace_support, start_netns
-from bsrctl.stack.process import pids_alive, stop_pids
+from bsrctl.stack.launch.netns import NetNamespace, namespace_support, start_netns
+from bsrctl.stack.launch.process import pids_alive, stop_pids
+from bsrctl.stack.launch.serving.mooncake import MooncakeStack, start_mooncake
 
 HERE = Path(__file__).parent
 if str(HERE) not in sys.path:  # --import-mode=importlib: make lmcext_kv importable

@@ -212,7 +212,7 @@ def test_shaped_odirect_fs_tier_costs_the_spec(tmp_path, sm_factory):
     """A shaped bsr_fs tier (O_DIRECT where the filesystem takes it) in the real
     StorageManager: staging 6 chunks from L2 issues loads whose shaped schedule carries
     exactly their bytes at the spec's rate and latency, back to back on one device."""
-    from bsrctl.stack.extensions import odirect_allowed
+    from bsrctl.stack.launch.extensions import odirect_allowed
 
     base = tmp_path / "l2"
     odirect = odirect_allowed(base)

@@ -1,4 +1,5 @@
-"""bsrctl.stack.mooncake: master + storage node in a private network namespace, by PID."""
+"""bsrctl.stack.launch.serving.mooncake: master + storage node in a private network namespace,
+by PID."""
 
 from __future__ import annotations
 
@@ -7,9 +8,9 @@ import os
 import pytest
 
 from bsrctl.errors import StackFailed
-from bsrctl.stack.mooncake import mooncake_binaries, start
-from bsrctl.stack.netns import NetNamespace, ensure_ready, namespace_support
-from bsrctl.stack.process import pids_alive
+from bsrctl.stack.launch.netns import NetNamespace, ensure_ready, namespace_support
+from bsrctl.stack.launch.process import pids_alive
+from bsrctl.stack.launch.serving.mooncake import mooncake_binaries, start
 
 pytestmark = pytest.mark.mooncake
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from bsrctl.stack.process import Supervised, pids_alive
+from bsrctl.stack.launch.process import Supervised, pids_alive
 
 pytestmark = pytest.mark.e2e
 

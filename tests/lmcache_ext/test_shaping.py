@@ -13,7 +13,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 from test_fault_adapter_unit import FakeInner, keys, result
 
-from bsrctl.stack.extensions import L2Device, LMCacheExtensions, ServerModule, odirect_allowed
+from bsrctl.stack.launch.extensions import (
+    L2Device,
+    LMCacheExtensions,
+    ServerModule,
+    odirect_allowed,
+)
 from bsrkv.lmcache_ext.adapters.shaping import DeviceShape, ShapingSchedule
 from bsrkv.lmcache_ext.faults.adapter import BsrFaultL2Adapter, BsrFaultL2AdapterConfig
 

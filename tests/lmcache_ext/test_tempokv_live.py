@@ -25,7 +25,7 @@ from lmcache.v1.distributed.config import (
 from lmcache.v1.distributed.l2_adapters.config import L2AdaptersConfig
 from lmcache.v1.distributed.storage_manager import StorageManager
 
-from bsrctl.stack.extensions import odirect_allowed
+from bsrctl.stack.launch.extensions import odirect_allowed
 from bsrkv.clock import VirtualClock
 from bsrkv.lmcache_ext.faults.adapter import BsrFaultL2AdapterConfig
 from bsrkv.lmcache_ext.storage import LMCacheRestoreStorage

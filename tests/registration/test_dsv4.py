@@ -17,7 +17,7 @@ import pytest
 from bsrctl.errors import BadInput
 from bsrctl.registration import dsv4
 from bsrctl.specs import TargetSpec, VllmSpec
-from bsrctl.stack.serving.commands import vllm_command
+from bsrctl.stack.launch.serving.commands import vllm_command
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "ladders" / "models" / "DeepSeek-V4-Flash" / "config.json"

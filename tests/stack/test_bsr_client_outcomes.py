@@ -3,7 +3,7 @@ records whose (request id, rank) the first read did not hold, whatever the count
 
 from __future__ import annotations
 
-from bsrctl.stack.bsr_client import outcomes_since
+from bsrctl.stack.contracts.bsr_client import outcomes_since
 from bsrkv.lmcache_ext.protocol import RestoreOutcomeSummary
 
 

@@ -17,10 +17,10 @@ import pytest
 from bsrctl.errors import StackFailed
 from bsrctl.spec_io import read_yaml
 from bsrctl.specs import StackSpec, TargetSpec
-from bsrctl.stack.attach import AttachedStack
-from bsrctl.stack.bsr_client import BsrModuleClient
-from bsrctl.stack.extensions import TempoKVLaunch, bsr_extensions
-from bsrctl.stack.serving.commands import Slots, lmcache_launch, vllm_launch
+from bsrctl.stack.attach.stack import AttachedStack
+from bsrctl.stack.contracts.bsr_client import BsrModuleClient
+from bsrctl.stack.launch.extensions import TempoKVLaunch, bsr_extensions
+from bsrctl.stack.launch.serving.commands import Slots, lmcache_launch, vllm_launch
 from bsrkv.lmcache_ext.faults.control import write_control_file
 from bsrkv.tempokv.live import AdapterSettings
 

@@ -13,9 +13,9 @@ import pytest
 
 from bsrctl.errors import BadInput, StackFailed
 from bsrctl.specs import AttachSpec, LmcacheSpec, StackSpec, TargetSpec
-from bsrctl.stack import attached, launched
-from bsrctl.stack.deployment import TIMEOUTS, FollowUp, follow_up, module_settings
-from bsrctl.stack.extensions import ServerModule
+from bsrctl.stack.contracts.deployment import TIMEOUTS, FollowUp, follow_up, module_settings
+from bsrctl.stack.deployments import attached, launched
+from bsrctl.stack.launch.extensions import ServerModule
 from bsrctl.stack.selector import make_deployment, make_target
 from bsrkv.settings import RestoreSettings, RestoreTuning
 
@@ -166,7 +166,7 @@ def test_launched_with_another_server_module_keeps_the_config(no_start, tmp_path
 def test_launched_extends_what_lmcache_loads_at_every_up(no_start, tmp_path) -> None:
     from dataclasses import replace
 
-    from bsrctl.stack.extensions import L2Device
+    from bsrctl.stack.launch.extensions import L2Device
 
     device = L2Device(1e8, 0.001)
     dep = launched.LaunchedDeployment(
@@ -281,8 +281,8 @@ def test_make_deployment_refuses_what_runs_no_serving_deployment(tmp_path) -> No
 
 
 def test_make_target_by_stack_kind(tmp_path) -> None:
-    from bsrctl.stack.running_target import RunningTarget
-    from bsrctl.stack.storage_target import StorageTarget
+    from bsrctl.stack.measure.target import RunningTarget
+    from bsrctl.stack.storage.target import StorageTarget
 
     storage = make_target(TargetSpec(stack=StackSpec(kind="storage")), tmp_path)
     assert type(storage) is StorageTarget and storage.kind == "storage"

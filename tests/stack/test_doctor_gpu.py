@@ -18,16 +18,16 @@ from pathlib import Path
 import pytest
 
 from bsrctl.specs import MooncakeSpec, StackSpec, VllmSpec
-from bsrctl.stack import doctor
-from bsrctl.stack.doctor import Finding, MachineFacts, gpu_findings, model_findings
-from bsrctl.stack.doctor_checks import (
+from bsrctl.stack.doctor import command as doctor
+from bsrctl.stack.doctor.checks import (
     CPU_PINS,
     CUDA_OPS_FALLBACK,
     GPU_PINS,
     dist_findings,
     spec_findings,
 )
-from bsrctl.stack.doctor_facts import (
+from bsrctl.stack.doctor.command import Finding, MachineFacts, gpu_findings, model_findings
+from bsrctl.stack.doctor.facts import (
     Gpu,
     TorchFacts,
     cudart_major,

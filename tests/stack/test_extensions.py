@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from bsrctl.stack import extensions
-from bsrctl.stack.extensions import bsr_extensions
+from bsrctl.stack.launch import extensions
+from bsrctl.stack.launch.extensions import bsr_extensions
 from bsrkv.settings import RestoreSettings
 
 BSR = Path(extensions.__file__).parents[1]

@@ -1,5 +1,5 @@
-"""The flash tier's manager (``stack/fast_tier.py``) against an injected sysfs root: the exact
-values it writes (readahead, throttle, memory limit), where it makes its cgroups (children
+"""The flash tier's manager (``stack/launch/fast_tier.py``) against an injected sysfs root: the
+exact values it writes (readahead, throttle, memory limit), where it makes its cgroups (children
 of this process's own), removal by path, and the exit-3 refusal when a controller, the
 throttle or readahead cannot be set (nothing left behind). The kernel side (loop device,
 page faults through the throttle, clearing) runs in the serving e2e."""
@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from bsrctl.errors import StackFailed
-from bsrctl.stack import fast_tier as ft
-from bsrctl.stack.fast_tier import FastTier, FastTierConfig, LoopDevice, SysRoots
+from bsrctl.stack.launch import fast_tier as ft
+from bsrctl.stack.launch.fast_tier import FastTier, FastTierConfig, LoopDevice, SysRoots
 
 MIB = 1 << 20
 CONFIG = FastTierConfig(arena_bytes=8 * MIB, fast_tier_bytes=4 * MIB, flash_bytes_s=11 * MIB)
@@ -86,8 +86,9 @@ def test_up_writes_exact_values_and_makes_children_of_its_own_cgroups(
     assert (sysfs.block / "loop7" / "queue" / "read_ahead_kb").read_text() == "0"
     assert (blkio / "blkio.throttle.read_bps_device").read_text() == "7:7 11534336"
     assert t.arena_path == "/dev/loop7"
-    assert t.join_prefix()[1:] == ("-m", "bsrctl.stack.cgroup_join", str(memory / "cgroup.procs"),
-                                   str(blkio / "cgroup.procs"), "--")  # fmt: skip
+    assert t.join_prefix()[1:] == ("-m", "bsrctl.stack.launch.cgroup_join",
+                                   str(memory / "cgroup.procs"), str(blkio / "cgroup.procs"),
+                                   "--")  # fmt: skip
     t.cgroups.set_limit(423002112)
     assert (memory / "memory.limit_in_bytes").read_text() == "423002112"
     assert t.describe()["device"] == "7:7" and t.describe()["flash_bytes_s"] == 11 * MIB

@@ -11,9 +11,9 @@ import pytest
 
 from bsrctl.errors import BadInput
 from bsrctl.specs import StackSpec
-from bsrctl.stack.deployment import module_settings
-from bsrctl.stack.kept import KeptDeployment
+from bsrctl.stack.contracts.deployment import module_settings
 from bsrkv.settings import RestoreSettings
+from tests.stack.kept import KeptDeployment
 
 L1 = 8 << 20
 

@@ -22,14 +22,19 @@ from bsrctl.cli import app
 from bsrctl.errors import BadInput
 from bsrctl.spec_io import read_yaml
 from bsrctl.specs import TargetSpec, VllmSpec, model_config
-from bsrctl.stack import tinymodel
-from bsrctl.stack.extensions import bsr_extensions
-from bsrctl.stack.mooncake import MooncakeEndpoints, MooncakeStack, Transport, mooncake_dir
-from bsrctl.stack.netns import NetNamespace
-from bsrctl.stack.plan import Plan, plan_spec
-from bsrctl.stack.process import Supervised
-from bsrctl.stack.serving import ServingStack
-from bsrctl.stack.serving.commands import VENV_BIN, base_env
+from bsrctl.stack.launch import tinymodel
+from bsrctl.stack.launch.extensions import bsr_extensions
+from bsrctl.stack.launch.netns import NetNamespace
+from bsrctl.stack.launch.plan import Plan, plan_spec
+from bsrctl.stack.launch.process import Supervised
+from bsrctl.stack.launch.serving import ServingStack
+from bsrctl.stack.launch.serving.commands import VENV_BIN, base_env
+from bsrctl.stack.launch.serving.mooncake import (
+    MooncakeEndpoints,
+    MooncakeStack,
+    Transport,
+    mooncake_dir,
+)
 from bsrkv.settings import RestoreTuning
 
 # the launched server module's control token: in LMCache's environment, never its argv
@@ -174,7 +179,8 @@ def test_gpu_1x_plan_is_a_cuda_deployment() -> None:
         "--no-enable-prefix-caching",
     ]
     assert list(vllm.argv) == [*head, "--port", "<vllm.port>", *tail, "--kv-transfer-config", _kv()]
-    # an unquantized bf16 Llama: batch invariance holds on vLLM 0.32 (stack/batch_invariance.py)
+    # an unquantized bf16 Llama: batch invariance holds on vLLM 0.32
+    # (stack/launch/batch_invariance.py)
     cuda = {"CUDA_VISIBLE_DEVICES": "0", "NCCL_SOCKET_IFNAME": "lo", "VLLM_BATCH_INVARIANT": "1"}
     assert dict(ref.env) == {
         **base_env(),
@@ -310,7 +316,7 @@ def test_the_stack_starts_what_the_plan_prints(
     spec = TargetSpec.model_validate({k: doc[k] for k in ("stack", "restore") if k in doc})
     started: list[Supervised] = []
     monkeypatch.setattr(Supervised, "wait_healthy", lambda self, *a, **k: None)
-    monkeypatch.setattr("bsrctl.stack.serving.stack.maybe_inside", lambda ns: nullcontext())
+    monkeypatch.setattr("bsrctl.stack.launch.serving.stack.maybe_inside", lambda ns: nullcontext())
     st = ServingStack(spec.stack, tmp_path, bsr_extensions(spec.settings(0)))
     assert re.fullmatch("[0-9a-f]{64}", st.control_token or "")  # its own, drawn per stack
     st.control_token = "<control-token>"  # the plan's placeholder for it

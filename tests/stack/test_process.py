@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from bsrctl.errors import BadInput, StackFailed
-from bsrctl.stack.process import Supervised, ensure_port_free, free_port, pids_alive
+from bsrctl.stack.launch.process import Supervised, ensure_port_free, free_port, pids_alive
 
 # A parent that starts a child which ignores SIGTERM: the stop must still end both, by PID.
 STUBBORN = """

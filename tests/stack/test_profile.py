@@ -20,9 +20,14 @@ from bsrctl.specs import (
     load_stack_section,
     select_stack,
 )
-from bsrctl.stack import profile
-from bsrctl.stack.canonical import numerics_key
-from bsrctl.stack.mooncake import MooncakeEndpoints, Transport, adapter_params, node_argv
+from bsrctl.stack.launch import profile
+from bsrctl.stack.launch.serving.mooncake import (
+    MooncakeEndpoints,
+    Transport,
+    adapter_params,
+    node_argv,
+)
+from bsrctl.stack.measure.canonical_outputs import numerics_key
 
 
 def _spec(tmp_path: Path, text: str) -> Path:

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from bsrctl.specs import load_stack_section
-from bsrctl.stack import reference_pool as rp
-from bsrctl.stack.process import Supervised, free_port, http_ok, pids_alive
-from bsrctl.stack.serving.state import start_times, write_state
+from bsrctl.stack.launch.process import Supervised, free_port, http_ok, pids_alive
+from bsrctl.stack.launch.serving.state import start_times, write_state
+from bsrctl.stack.measure import reference_pool as rp
 
 SMOKE = Path(__file__).parents[2] / "ladders" / "cpu-smoke.yaml"
 
@@ -135,8 +135,8 @@ def test_no_variable_no_pool(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) ->
 def test_canonical_uses_the_pool_on_cpu_only(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
     """Where the reference runs: the pool's entry on cpu, the run's own on cuda (the reference
     and the deployment never hold the GPUs at once), and the run's own without a pool."""
-    from bsrctl.stack import canonical
-    from bsrctl.stack.model import PreparedModel
+    from bsrctl.stack.launch.model import PreparedModel
+    from bsrctl.stack.measure import canonical_outputs as canonical
 
     model = PreparedModel(tmp_path / "tiny-llama-1234", 512, "ab" * 32)
     monkeypatch.setattr(canonical, "prepare_model", lambda _v: model)

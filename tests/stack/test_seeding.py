@@ -11,9 +11,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from bsrctl.stack import seeding
-from bsrctl.stack.seeding import SEED_ATTEMPTS, SeedAttempt, TierSeed, seed_tiers
-from bsrctl.stack.tiers import HIDE_LOOKUPS
+from bsrctl.stack.measure import seeding
+from bsrctl.stack.measure.seeding import SEED_ATTEMPTS, SeedAttempt, TierSeed, seed_tiers
+from bsrctl.stack.measure.tiers import HIDE_LOOKUPS
 from bsrkv.lmcache_ext.protocol import ForgetReply
 
 IDS = list(range(1000))  # 3 whole chunks of 256 tokens
@@ -115,8 +115,8 @@ def test_a_full_first_attempt_is_the_only_one(deployment) -> None:
 
 def test_the_serving_target_records_its_one_tier(deployment, tmp_path) -> None:
     from bsrctl.specs import TargetSpec
+    from bsrctl.stack.contracts.target import SeedRecord
     from bsrctl.stack.selector import make_target
-    from bsrctl.stack.target import SeedRecord
 
     target = make_target(TargetSpec(), tmp_path)
     assert (target.kind, type(target.deployment).__name__) == ("serving", "LaunchedDeployment")

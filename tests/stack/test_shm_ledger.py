@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from bsrctl.stack import shm_ledger
+from bsrctl.stack.launch import shm_ledger
 
 SHM = Path("/dev/shm")
 

@@ -3,7 +3,7 @@ every chunk (a full tier is not asked again), bounded by wait_s."""
 
 from __future__ import annotations
 
-from bsrctl.stack.tiers import _poll_held
+from bsrctl.stack.measure.tiers import _poll_held
 
 
 def test_each_tier_is_polled_until_full_and_then_left_alone() -> None:

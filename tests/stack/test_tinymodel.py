@@ -3,7 +3,7 @@ from pathlib import Path
 import pytest
 
 from bsrctl.errors import BadInput
-from bsrctl.stack import tinymodel
+from bsrctl.stack.launch import tinymodel
 
 
 def test_rebuild_is_byte_identical_and_content_addressed(tmp_path: Path) -> None:

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from bsrctl.errors import StackFailed
-from bsrctl.stack import twohost
-from bsrctl.stack.netns import namespace_support
-from bsrctl.stack.process import pids_alive
+from bsrctl.stack.launch import twohost
+from bsrctl.stack.launch.netns import namespace_support
+from bsrctl.stack.launch.process import pids_alive
 
 pytestmark = pytest.mark.mooncake
 

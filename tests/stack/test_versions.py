@@ -9,8 +9,10 @@ from pathlib import Path
 import pytest
 
 from bsrctl.specs import VllmSpec
-from bsrctl.stack import canonical, doctor, versions
-from bsrctl.stack.doctor import Finding, dist_findings, found_dists
+from bsrctl.stack.doctor import command as doctor
+from bsrctl.stack.doctor.command import Finding, dist_findings, found_dists
+from bsrctl.stack.launch import versions
+from bsrctl.stack.measure import canonical_outputs as canonical
 
 GPU = {
     "vllm": ("vllm", "0.11.0"),

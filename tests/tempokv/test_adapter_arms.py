@@ -17,7 +17,7 @@ from bsrctl.experiments.tempokv.adapter_arms import (
     round_orders,
 )
 from bsrctl.experiments.tempokv.engine_profile import summarize
-from bsrctl.stack.extensions import SYNC_SCHEDULER, TempoKVLaunch
+from bsrctl.stack.launch.extensions import SYNC_SCHEDULER, TempoKVLaunch
 from bsrkv.tempokv.live import AdapterSettings
 
 

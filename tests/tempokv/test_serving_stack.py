@@ -16,16 +16,16 @@ from pydantic import ValidationError
 from bsrctl.experiments.tempokv import calls, serving
 from bsrctl.experiments.tempokv.serving import MIB, deployment_for, engine_cpus_default
 from bsrctl.specs import LmcacheSpec, StackSpec, VllmSpec
-from bsrctl.stack.extensions import (
+from bsrctl.stack.launch.extensions import (
     L1Options,
     L2Device,
     TempoKVLaunch,
     bsr_extensions,
     odirect_allowed,
 )
-from bsrctl.stack.fast_tier import FastTierConfig
-from bsrctl.stack.process import Supervised
-from bsrctl.stack.serving import ServingStack
+from bsrctl.stack.launch.fast_tier import FastTierConfig
+from bsrctl.stack.launch.process import Supervised
+from bsrctl.stack.launch.serving import ServingStack
 from bsrctl.tempokv.spec import ServingRun, TempoKVSpec, load
 from bsrkv.registration.tiny import TinyModelRecipe
 from bsrkv.settings import RestoreSettings, RestoreTuning

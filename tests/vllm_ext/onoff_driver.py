@@ -18,7 +18,7 @@ def main() -> None:
     from vllm.inputs import TokensPrompt
 
     from bsrctl.prompts import prompt_ids
-    from bsrctl.stack.tinymodel import vocab_size
+    from bsrctl.stack.launch.tinymodel import vocab_size
 
     vocab = vocab_size(__import__("pathlib").Path(model_dir))
     lengths = [1200, 700, 1500, 520, 900, 1100]  # several chunked-prefill steps each

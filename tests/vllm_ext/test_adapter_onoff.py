@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from bsrctl.stack import tinymodel
-from bsrctl.stack.serving.vllm_cache import vllm_cache_root
+from bsrctl.stack.launch import tinymodel
+from bsrctl.stack.launch.serving.vllm_cache import vllm_cache_root
 from bsrkv.tempokv import wire
 from bsrkv.tempokv.live import AdapterSettings
 from bsrkv.tempokv.ttu import CostModel

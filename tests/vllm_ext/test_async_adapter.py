@@ -39,7 +39,7 @@ from typing import Any
 
 import pytest
 
-from bsrctl.stack import tinymodel
+from bsrctl.stack.launch import tinymodel
 from bsrkv.tempokv import wire
 from bsrkv.tempokv.live import AdapterSettings
 from bsrkv.tempokv.ttu import (

@@ -8,8 +8,8 @@ import pytest
 from pydantic import ValidationError
 
 from bsrctl.specs import StackSpec, VllmSpec
-from bsrctl.stack import profile
-from bsrctl.stack.extensions import (
+from bsrctl.stack.launch import profile
+from bsrctl.stack.launch.extensions import (
     ASYNC_SCHEDULER,
     SYNC_SCHEDULER,
     TempoKVLaunch,
@@ -73,7 +73,7 @@ def test_vllm_parses_the_flag_into_the_decision(requested: bool | None) -> None:
 def test_the_cpu_platform_turns_it_off_as_decided() -> None:
     from vllm.config import ModelConfig, SchedulerConfig, VllmConfig
 
-    from bsrctl.stack import tinymodel
+    from bsrctl.stack.launch import tinymodel
 
     model = ModelConfig(model=str(tinymodel.build()), dtype="float32", max_model_len=2048,
                         skip_tokenizer_init=True)  # fmt: skip

@@ -21,7 +21,7 @@ from lmcache.v1.multiprocess.protocols.server_module import (
     ServerModuleCallResponse,
 )
 
-from bsrctl.stack.extensions import TempoKVLaunch
+from bsrctl.stack.launch.extensions import TempoKVLaunch
 from bsrkv.hostguard import Guard
 from bsrkv.tempokv import wire
 from bsrkv.tempokv.live import AdapterSettings, LiveAdapterCore

@@ -15,7 +15,7 @@ from bsrctl.experiments.failmatrix.run import run_failmatrix, run_matrix
 from bsrctl.experiments.failmatrix.serving import ServingRig
 from bsrctl.experiments.failmatrix.spec import FAULTS, CellSpec, FailMatrixSpec, load_matrix
 from bsrctl.experiments.failmatrix.storage import run_storage_cell
-from bsrctl.stack.extensions import ServerModule
+from bsrctl.stack.launch.extensions import ServerModule
 
 __all__ = [
     "FAULTS",

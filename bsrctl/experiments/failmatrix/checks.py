@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bsrctl.evidence.verdict import Check, check
-from bsrctl.stack.serving.client import NOT_REPORTED
+from bsrctl.stack.launch.serving.client import NOT_REPORTED
 
 
 @dataclass

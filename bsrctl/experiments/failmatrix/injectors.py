@@ -22,9 +22,9 @@ from typing import Any
 
 from bsrctl.errors import StackFailed
 from bsrctl.experiments.failmatrix.spec import CellSpec
-from bsrctl.stack.netns import wait_until
-from bsrctl.stack.serving import ServingStack
-from bsrctl.stack.tiers import (
+from bsrctl.stack.launch.netns import wait_until
+from bsrctl.stack.launch.serving import ServingStack
+from bsrctl.stack.measure.tiers import (
     chunk_hashes_hex,
     fault_stats,
     fs_objects,

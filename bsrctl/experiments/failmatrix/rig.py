@@ -1,10 +1,10 @@
 """The deployment the serving cells share, and what a cell reads off it.
 
-One serving ``Deployment`` (``bsrctl.stack.deployment``: launched by PID, or the operator's
-when ``stack.kind: attach``; every fault here is recoverable: what was stopped is restarted,
-rules are cleared) with the canonical outputs of every cell's prompt; seeding (the stack's
-one loop, ``bsrctl.stack.seeding``), the snapshots taken around a cell's request, the
-follow-up request and the process audit. The cell run itself is ``failmatrix.serving``.
+One serving ``Deployment`` (``bsrctl.stack.contracts.deployment``: launched by PID, or the
+operator's when ``stack.kind: attach``; every fault here is recoverable: what was stopped is
+restarted, rules are cleared) with the canonical outputs of every cell's prompt; seeding (the
+stack's one loop, ``bsrctl.stack.measure.seeding``), the snapshots taken around a cell's
+request, the follow-up request and the process audit. The cell run itself is ``failmatrix.serving``.
 """
 
 from __future__ import annotations
@@ -18,14 +18,14 @@ from bsrctl.errors import StackFailed
 from bsrctl.experiments.failmatrix.injectors import Injector, clear_rules
 from bsrctl.experiments.failmatrix.spec import CellSpec, FailMatrixSpec
 from bsrctl.prompts import prompt_ids
-from bsrctl.stack.bsr_client import BsrModuleClient, outcomes_since
-from bsrctl.stack.canonical import canonical_outputs
-from bsrctl.stack.deployment import Deployment, OnDeployment
-from bsrctl.stack.extensions import ServerModule
-from bsrctl.stack.model import prepare_model
-from bsrctl.stack.seeding import seed_tiers
+from bsrctl.stack.contracts.bsr_client import BsrModuleClient, outcomes_since
+from bsrctl.stack.contracts.deployment import Deployment, OnDeployment
+from bsrctl.stack.launch.extensions import ServerModule
+from bsrctl.stack.launch.model import prepare_model
+from bsrctl.stack.measure.canonical_outputs import canonical_outputs
+from bsrctl.stack.measure.seeding import seed_tiers
+from bsrctl.stack.measure.tiers import chunk_hashes_hex, fault_stats, fs_objects
 from bsrctl.stack.selector import make_deployment
-from bsrctl.stack.tiers import chunk_hashes_hex, fault_stats, fs_objects
 
 Say = Callable[[str], None]
 RECOVERED = "Recovered from KV load failure"
@@ -222,7 +222,7 @@ class Rig(OnDeployment):
     # -- after the request --
 
     def follow_up(self) -> tuple[bool, str]:
-        """The post-request health check (``bsrctl.stack.deployment``): the health prompt
+        """The post-request health check (``bsrctl.stack.contracts.deployment``): the health prompt
         answers with its canonical output and every part is healthy."""
         f = self.deployment.follow_up(
             self.prompt("__health__", HEALTH_TOKENS),

@@ -20,9 +20,9 @@ from bsrctl.experiments.failmatrix.storage import (
 )
 from bsrctl.experiments.run import RunConsole, execute, progress
 from bsrctl.specs import select_stack, stack_selection
-from bsrctl.stack.extensions import ServerModule
-from bsrctl.stack.serving import check_ports
-from bsrctl.stack.versions import dist_version
+from bsrctl.stack.launch.extensions import ServerModule
+from bsrctl.stack.launch.serving import check_ports
+from bsrctl.stack.launch.versions import dist_version
 
 STACKS = ("serving", "storage", "attach")  # storage: the storage cells alone
 

@@ -24,7 +24,7 @@ from bsrctl.experiments.failmatrix.not_run import unseeded_point
 from bsrctl.experiments.failmatrix.rig import FORGET_WAIT_S, Rig
 from bsrctl.experiments.failmatrix.spec import FIELD_REPORTS, CellSpec
 from bsrctl.prompts import expected_external_tokens, tokens_sha256
-from bsrctl.stack.bsr_client import outcomes_since
+from bsrctl.stack.contracts.bsr_client import outcomes_since
 
 
 def pool_bound_bytes(rig: Rig, cell: CellSpec) -> int:

@@ -34,7 +34,7 @@ from bsrctl.stack.storage import (
     StorageStackFactory,
     restore_with_fault,
 )
-from bsrctl.stack.storage_target import StorageTarget
+from bsrctl.stack.storage.target import StorageTarget
 from bsrkv.settings import RestoreSettings
 from bsrkv.trace.collect import COLLECTOR
 

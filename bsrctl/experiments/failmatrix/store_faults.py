@@ -35,7 +35,7 @@ from bsrctl.evidence.verdict import Check, check
 from bsrctl.experiments.failmatrix.spec import FIELD_REPORTS, CellSpec, FailMatrixSpec
 from bsrctl.experiments.failmatrix.storage_spec import storage_registration
 from bsrctl.stack.storage import StorageStack, StorageStackConfig, StorageStackFactory, deploy
-from bsrctl.stack.storage.canonical import CanonicalKV
+from bsrctl.stack.storage.canonical_kv import CanonicalKV
 from bsrctl.stack.storage.config import SeededPrefix
 from bsrkv.settings import RestoreSettings
 

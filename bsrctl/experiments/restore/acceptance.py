@@ -17,8 +17,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from bsrctl.evidence.verdict import Check, Point, Verdict, check
-from bsrctl.stack.serving.client import NOT_REPORTED
-from bsrctl.stack.target import RestoreMeasures
+from bsrctl.stack.contracts.target import RestoreMeasures
+from bsrctl.stack.launch.serving.client import NOT_REPORTED
 from bsrkv.registration import first_difference
 
 

@@ -30,8 +30,8 @@ from bsrctl.experiments.restore.repeats import Pass, repeated_point, rounds
 from bsrctl.experiments.restore.spec import ExperimentSpec, load_experiment
 from bsrctl.experiments.run import Progress, execute, progress
 from bsrctl.specs import stack_selection
+from bsrctl.stack.contracts.target import Prompt, RestoreMeasures, Target
 from bsrctl.stack.selector import make_target
-from bsrctl.stack.target import Prompt, RestoreMeasures, Target
 
 
 class LadderWriter(EvidenceWriter):

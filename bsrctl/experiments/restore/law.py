@@ -18,9 +18,9 @@ from bsrctl.experiments.restore.repeats import Pass, repeated_point, round_note,
 from bsrctl.experiments.restore.spec import load_experiment
 from bsrctl.experiments.run import execute, progress
 from bsrctl.specs import stack_selection
-from bsrctl.stack.deployment import Deployment
+from bsrctl.stack.contracts.deployment import Deployment
+from bsrctl.stack.contracts.target import Prompt, RestoreMeasures
 from bsrctl.stack.selector import make_target
-from bsrctl.stack.target import Prompt, RestoreMeasures
 
 
 def fit_line(xs: list[int], ys: list[int]) -> tuple[Fraction, Fraction, float | None]:

@@ -32,7 +32,7 @@ from typing import Any
 from bsrctl import stats
 from bsrctl.evidence.verdict import Check, Point, Verdict, check
 from bsrctl.experiments.restore.acceptance import judge
-from bsrctl.stack.target import RestoreMeasures
+from bsrctl.stack.contracts.target import RestoreMeasures
 
 # The bootstrap's seed: the same samples give the same interval in every run and report.
 SEED = 0

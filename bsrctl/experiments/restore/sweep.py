@@ -24,9 +24,9 @@ from bsrctl.experiments.restore.repeats import SEED, Pass, repeated_point, round
 from bsrctl.experiments.restore.spec import ExperimentSpec, load_experiment
 from bsrctl.experiments.run import execute, progress
 from bsrctl.specs import stack_selection
-from bsrctl.stack.deployment import Deployment
+from bsrctl.stack.contracts.deployment import Deployment
+from bsrctl.stack.contracts.target import Prompt, RestoreMeasures
 from bsrctl.stack.selector import make_target
-from bsrctl.stack.target import Prompt, RestoreMeasures
 
 
 def run_sweep(

@@ -39,14 +39,14 @@ from bsrctl.experiments.soak.schedule import Schedule, ScheduledFault, make_sche
 from bsrctl.experiments.soak.spec import SoakSpec, load_soak
 from bsrctl.prompts import tokens_sha256
 from bsrctl.specs import resolve_registration, stack_selection
-from bsrctl.stack.bsr_client import outcomes_since
-from bsrctl.stack.canonical import canonical_outputs
-from bsrctl.stack.deployment import Deployment
-from bsrctl.stack.extensions import ServerModule
-from bsrctl.stack.model import prepare_model
-from bsrctl.stack.process import pids_alive
-from bsrctl.stack.serving import check_ports
-from bsrctl.stack.shm_ledger import SHM
+from bsrctl.stack.contracts.bsr_client import outcomes_since
+from bsrctl.stack.contracts.deployment import Deployment
+from bsrctl.stack.launch.extensions import ServerModule
+from bsrctl.stack.launch.model import prepare_model
+from bsrctl.stack.launch.process import pids_alive
+from bsrctl.stack.launch.serving import check_ports
+from bsrctl.stack.launch.shm_ledger import SHM
+from bsrctl.stack.measure.canonical_outputs import canonical_outputs
 
 Say = Callable[[str], None]
 

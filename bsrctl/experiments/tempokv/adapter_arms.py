@@ -25,8 +25,8 @@ from bsrctl.experiments.tempokv.serving import (
     deployment_for,
     stack_spec,
 )
-from bsrctl.stack.deployment import Deployment
-from bsrctl.stack.extensions import TempoKVLaunch
+from bsrctl.stack.contracts.deployment import Deployment
+from bsrctl.stack.launch.extensions import TempoKVLaunch
 from bsrctl.tempokv.spec import TempoKVSpec
 
 RECORDER = "bsrkv.vllm_ext.scheduler.RecordingScheduler"

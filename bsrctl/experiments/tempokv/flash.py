@@ -1,4 +1,4 @@
-"""A serving run on the flash tier (``serving.fast_tier``, ``stack/fast_tier.py``): what
+"""A serving run on the flash tier (``serving.fast_tier``, ``stack/launch/fast_tier.py``): what
 changes from DRAM L1 + shaped FS L2.
 
 - the deployment: no L2; LMCache's whole L1 is the arena (``--l1-devdax-path``);
@@ -16,7 +16,7 @@ from typing import Any
 
 from bsrctl.errors import StackFailed
 from bsrctl.specs import StackSpec
-from bsrctl.stack.fast_tier import FastTier, FastTierConfig
+from bsrctl.stack.launch.fast_tier import FastTier, FastTierConfig
 from bsrctl.tempokv.spec import ServingRun
 
 SEED_WAIT_S = 20.0  # a store reaches L1 asynchronously (the connector's store RPC is queued)

@@ -41,21 +41,21 @@ from bsrctl.experiments.tempokv.expectations import run_checks as _run_checks
 from bsrctl.experiments.tempokv.pooled import pool, quantile, run_order
 from bsrctl.prompts import prompt_ids
 from bsrctl.specs import StackSpec, resolve_registration
-from bsrctl.stack import profile
-from bsrctl.stack.bsr_client import BsrModuleClient
-from bsrctl.stack.canonical import canonical_outputs
-from bsrctl.stack.deployment import Deployment
-from bsrctl.stack.extensions import (
+from bsrctl.stack.contracts.bsr_client import BsrModuleClient
+from bsrctl.stack.contracts.deployment import Deployment
+from bsrctl.stack.launch import profile
+from bsrctl.stack.launch.extensions import (
     L1Options,
     L2Device,
     LMCacheExtensions,
     TempoKVLaunch,
     odirect_allowed,
 )
-from bsrctl.stack.model import prepare_model
-from bsrctl.stack.seeding import seed_tiers
+from bsrctl.stack.launch.model import prepare_model
+from bsrctl.stack.launch.serving import ServingStack
+from bsrctl.stack.measure.canonical_outputs import canonical_outputs
+from bsrctl.stack.measure.seeding import seed_tiers
 from bsrctl.stack.selector import make_deployment
-from bsrctl.stack.serving import ServingStack
 from bsrctl.tempokv.serving_workload import (
     arrival_offsets,
     conversation_plan,

@@ -44,7 +44,7 @@ Modules: ``config`` (StorageStackConfig, SeedResult, StorageRestoreResult), ``fa
 ``stack`` (StorageStack, RestoreJob, deploy).
 """
 
-from bsrctl.stack.storage.canonical import CanonicalKV
+from bsrctl.stack.storage.canonical_kv import CanonicalKV
 from bsrctl.stack.storage.config import (
     DESTINATIONS,
     L2_ADAPTERS,

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 from lmcache.v1.distributed.api import ObjectKey
 
-from bsrctl.stack.storage.canonical import CanonicalKV
+from bsrctl.stack.storage.canonical_kv import CanonicalKV
 from bsrkv.restore import RestoreRequest, RowId, Window
 
 

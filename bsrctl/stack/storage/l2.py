@@ -16,7 +16,7 @@ from lmcache.v1.distributed.l2_adapters.config import L2AdaptersConfig
 from lmcache.v1.distributed.l2_adapters.fs_l2_adapter import FSL2AdapterConfig
 
 from bsrctl.errors import BadInput
-from bsrctl.stack import extensions
+from bsrctl.stack.launch import extensions
 from bsrctl.stack.storage.config import StorageStackConfig
 
 

@@ -14,8 +14,8 @@ import numpy as np
 from lmcache.v1.distributed.api import ObjectKey
 from lmcache.v1.distributed.storage_manager import StorageManager
 
-from bsrctl.stack import extensions
-from bsrctl.stack.storage.canonical import CanonicalKV
+from bsrctl.stack.launch import extensions
+from bsrctl.stack.storage.canonical_kv import CanonicalKV
 from bsrctl.stack.storage.config import SeededPrefix, SeedResult
 from bsrctl.stack.storage.files import drop_file_cache, write_file
 from bsrkv.registration import Registration

@@ -19,9 +19,9 @@ from lmcache.v1.distributed.storage_manager import StorageManager
 
 from bsrctl.errors import BadInput
 from bsrctl.registration.l1 import allocation_unit
-from bsrctl.stack import extensions, shm_ledger
+from bsrctl.stack.launch import extensions, shm_ledger
 from bsrctl.stack.storage import l2
-from bsrctl.stack.storage.canonical import CanonicalKV
+from bsrctl.stack.storage.canonical_kv import CanonicalKV
 from bsrctl.stack.storage.config import (
     SeededPrefix,
     StorageRestoreResult,

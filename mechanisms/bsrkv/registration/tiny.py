@@ -1,6 +1,6 @@
 """The tiny models' recipes: their geometry, pure (no torch, no transformers).
 
-``bsrctl.stack.tinymodel`` builds a model folder from a recipe; ``registration: auto`` and
+``bsrctl.stack.launch.tinymodel`` builds a model folder from a recipe; ``registration: auto`` and
 ``tiny_llama_cpu`` read the same recipe, so the geometry has one home.
 """
 

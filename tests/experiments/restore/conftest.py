@@ -35,10 +35,10 @@ def smoke_stack(tmp_path_factory: pytest.TempPathFactory):
     tests/conftest.py). Its first run launches it; the teardown stops it by PID and checks
     every process it started is gone and every /dev/shm segment they mapped removed."""
     from bsrctl.experiments.restore.spec import load_experiment
-    from bsrctl.stack.kept import KeptDeployment
-    from bsrctl.stack.launched import LaunchedDeployment
-    from bsrctl.stack.process import pids_alive
-    from bsrctl.stack.shm_ledger import SHM
+    from bsrctl.stack.deployments.launched import LaunchedDeployment
+    from bsrctl.stack.launch.process import pids_alive
+    from bsrctl.stack.launch.shm_ledger import SHM
+    from tests.stack.kept import KeptDeployment
 
     from .e2e_support import SMOKE, launched_pids, require_server_module
 

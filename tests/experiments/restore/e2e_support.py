@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from bsrctl.evidence import load_evidence
-from bsrctl.stack.process import pids_alive
+from bsrctl.stack.launch.process import pids_alive
 
 LADDERS = Path(__file__).parents[3] / "ladders"
 SMOKE = LADDERS / "cpu-smoke.yaml"
@@ -45,7 +45,7 @@ def assert_nothing_left(out: Path) -> None:
 
 
 def assert_still_running(kept: Any) -> None:
-    """A run on a kept deployment (``bsrctl.stack.kept``) left every process of it running,
+    """A run on a kept deployment (``tests.stack.kept``) left every process of it running,
     and the spec it runs is the one the modules on it load (cpu-smoke's stack)."""
     from bsrctl.experiments.restore.spec import load_experiment
 

@@ -13,8 +13,8 @@ from typing import Any
 
 HANG_AT = int(os.environ.get("BSRCTL_TEST_HANG_AT", "3"))
 _module, _class = {
-    "storage": ("bsrctl.stack.storage_target", "StorageTarget"),
-    "serving": ("bsrctl.stack.running_target", "RunningTarget"),
+    "storage": ("bsrctl.stack.storage.target", "StorageTarget"),
+    "serving": ("bsrctl.stack.measure.target", "RunningTarget"),
 }[os.environ.get("BSRCTL_TEST_HANG_TARGET", "storage")]
 _target = getattr(import_module(_module), _class)
 _real = _target.measure

@@ -8,7 +8,7 @@ import pytest
 
 from bsrctl.evidence import Verdict
 from bsrctl.experiments.restore import acceptance as acc
-from bsrctl.stack.target import RestoreMeasures
+from bsrctl.stack.contracts.target import RestoreMeasures
 
 SHA_A = "a" * 64
 SHA_B = "b" * 64

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from bsrctl.stack.process import pids_alive
+from bsrctl.stack.launch.process import pids_alive
 
 from .e2e_support import SMOKE, launched_pids, require_server_module
 from .test_killed_runs import DRIVER, ROOT, hang_after_points, wait_points

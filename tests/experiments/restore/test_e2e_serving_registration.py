@@ -23,7 +23,7 @@ C_QWEN3 = 2 * 3 * 1 * 64 * 4 * 256  # K/V x layers x KV heads x head dim x float
 def qwen_sweep(tmp_path_factory: pytest.TempPathFactory):
     require_server_module()
     from bsrctl.experiments.restore.sweep import run_sweep
-    from bsrctl.stack import tinymodel
+    from bsrctl.stack.launch import tinymodel
 
     out = tmp_path_factory.mktemp("qwen-sweep")
     doc = yaml.safe_load(SMOKE.read_text())

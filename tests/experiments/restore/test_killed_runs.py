@@ -114,7 +114,7 @@ def test_sigkilled_storage_run_leaks_no_shm(
     from typer.testing import CliRunner
 
     from bsrctl.cli import app
-    from bsrctl.stack import shm_ledger
+    from bsrctl.stack.launch import shm_ledger
 
     monkeypatch.setenv(shm_ledger.LEDGER_ENV, str(tmp_path / "ledger"))
     before = set(os.listdir("/dev/shm"))
@@ -150,8 +150,8 @@ def test_a_clean_run_releases_its_shm_record(
     small_spec, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from bsrctl.experiments.restore.spec import load_experiment
-    from bsrctl.stack import shm_ledger
-    from bsrctl.stack.storage_target import StorageTarget
+    from bsrctl.stack.launch import shm_ledger
+    from bsrctl.stack.storage.target import StorageTarget
 
     monkeypatch.setenv(shm_ledger.LEDGER_ENV, str(tmp_path / "ledger"))
     spec, _ = load_experiment(small_spec(tp=2), "sweep", "storage")

@@ -8,9 +8,9 @@ import pytest
 from bsrctl.errors import BadInput
 from bsrctl.evidence import Verdict
 from bsrctl.experiments.restore import acceptance as acc
-from bsrctl.stack.batch_invariance import batch_invariance
-from bsrctl.stack.canonical import Reference, divergence
-from bsrctl.stack.readback import SCRATCH_NOTE, readback_measures
+from bsrctl.stack.contracts.readback import SCRATCH_NOTE, readback_measures
+from bsrctl.stack.launch.batch_invariance import batch_invariance
+from bsrctl.stack.measure.canonical_outputs import Reference, divergence
 from bsrkv.lmcache_ext.protocol import ReadbackTotals, RestoreOutcomeSummary
 
 from .test_acceptance import SHA_A, SHA_B, serving_measures, verdicts

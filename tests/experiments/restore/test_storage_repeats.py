@@ -24,7 +24,7 @@ from bsrctl.experiments.restore.repeats import (
 )
 from bsrctl.experiments.restore.spec import SweepSpec
 from bsrctl.experiments.restore.sweep import whole_plan_ratios
-from bsrctl.stack.target import RestoreMeasures
+from bsrctl.stack.contracts.target import RestoreMeasures
 
 C = 262_144
 
@@ -153,7 +153,7 @@ lmcache = pytest.importorskip("lmcache")
 
 from bsrctl.evidence import load_evidence  # noqa: E402
 from bsrctl.experiments.restore.sweep import run_sweep  # noqa: E402
-from bsrctl.stack import storage_target  # noqa: E402
+from bsrctl.stack.storage import target as storage_target  # noqa: E402
 
 
 def _spec(small_spec, repeats: str) -> Path:

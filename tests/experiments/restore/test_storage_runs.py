@@ -19,8 +19,8 @@ from bsrctl.evidence import Verdict, load_evidence  # noqa: E402
 from bsrctl.experiments.restore.ladder import run_ladder  # noqa: E402
 from bsrctl.experiments.restore.law import fit_line, run_law  # noqa: E402
 from bsrctl.experiments.restore.sweep import run_sweep  # noqa: E402
-from bsrctl.stack import storage_target  # noqa: E402
-from bsrctl.stack.target import Prompt, RestoreMeasures  # noqa: E402
+from bsrctl.stack.contracts.target import Prompt, RestoreMeasures  # noqa: E402
+from bsrctl.stack.storage import target as storage_target  # noqa: E402
 
 C = 262_144
 MIB = 1 << 20

@@ -22,7 +22,7 @@ pytest.importorskip("lmcache")
 from bsr_inprocess import private_dir  # noqa: E402
 from lmcache.v1.multiprocess.custom_types import IPCCacheServerKey  # noqa: E402
 
-from bsrctl.stack.serving.vllm_cache import vllm_cache_root  # noqa: E402
+from bsrctl.stack.launch.serving.vllm_cache import vllm_cache_root  # noqa: E402
 from bsrkv.control_token import CONTROL_TOKEN_ENV, new_token, sealed  # noqa: E402
 
 # ---------------------------------------------------------------------------------------
@@ -84,7 +84,7 @@ class _Stack:
     def __init__(
         self, root: Path, model: Path, l2_adapter: dict, l1_bytes: int, cfg: dict, tp: int = 1
     ):
-        from bsrctl.stack.process import Supervised, free_port
+        from bsrctl.stack.launch.process import Supervised, free_port
 
         self.root, self.model = root, model
         self.mq_port, self.lmc_http = free_port(), free_port()
@@ -129,14 +129,15 @@ class _Stack:
         if tp > 1:
             self.vllm_argv += ["--tensor-parallel-size", str(tp)]
             vllm_env["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(str(i) for i in range(tp))
-        else:  # as bsrctl launches one rank (stack/profile.py): the worker in the engine core
+        else:  # as bsrctl launches one rank (stack/launch/profile.py): the worker in the engine
+            # core
             vllm_env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         self.vllm = Supervised("vllm", self.vllm_argv, root / "vllm.log", env=vllm_env)
         self._client: Any = None
         self._segments: set[str] = set()
 
     def start(self) -> None:
-        from bsrctl.stack.process import http_ok
+        from bsrctl.stack.launch.process import http_ok
 
         self.server.start()
         self.server.wait_healthy(
@@ -253,7 +254,7 @@ class _E2E:
     """Shared state of the e2e module: model, prompt, canonical output, the stack."""
 
     def __init__(self, root: Path) -> None:
-        from bsrctl.stack import tinymodel
+        from bsrctl.stack.launch import tinymodel
 
         self.root = root
         self.model = tinymodel.build()

@@ -10,7 +10,7 @@ import pytest
 
 from bsrctl.errors import StackFailed
 from bsrctl.specs import StackSpec
-from bsrctl.stack.serving import ServingStack
+from bsrctl.stack.launch.serving import ServingStack
 
 
 class Answers(ServingStack):
@@ -151,7 +151,7 @@ def test_an_unreported_cached_token_count_is_none_never_zero(tmp_path: Path) -> 
     ],
 )
 def test_reported_cached_tokens(usage: dict[str, Any], cached: int | None) -> None:
-    from bsrctl.stack.serving.client import reported_cached_tokens
+    from bsrctl.stack.launch.serving.client import reported_cached_tokens
 
     assert reported_cached_tokens(usage) == cached
 

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from bsrctl.specs import LmcacheSpec, StackSpec, VllmSpec
-from bsrctl.stack.serving.commands import (
+from bsrctl.stack.launch.serving.commands import (
     VENV_BIN,
     base_env,
     lmcache_command,

@@ -11,9 +11,9 @@ import pytest
 
 from bsrctl.errors import BadInput, StackFailed
 from bsrctl.specs import LmcacheSpec, MooncakeSpec, StackSpec
-from bsrctl.stack.extensions import LMCacheExtensions, ServerModule, bsr_extensions
-from bsrctl.stack.process import Supervised
-from bsrctl.stack.serving import ServingStack
+from bsrctl.stack.launch.extensions import LMCacheExtensions, ServerModule, bsr_extensions
+from bsrctl.stack.launch.process import Supervised
+from bsrctl.stack.launch.serving import ServingStack
 from bsrkv.settings import RestoreSettings
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bsrctl.stack.serving.vllm_cache import shared_modelinfos, vllm_cache_root
+from bsrctl.stack.launch.serving.vllm_cache import shared_modelinfos, vllm_cache_root
 
 
 def test_every_run_links_the_one_modelinfos_folder(
