@@ -11,15 +11,24 @@ from typing import Annotated, Any
 
 import typer
 from typer._click.exceptions import ClickException  # typer 0.29 vendors click
-from typer.core import TyperGroup
 
 from bsrctl import cli_fleet, cli_timeline, unexpected
-from bsrctl.cli_evidence import JsonOpt, err, evidence_app, guarded, out
+from bsrctl.cli_evidence import HelpGroup, JsonOpt, err, evidence_app, guarded, out
 from bsrctl.evidence import Verdict, exit_code
 
 
-class GuardedGroup(TyperGroup):
-    """Any command's unexpected exception: exit 3, one line (``bsrctl.unexpected``)."""
+class GuardedGroup(HelpGroup):
+    """Any command's unexpected exception: exit 3, one line (``bsrctl.unexpected``). Its
+    help lists the commands by panel, the main jobs first: the experiments that qualify a
+    stack (the paper's sweep, ladder, law and failure matrix before the others), then what
+    reads their evidence, then the stack itself, then fleets."""
+
+    PANELS = {
+        "Experiments": ("sweep", "ladder", "law", "failmatrix", "roundtrip", "soak", "tempokv"),
+        "Evidence": ("report", "runs", "compare", "verify", "export", "timeline", "schema"),
+        "Stack": ("stack", "doctor"),
+        "Fleet": ("fleet",),
+    }
 
     def invoke(self, ctx: typer.Context) -> Any:
         command = unexpected.begin(ctx)
@@ -280,10 +289,13 @@ def stack_plan(
     sys.stdout.write(json.dumps(plan.to_json()) + "\n" if as_json else render(plan))
 
 
+RunDirOpt = Annotated[
+    Path, typer.Option("--run-dir", help="the stack's state and logs (as given to stack up)")
+]
+
+
 @stack_app.command("status")
-def stack_status(
-    run_dir: Annotated[Path, typer.Option("--run-dir")] = Path("reports/stack"),
-) -> None:
+def stack_status(run_dir: RunDirOpt = Path("reports/stack")) -> None:
     """Each part's PID, liveness, health and endpoint."""
     from bsrctl.stack.launch.status import status_from_state
 
@@ -293,9 +305,7 @@ def stack_status(
 
 
 @stack_app.command("down")
-def stack_down(
-    run_dir: Annotated[Path, typer.Option("--run-dir")] = Path("reports/stack"),
-) -> None:
+def stack_down(run_dir: RunDirOpt = Path("reports/stack")) -> None:
     """Stop every process the stack started, by PID (SIGTERM, then SIGKILL)."""
     from bsrctl.stack.launch.standalone import stack_down as down
 

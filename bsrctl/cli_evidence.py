@@ -13,8 +13,34 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
+from typer.core import TyperGroup
 
 from bsrctl.errors import BadInput, StackFailed
+
+
+class HelpGroup(TyperGroup):
+    """A group whose command lists read right: typer's rich help keeps a docstring's line
+    breaks in a list (a summary broken mid-sentence), so each command's summary there, its
+    subgroups' commands' too, is its first paragraph on one line. ``PANELS`` (panel ->
+    commands, in order) groups them under typer's ``rich_help_panel`` and lists them panel
+    by panel; others come last."""
+
+    PANELS: dict[str, tuple[str, ...]] = {}
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        panel_of = {name: panel for panel, names in self.PANELS.items() for name in names}
+        for name, cmd in self.commands.items():
+            if name in panel_of:
+                cmd.rich_help_panel = panel_of[name]  # type: ignore[attr-defined]
+            for c in [cmd, *getattr(cmd, "commands", {}).values()]:
+                if c.help and not c.short_help:
+                    c.short_help = " ".join(c.help.split("\n\n")[0].split())
+
+    def list_commands(self, ctx: Any) -> list[str]:
+        order = [n for names in self.PANELS.values() for n in names if n in self.commands]
+        return order + [n for n in self.commands if n not in order]
+
 
 evidence_app = typer.Typer()  # merged into bsrctl.cli.app (add_typer without a name)
 err = Console(stderr=True)

@@ -6,13 +6,7 @@ import dataclasses
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import (
-    Field,
-    ValidationError,
-    ValidationInfo,
-    field_validator,
-    model_validator,
-)
+from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from bsrctl.errors import BadInput
 from bsrctl.spec_io import ByteSize, Strict, describe_error, read_yaml
@@ -329,10 +323,10 @@ def resolve_registration(
             "tp_field": tp_field,
             "separate_object_groups": stack.lmcache.separate_object_groups,
         }
-        if vllm.model == "tiny":
-            cfg = TinyModelRecipe().hf_config()
-            return derive.derive(cfg, name="tiny-llama-cpu", **how)
-        return derive.derive(model_config(vllm), name=Path(vllm.model).name, **how)
+        tiny = vllm.model == "tiny"
+        cfg = TinyModelRecipe().hf_config() if tiny else model_config(vllm)
+        tp_divides_query_heads(cfg, tp, tp_field)  # before derive: it names the KV heads alone
+        return derive.derive(cfg, name="tiny-llama-cpu" if tiny else Path(vllm.model).name, **how)
     if value == "dsv4-flash":
         return dsv4_flash_mtp_off(tp_size=tp, chunk_tokens=chunk)
     if value == "tiny-llama":
@@ -359,6 +353,19 @@ def resolve_registration(
             f"{tp_field} {tp}; make them agree"
         )
     return reg
+
+
+def tp_divides_query_heads(config: dict[str, Any], tp: int, tp_field: str) -> None:
+    """vLLM splits the query heads over the TP ranks (derive checks the KV heads alone)."""
+    heads = int(config.get("num_attention_heads") or 0)
+    kv = int(config.get("num_key_value_heads") or heads)
+    if heads % tp:  # the TPs that fit: dividing the query heads, dividing or copying KV heads
+        fits = [t for t in range(1, heads + 1) if heads % t == 0 and 0 in (kv % t, t % kv)]
+        raise BadInput(
+            f"{tp_field}: {tp} does not divide the {heads} query (attention) heads of the model "
+            f"(config.json num_attention_heads; it has {kv} KV heads); vLLM refuses it: set "
+            f"{tp_field} to one of {', '.join(map(str, fits))}"
+        )
 
 
 def model_config(vllm: VllmSpec) -> dict[str, Any]:

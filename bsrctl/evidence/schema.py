@@ -4,7 +4,8 @@ gets is the one the writer obeys.
 
 The run-level fields are strict (``extra="forbid"``): a field added to the writer must be
 added here. What varies by kind (a point's params and measures, the summary, the stack's
-extra fields, a point's extras such as ``rung_outcome``) is open.
+extra fields, a point's other extras such as ``superseded_by``) is open; a ladder
+rung's ``rung_outcome`` and ``whole_plan_bytes`` are typed.
 """
 
 from __future__ import annotations
@@ -15,6 +16,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 VerdictName = Literal["PASS", "FAIL", "UNKNOWN"]
+# A ladder rung's outcome (bsrctl.experiments.restore.ladder); "capacity": older evidence's
+# word for a rung not reused, before the capacity law decided between exceeds and fail.
+RungOutcome = Literal["pass", "exceeds", "fail", "unknown", "memory_limit", "capacity"]
 KindName = Literal["ladder", "sweep", "law", "failmatrix", "tempokv", "roundtrip", "bench", "soak"]
 
 
@@ -28,7 +32,7 @@ class CheckDoc(BaseModel):
 
 
 class PointDoc(BaseModel):
-    """One measured point; extras per kind (rung_outcome, superseded_by, attempt, ...).
+    """One measured point; extras per kind (superseded_by, attempt, ...).
 
     A repeated measure keeps its median in ``measures`` (so every reader of one number keeps
     working), its raw samples in measurement order in ``samples`` and the 95 % seeded
@@ -46,6 +50,12 @@ class PointDoc(BaseModel):
     )
     intervals: dict[str, tuple[float, float]] = Field(
         default_factory=dict, description="measure -> [lo, hi] of its median (95 %)"
+    )
+    rung_outcome: RungOutcome | None = Field(
+        None, description="ladder: the rung's outcome; exceeds reads EXCEEDS, not FAIL"
+    )
+    whole_plan_bytes: int | None = Field(
+        None, ge=0, description="ladder: L1 bytes the whole plan needs by the capacity law"
     )
 
     @model_validator(mode="after")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -12,6 +12,21 @@ class Verdict(StrEnum):
     PASS = "PASS"
     FAIL = "FAIL"
     UNKNOWN = "UNKNOWN"
+
+
+# The word a reader sees for a ladder rung whose whole plan exceeds its L1 by the capacity
+# law (``rung_outcome: exceeds``): the prefix cannot be reused there, so its checks do not
+# pass, yet nothing failed. Not FAIL (the system did what the law says), not UNKNOWN (the
+# answer is known): its own word, kept out of the run verdict and of "not passing".
+EXCEEDS = "EXCEEDS"
+
+
+def shown_verdict(point: Mapping[str, Any]) -> str:
+    """What a point reads as on the console and in reports: EXCEEDS for a rung past L1 by
+    the law, else its verdict."""
+    if point.get("rung_outcome") == "exceeds":
+        return EXCEEDS
+    return str(point.get("verdict", Verdict.UNKNOWN))
 
 
 def merge(verdicts: Iterable[Verdict]) -> Verdict:

@@ -32,9 +32,11 @@ from rich.progress import (
 
 from bsrctl import unexpected
 from bsrctl.evidence import Verdict
+from bsrctl.evidence.verdict import EXCEEDS, shown_verdict
 
 MIB = 1 << 20
-COLOUR = {"PASS": "green", "FAIL": "red", "UNKNOWN": "yellow"}
+# EXCEEDS (a rung past L1 by the capacity law) in blue: an answer, neither green nor red
+COLOUR = {"PASS": "green", "FAIL": "red", "UNKNOWN": "yellow", EXCEEDS: "blue"}
 
 
 class Mode(StrEnum):
@@ -78,6 +80,11 @@ def point_line(doc: dict[str, Any]) -> str:
                                                                      "fallback")):  # fmt: skip
         if m.get(key) is not None:
             bits.append(f"{label} {m[key] * 1000:.1f} ms")
+    if shown_verdict(doc) == EXCEEDS:  # its checks do not pass by the law: say why instead
+        plan = doc.get("whole_plan_bytes") or 0
+        l1 = (doc.get("params") or {}).get("l1_capacity_bytes") or 0
+        bits.append(f"whole plan {plan / MIB:.2f} MiB > L1 {l1 / MIB:.2f} MiB (capacity law)")
+        return " · ".join(bits)
     bad = [c["name"] for c in doc.get("checks", []) if c.get("verdict") != "PASS"]
     if bad:
         bits.append("not passing: " + ", ".join(bad))
@@ -155,7 +162,7 @@ class RunConsole:
             # after the first point, the pace of points alone (setup is not repeated)
             per = (now - self.first) / (self.done - 1) if self.done > 1 else elapsed
             eta = f", ETA {_fmt_s(per * (self.total - self.done))}"
-        v = str(doc.get("verdict", "UNKNOWN"))
+        v = shown_verdict(doc)
         line = (
             f"[{self.done}{of}] {doc.get('id')} [{COLOUR.get(v, 'white')}]{v}[/] "
             f"{point_line(doc)} ({_fmt_s(elapsed)}{eta})"

@@ -33,9 +33,10 @@ def _run_check(doc: dict[str, Any], name: str) -> str:
 
 
 def _counted(p: dict[str, Any]) -> bool:
-    """Whether a point judges the system (a ladder's capacity rungs and superseded attempts
-    are measurements kept out of the run verdict)."""
-    return p.get("rung_outcome") not in ("capacity", "memory_limit") and not p.get("superseded_by")
+    """Whether a point judges the system (a ladder's rungs past L1 by the law, "capacity" in
+    older evidence, and superseded attempts are measurements kept out of the run verdict)."""
+    outcome = p.get("rung_outcome")
+    return outcome not in ("exceeds", "capacity", "memory_limit") and not p.get("superseded_by")
 
 
 def _point_checks(doc: dict[str, Any], name: str) -> list[str]:

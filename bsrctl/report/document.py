@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from bsrctl.evidence import load_evidence
+from bsrctl.evidence.verdict import EXCEEDS
 from bsrctl.report.figures import Plot, available, plots
 from bsrctl.report.kinds import render
 from bsrctl.report.timeline_figure import timeline_plots
@@ -34,7 +35,7 @@ figure { margin: 1em 0 1.6em; }
 figure svg { max-width: 100%; height: auto; border: 1px solid #e3e3e3; }
 figcaption { font-size: 12px; color: #555; }
 td.PASS { color: #2e7d32; font-weight: 600; } td.FAIL { color: #c62828; font-weight: 600; }
-td.UNKNOWN { color: #b07d00; font-weight: 600; }
+td.UNKNOWN { color: #b07d00; font-weight: 600; } td.EXCEEDS { color: #1565c0; font-weight: 600; }
 """
 
 
@@ -93,7 +94,7 @@ def html_page(
         tag = f'<p><img src="{html.escape(rel)}" alt="{html.escape(plot.title)}" /></p>'
         fig = f"<figure>{plot.svg}<figcaption>{html.escape(plot.title)}</figcaption></figure>"
         body = body.replace(tag, fig)
-    for verdict in ("PASS", "FAIL", "UNKNOWN"):
+    for verdict in ("PASS", "FAIL", "UNKNOWN", EXCEEDS):
         body = body.replace(f"<td>{verdict}</td>", f'<td class="{verdict}">{verdict}</td>')
     title = ", ".join(d["run_id"] for d in docs)
     return (

@@ -18,7 +18,8 @@ from bsrctl.report.units import MIB, provenance
 VERDICT_COLOUR = {"PASS": "#2e7d32", "FAIL": "#c62828", "UNKNOWN": "#f9a825", "": "#eeeeee"}
 OUTCOME_COLOUR = {
     "pass": "#2e7d32",
-    "capacity": "#ef6c00",
+    "exceeds": "#1565c0",  # the whole plan exceeds L1 by the law: an answer, not a failure
+    "capacity": "#ef6c00",  # older evidence: not reused, before the law decided
     "fail": "#c62828",
     "unknown": "#9e9e9e",
     "memory_limit": "#212121",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from bsrctl.evidence.verdict import EXCEEDS, shown_verdict
 from bsrctl.report.claims import claims, claims_table
 from bsrctl.report.units import header, mib, ms, ms_ci, size, span, table
 
@@ -30,20 +31,38 @@ def render(doc: dict[str, Any]) -> str:
         lines += ["", "## Paper vs measured", "", *paper]
     if points:
         lines += ["", "## Points", "", *_points_table(doc)]
-    names = list(dict.fromkeys(c["name"] for p in points for c in p["checks"]))
+    # A rung the whole plan exceeds has checks that cannot pass there: its own list, not
+    # the checks table or "Not passing", which are for points that judge the system.
+    past = [p for p in points if shown_verdict(p) == EXCEEDS]
+    judged = [p for p in points if shown_verdict(p) != EXCEEDS]
+    names = list(dict.fromkeys(c["name"] for p in judged for c in p["checks"]))
     if names:
         lines += ["", "## Checks per point", ""]
         rows = []
-        for p in points:
+        for p in judged:
             by = {c["name"]: c["verdict"] for c in p["checks"]}
             rows.append([p["id"], *(by.get(n, "") for n in names)])
         lines += table(["point", *names], rows)
-    bad = [(p["id"], c) for p in points for c in p["checks"] if c["verdict"] != "PASS"]
+    if past:
+        lines += ["", "## Rungs the whole plan exceeds (capacity law)", ""]
+        lines += [f"- {_exceeds_line(p)}" for p in past]
+    bad = [(p["id"], c) for p in judged for c in p["checks"] if c["verdict"] != "PASS"]
     if bad:
         lines += ["", "## Not passing", ""]
         lines += [f"- {pid} / {c['name']}: {c['verdict']}: {c['detail']}" for pid, c in bad]
     lines += ["", "Every other measure of every point is in evidence.json."]
     return "\n".join(lines) + "\n"
+
+
+def _exceeds_line(p: dict[str, Any]) -> str:
+    """Why a rung reads EXCEEDS, in the law's bytes and what was measured."""
+    m = p.get("measures") or {}
+    return (
+        f"{p['id']}: whole plan {mib(p.get('whole_plan_bytes'))} > L1 rung "
+        f"{size(p['params']['l1_capacity_bytes'])}; cached {m.get('cached_tokens')} of "
+        f"{m.get('expected_cached_tokens')} tokens (not reused, as the law says); no other "
+        f"check failed, stack healthy."
+    )
 
 
 def _points_table(doc: dict[str, Any]) -> list[str]:
@@ -65,7 +84,7 @@ def _points_table(doc: dict[str, Any]) -> list[str]:
         l1 = prm.get("l1_capacity_bytes", m.get("l1_capacity_bytes"))
         row = [
             p["id"],
-            p["verdict"],
+            shown_verdict(p),
             "" if tokens is None else str(tokens),
             "" if prm.get("window_chunks") is None else str(prm["window_chunks"]),
             "" if l1 is None else size(l1),
@@ -203,7 +222,14 @@ def _ladder(doc: dict[str, Any]) -> list[str]:
     out = []
     for row in (doc.get("summary") or {}).get("sizes", []):
         first, last = row.get("first_passing_rung_bytes"), row.get("last_failing_rung_bytes")
-        if first:
+        plan = row.get("whole_plan_bytes")
+        if first and plan is not None:
+            out.append(
+                f"N = {row['tokens']} tokens: first passing L1 rung {size(first)} (whole plan "
+                f"{mib(plan)} by the capacity law; largest rung it exceeds: "
+                f"{size(last) if last else 'none'}), L1 peak {mib(row.get('l1_peak_bytes'))}."
+            )
+        elif first:  # evidence from before the law: its rungs below were "last failing"
             out.append(
                 f"N = {row['tokens']} tokens: first passing L1 rung {size(first)} (last failing "
                 f"{size(last) if last else 'none'}), L1 peak {mib(row.get('l1_peak_bytes'))}."

@@ -62,7 +62,11 @@ def test_law_and_ladder_claims(make_run) -> None:
     )
     assert "slope 0.25 MiB per chunk (+0.0000%), R² 1.0 | PASS |" in law
     ladder = (make_run("ladder") / "summary.md").read_text()
-    assert "- N = 2048 tokens: first passing L1 rung 2 MiB (last failing 1 MiB)" in ladder
+    assert (
+        "- N = 2048 tokens: first passing L1 rung 2 MiB (whole plan 2.00 MiB by the capacity "
+        "law; largest rung it exceeds: 1 MiB), L1 peak 2.00 MiB." in ladder
+    )
+    assert "| n2048-l1-1048576 | EXCEEDS |" in ladder
     assert (
         "| Whole-plan restore of 2048 tokens needs L1 ≥ the whole prefix | ≥ 2.00 MiB per rank "
         "(N / chunk · c) | first passing rung 2 MiB | PASS |" in ladder

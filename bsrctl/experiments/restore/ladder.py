@@ -5,16 +5,22 @@ stores every prefix; the rungs share its FS L2 and only restore. Recorded per si
 passing rung, last failing rung, the measured restore-pool (L1) peak of the passing rung,
 and where this machine's memory ends.
 
-Each rung point carries the acceptance checks as measured, plus ``rung_outcome``:
+Each rung point carries the acceptance checks as measured, ``whole_plan_bytes`` (what the
+whole plan needs of L1 by the capacity law: its whole chunks x c x the ranks one L1 holds)
+and ``rung_outcome``:
 
 - ``pass``: every check PASS: the first passing rung; the size stops here.
-- ``capacity``: the stack stayed healthy and the output canonical, but the prefix was not
-  reused: L1 too small (no other check FAILED). A valid observation, kept out of the run
-  verdict.
-- ``fail``: reuse happened but another check FAILED (wrong output, wrong geometry).
+- ``exceeds``: the whole plan exceeds the rung's L1 by the law, and the rung answered so:
+  the stack stayed healthy and the output canonical, the prefix was not reused. A valid
+  observation, shown as EXCEEDS and kept out of the run verdict.
+- ``fail``: another check FAILED (wrong output, wrong geometry), or the whole plan fits the
+  rung by the law and was not reused.
 - ``unknown``: anything else (engine unhealthy, stack failed, timeout): redone once; a clean
   redo supersedes it (``superseded_by``), both stay in the record.
 - ``memory_limit``: the rung's L1 does not fit this machine: not deployed; the size stops.
+
+Evidence written before the law decided it says ``capacity`` where a rung was not reused
+and nothing else failed (whatever the plan's bytes); readers keep it out of the verdict.
 """
 
 from __future__ import annotations
@@ -35,27 +41,36 @@ from bsrctl.stack.selector import make_target
 
 
 class LadderWriter(EvidenceWriter):
-    """The run verdict merges the rungs that judge the system: capacity rungs (expected
-    failures of a too-small L1) and superseded attempts are kept but not counted."""
+    """The run verdict merges the rungs that judge the system: rungs the whole plan exceeds
+    (the law's answer for a too-small L1) and superseded attempts are kept but not counted."""
 
     def _points_verdict(self) -> Verdict:
         return merge(
             Verdict(p["verdict"])
             for p in self.doc["points"]
-            if p.get("rung_outcome") != "capacity" and not p.get("superseded_by")
+            if p.get("rung_outcome") not in ("exceeds", "capacity") and not p.get("superseded_by")
         )
 
 
-def rung_outcome(checks: tuple[Check, ...]) -> str:
-    """Classify a measured rung from its checks (see the module doc)."""
+def whole_plan_bytes(tokens: int, chunk_tokens: int, c: int, ranks_per_l1: int) -> int:
+    """What the whole plan (W = 0) stages in one L1 by the capacity law: every whole chunk of
+    the prefix, c bytes per rank, for each rank that L1 holds (aux is W > 0's alone)."""
+    return tokens // chunk_tokens * c * ranks_per_l1
+
+
+def rung_outcome(checks: tuple[Check, ...], plan_fits: bool) -> str:
+    """Classify a measured rung from its checks and whether its L1 holds the whole plan by
+    the law (see the module doc): the law, not the rung's name, decides EXCEEDS."""
     by = {c.name: str(c.verdict) for c in checks}
     if by and all(v == "PASS" for v in by.values()):
         return "pass"
     healthy = by.get("post_request_health") == "PASS"
     others_failed = any(v == "FAIL" for n, v in by.items() if n != "cached_token_accounting")
     if by.get("cached_token_accounting") == "FAIL":
-        # Not reused, yet nothing else went wrong: the whole plan did not fit in L1.
-        return "capacity" if healthy and not others_failed else "unknown"
+        if not healthy or others_failed:
+            return "unknown"
+        # Not reused, nothing else wrong: what the law predicts past L1, a failure within it.
+        return "fail" if plan_fits else "exceeds"
     if healthy and others_failed:
         return "fail"
     return "unknown"
@@ -79,6 +94,16 @@ class _Ladder:
     ) -> None:
         self.spec, self.target, self.w, self.say = spec, target, writer, say
         self.selection, self.stack = selection, selection["kind"]
+        reg = spec.registration_for(self.stack)
+        # serving: one LMCache L1 holds every rank's chunks; storage: an L1 per rank
+        self.ranks_per_l1 = 1 if self.stack == "storage" else reg.tp_size
+        self.c, self.chunk_tokens = reg.bytes_per_chunk, reg.chunk_tokens
+
+    def plan_bytes(self, tokens: int, m: RestoreMeasures) -> int:
+        """The whole plan by the law, at c as L1 allocates it where the target measured
+        that (the storage stack's allocation unit can round c up), else the declared c."""
+        c = m.bytes_per_chunk_allocated or self.c
+        return whole_plan_bytes(tokens, self.chunk_tokens, c, self.ranks_per_l1)
 
     def measure(self, tokens: int, rung: int, pid: str, attempt: int) -> tuple[Point, str]:
         params = {"tokens": tokens, "window_chunks": 0, "l1_capacity_bytes": rung}
@@ -108,8 +133,10 @@ class _Ladder:
             self.target.teardown()
         assert accuracy is not None
         point = repeated_point(pid, params, accuracy, timed, self.stack, attempt=attempt)
-        outcome = rung_outcome(point.checks)
-        return replace(point, extra={**point.extra, "rung_outcome": outcome}), outcome
+        plan = self.plan_bytes(tokens, accuracy)
+        outcome = rung_outcome(point.checks, plan_fits=plan <= rung)
+        extra = {**point.extra, "whole_plan_bytes": plan, "rung_outcome": outcome}
+        return replace(point, extra=extra), outcome
 
     def memory_point(self, tokens: int, rung: int, detail: str) -> Point:
         params = {"tokens": tokens, "window_chunks": 0, "l1_capacity_bytes": rung}
@@ -126,6 +153,7 @@ class _Ladder:
             "memory_ends_at_rung_bytes": None,
             "unresolved_rungs_bytes": [],
             "failed_rungs_bytes": [],
+            "whole_plan_bytes": None,
         }
         for rung in self.spec.ladder.rungs_bytes:  # type: ignore[union-attr]
             fits, detail = self.target.fits(rung)
@@ -136,13 +164,14 @@ class _Ladder:
                 row["memory_detail"] = detail
                 break
             outcome = self.rung(tokens, rung)
+            row["whole_plan_bytes"] = self.w.points[-1].get("whole_plan_bytes")
             if outcome == "pass":
                 last = self.w.points[-1]["measures"]
                 row["first_passing_rung_bytes"] = rung
                 row["l1_peak_bytes"] = last.get("restore_pool_peak_bytes")
                 row["l1_used_peak_bytes"] = last.get("l1_used_peak_bytes")
                 break
-            if outcome == "capacity":
+            if outcome == "exceeds":  # the key's name predates the law: the largest exceeded
                 row["last_failing_rung_bytes"] = rung
             elif outcome == "fail":
                 row["failed_rungs_bytes"].append(rung)
@@ -170,12 +199,13 @@ class _Ladder:
 def size_check(row: dict[str, Any]) -> Check:
     n = row["tokens"]
     if row["first_passing_rung_bytes"] is not None:
+        last = row["last_failing_rung_bytes"]
         return check(
             f"ladder_n{n}",
             True,
-            f"first passing rung {_gib(row['first_passing_rung_bytes'])} (last failing "
-            f"{_gib(row['last_failing_rung_bytes']) if row['last_failing_rung_bytes'] else 'none'}"
-            f"), L1 peak {row['l1_peak_bytes']} B",
+            f"first passing rung {_gib(row['first_passing_rung_bytes'])} (whole plan "
+            f"{_gib(row['whole_plan_bytes'])} by the law; largest rung it exceeds: "
+            f"{_gib(last) if last else 'none'}), L1 peak {row['l1_peak_bytes']} B",
         )
     if row["failed_rungs_bytes"]:
         return check(f"ladder_n{n}", False, f"rung {_gib(row['failed_rungs_bytes'][-1])} FAILED")

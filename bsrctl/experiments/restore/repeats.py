@@ -164,6 +164,9 @@ def repeated_point(
 ) -> Point:
     """One evidence point from a point's accuracy pass and timed passes (module doc); no
     timed pass (the stack failed before one): the accuracy pass's point, no samples."""
+    ids = [m.request_id for m in (accuracy, *timed) if m.request_id]
+    if ids:  # every pass's restore request, accuracy first (the report's timeline reads them)
+        extra = {**extra, "request_ids": ids}
     if not timed:
         return Point(point_id, params, accuracy.to_json(), judge(accuracy, stack), extra)
     medians, samples, intervals = stats.sample_fields(timed_samples(timed), SEED)

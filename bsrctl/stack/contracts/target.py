@@ -108,6 +108,9 @@ class RestoreMeasures:
     restore_failures: tuple[str, ...] | None = None  # serving: detail of each failed outcome
     failure: str | None = None  # storage: "" when committed
     forced_local: bool | None = None  # storage
+    # serving: the restore request's X-Request-Id (its spans carry it): what a report's
+    # timeline shows, never the seeding requests before it
+    request_id: str | None = None
     # -- time
     ttft_s: float | None = None  # serving: vLLM's own TTFT histogram delta
     # from the lookup of the prefix to the last byte installed, alike at W = 0 and W > 0

@@ -200,6 +200,7 @@ class RunningTarget(OnDeployment):
         after = c.status()
         outcomes = outcomes_since(before.recent_outcomes, after.recent_outcomes)
         m = self._measures(prompt, window_chunks, comp, peak, outcomes, l1_before)
+        m["request_id"] = comp.request_id  # the restore, not the seeding: the report's timeline
         m["readback"] = readback_measures(outcomes, after.config.get("readback"))
         first, gap = divergence(
             comp.output_token_ids, comp.token_logprobs, self.references.get(prompt)

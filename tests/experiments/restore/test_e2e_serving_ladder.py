@@ -25,12 +25,13 @@ def test_first_passing_rung_is_4_mib(ladder) -> None:
     verdict, out, doc = ladder
     assert verdict == Verdict.PASS, doc["summary"]
     assert [(p["id"], p["rung_outcome"]) for p in doc["points"]] == [
-        ("n2048-l1-1048576", "capacity"),
+        ("n2048-l1-1048576", "exceeds"),  # the 2 MiB whole plan past a 1 MiB L1, by the law
         ("n2048-l1-4194304", "pass"),
     ]
     (row,) = doc["summary"]["sizes"]
     assert row["first_passing_rung_bytes"] == 4 << 20
     assert row["last_failing_rung_bytes"] == 1 << 20
+    assert row["whole_plan_bytes"] == 8 * C
     assert row["l1_peak_bytes"] == 8 * C
     short = doc["points"][0]["measures"]
     assert short["cached_tokens"] == 0 and short["output_sha256"] == short["canonical_sha256"]

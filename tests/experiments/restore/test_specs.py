@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -99,7 +100,9 @@ def test_unknown_field_lists_valid_ones(tmp_path: Path) -> None:
         ("registration: tiny-llama\nstorage: {tp_ranks: 4}\nsweep: {sizes_tokens: [1024]}\n",
          "sweep", "storage", ["storage.tp_ranks: tiny-llama has 2 KV heads, TP 4"]),
         ("storage: {tp_ranks: 3}\nsweep: {sizes_tokens: [1024]}\n", "sweep", "storage",
-         ["storage.tp_ranks: 3 does not divide the 2 KV heads of LlamaForCausalLM"]),
+         ["storage.tp_ranks: 3 does not divide the 4 query (attention) heads of the model "
+          "(config.json num_attention_heads; it has 2 KV heads); vLLM refuses it: set "
+          "storage.tp_ranks to one of 1, 2, 4"]),
         ("registration: llama\nsweep: {sizes_tokens: [1024]}\n", "sweep", "storage",
          ["registration", "tiny-llama", "dsv4-flash"]),
     ],
@@ -110,6 +113,39 @@ def test_errors_name_the_field_and_the_fix(
     msg = bad(tmp_path, text, command, stack)
     for needle in needles:
         assert needle in msg, msg
+
+
+QWEN25_7B_HEADS = {
+    "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 3584,
+    "num_hidden_layers": 28, "num_attention_heads": 28, "num_key_value_heads": 4,
+    "torch_dtype": "bfloat16",
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("tp", "message"),
+    [
+        # 8 is a multiple of the 4 KV heads (vLLM copies them), but 28 query heads do not split
+        (8, "stack.vllm.tensor_parallel_size: 8 does not divide the 28 query (attention) heads "
+            "of the model (config.json num_attention_heads; it has 4 KV heads); vLLM refuses "
+            "it: set stack.vllm.tensor_parallel_size to one of 1, 2, 4, 28"),
+        # 7 divides the 28 query heads; the 4 KV heads are what it fails
+        (7, "stack.vllm.tensor_parallel_size: 7 does not divide the 4 KV heads of "
+            "Qwen2ForCausalLM (nor is it a multiple of them, with 28 query heads); vLLM "
+            "refuses it"),
+    ],
+)  # fmt: skip
+def test_a_tp_is_refused_for_the_heads_it_does_not_divide(
+    tmp_path: Path, tp: int, message: str
+) -> None:
+    model = tmp_path / "Qwen2.5-7B-Instruct"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(QWEN25_7B_HEADS))
+    text = (
+        f"stack: {{vllm: {{model: {model}, tensor_parallel_size: {tp}}}}}\n"
+        "registration: auto\nsweep: {sizes_tokens: [1024]}\n"
+    )
+    assert bad(tmp_path, text, "sweep", "serving") == f"{tmp_path / 'spec.yaml'}: {message}"
 
 
 def test_bad_stack_and_missing_file(tmp_path: Path) -> None:

@@ -100,14 +100,15 @@ def test_fit_line_is_exact_least_squares() -> None:
     assert fit_line([1, 2, 3], [4, 4, 4])[2] is None  # flat: R² undefined -> UNKNOWN upstream
 
 
-def test_ladder_first_passing_rung_and_capacity_failures(small_spec, tmp_path: Path) -> None:
+def test_ladder_first_passing_rung_and_rungs_the_plan_exceeds(small_spec, tmp_path: Path) -> None:
     out = tmp_path / "out"
     assert run_ladder(small_spec(), out, "storage", quiet=True) == Verdict.PASS
     doc = evidence(out)
     pts = by_id(doc)
     # 1024 tokens = 4 chunks = 1 MiB whole plan; 2048 tokens = 2 MiB.
     assert list(pts) == ["n1024-l1-1048576", "n2048-l1-1048576", "n2048-l1-2097152"]
-    assert [p["rung_outcome"] for p in doc["points"]] == ["pass", "capacity", "pass"]
+    assert [p["rung_outcome"] for p in doc["points"]] == ["pass", "exceeds", "pass"]
+    assert [p["whole_plan_bytes"] for p in doc["points"]] == [MIB, 2 * MIB, 2 * MIB]
     short = pts["n2048-l1-1048576"]
     assert (short["verdict"], short["measures"]["cached_tokens"]) == ("FAIL", 0)
     rows = {r["tokens"]: r for r in doc["summary"]["sizes"]}
@@ -116,7 +117,16 @@ def test_ladder_first_passing_rung_and_capacity_failures(small_spec, tmp_path: P
     assert rows[2048]["first_passing_rung_bytes"] == 2 * MIB
     assert rows[2048]["last_failing_rung_bytes"] == MIB
     assert (rows[1024]["l1_peak_bytes"], rows[2048]["l1_peak_bytes"]) == (MIB, 2 * MIB)
-    assert doc["verdict"] == "PASS"  # the capacity rung is a measurement, not a failure
+    assert (rows[1024]["whole_plan_bytes"], rows[2048]["whole_plan_bytes"]) == (MIB, 2 * MIB)
+    assert doc["verdict"] == "PASS"  # the rung past L1 is the law's answer, not a failure
+    summary = (out / doc["run_id"] / "summary.md").read_text()
+    assert "| n2048-l1-1048576 | EXCEEDS | 2048 | 0 | 1 MiB |" in summary
+    assert (
+        "- n2048-l1-1048576: whole plan 2.00 MiB > L1 rung 1 MiB; cached 0 of 2048 tokens (not "
+        "reused, as the law says); no other check failed, stack healthy." in summary
+    )
+    assert "n2048-l1-1048576 /" not in summary  # not under "Not passing"
+    assert "\n| n2048-l1-1048576 | FAIL" not in summary
 
 
 def test_ladder_rung_that_fails_for_no_capacity_is_unknown_and_redone(
