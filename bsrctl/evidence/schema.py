@@ -14,8 +14,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from bsrctl.evidence.kinds import KindName
+
 VerdictName = Literal["PASS", "FAIL", "UNKNOWN"]
-KindName = Literal["ladder", "sweep", "law", "failmatrix", "tempokv", "roundtrip", "bench", "soak"]
 
 
 class CheckDoc(BaseModel):
