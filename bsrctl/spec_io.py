@@ -57,12 +57,18 @@ def read_yaml(path: Path) -> dict[str, Any]:
     return doc
 
 
+# The tags of discriminated unions (a failure-matrix cell's kind): pydantic puts them in an
+# error's path, where the spec's author never wrote them, so the path drops them.
+UNION_TAGS: set[str] = set()
+
+
 def describe_error(model: type[BaseModel], exc: ValidationError) -> str:
     """One line: the first error's field path, what is wrong, and how to fix it."""
     err = exc.errors()[0]
-    where = ".".join(str(p) for p in err["loc"]) or "(spec)"
+    loc = tuple(p for p in err["loc"] if p not in UNION_TAGS)
+    where = ".".join(str(p) for p in loc) or "(spec)"
     if err["type"] == "extra_forbidden":
-        parent = _submodel(model, err["loc"][:-1])
+        parent = _submodel(model, loc[:-1])
         valid = ", ".join(parent.model_fields) if parent else "see the docs"
         return f"{where}: unknown field; valid fields here: {valid}"
     if err["type"] == "literal_error":

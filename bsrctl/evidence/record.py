@@ -14,15 +14,16 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from bsrctl.evidence.kinds import KINDS as REGISTRY
+from bsrctl.evidence.kinds import NAMES
 from bsrctl.evidence.manifest import write_manifest
 from bsrctl.evidence.schema import validate_evidence
 from bsrctl.evidence.verdict import Point, Verdict, merge
 from bsrkv.atomic import write_atomic
 
 SCHEMA = "bsrctl.evidence/1"
-KINDS = ("ladder", "sweep", "law", "failmatrix", "tempokv", "roundtrip", "bench", "soak")
-# The paper names its sweep runs br-e1-<hex>; other kinds use their own name.
-RUN_PREFIX = {"sweep": "e1"}
+KINDS = NAMES  # the registry's (bsrctl.evidence.kinds)
+RUN_PREFIX: dict[str, str] = {name: k.run_prefix for name, k in REGISTRY.items() if k.run_prefix}
 
 
 def new_run_id(kind: str) -> str:

@@ -15,11 +15,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from bsrctl.evidence.kinds import KindName
+
 VerdictName = Literal["PASS", "FAIL", "UNKNOWN"]
 # A ladder rung's outcome (bsrctl.experiments.restore.ladder); "capacity": older evidence's
 # word for a rung not reused, before the capacity law decided between exceeds and fail.
 RungOutcome = Literal["pass", "exceeds", "fail", "unknown", "memory_limit", "capacity"]
-KindName = Literal["ladder", "sweep", "law", "failmatrix", "tempokv", "roundtrip", "bench", "soak"]
 
 
 class CheckDoc(BaseModel):

@@ -6,17 +6,10 @@ from collections.abc import Callable
 from importlib import import_module
 from typing import Any
 
-# kind -> module under bsrctl.report holding `render(doc) -> str`
-RENDERERS = {
-    "ladder": "restore",
-    "sweep": "restore",
-    "law": "restore",
-    "roundtrip": "restore",
-    "failmatrix": "failmatrix",
-    "tempokv": "tempokv",
-    "bench": "bench",
-    "soak": "soak",
-}
+from bsrctl.evidence.kinds import KINDS
+
+# kind -> module under bsrctl.report holding `render(doc) -> str` (the evidence registry's)
+RENDERERS: dict[str, str] = {name: kind.renderer for name, kind in KINDS.items()}
 
 
 def renderer(kind: str) -> Callable[[dict[str, Any]], str]:

@@ -10,6 +10,7 @@ import types
 import typing
 from typing import Any
 
+import msgspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -27,6 +28,17 @@ CHOICES: dict[tuple[type, str], list[str]] = {
 }
 
 
+def _is_record(tp: Any) -> bool:
+    """A wire record (a msgspec struct) or a dataclass it carries (the adapter's settings)."""
+    return dataclasses.is_dataclass(tp) or (isinstance(tp, type) and issubclass(tp, msgspec.Struct))
+
+
+def _names(tp: Any) -> list[str]:
+    if dataclasses.is_dataclass(tp):
+        return [f.name for f in dataclasses.fields(tp)]
+    return list(tp.__struct_fields__)
+
+
 def _example(tp: Any, owner: type | None = None, name: str = "") -> Any:
     """One value of each type, every optional present (so nested keys are on the wire)."""
     if (owner, name) in FIXED:
@@ -40,10 +52,9 @@ def _example(tp: Any, owner: type | None = None, name: str = "") -> Any:
         return tuple(_example(a) for a in args)
     if origin is dict:
         return {"k": _example(args[1])}
-    if dataclasses.is_dataclass(tp):
+    if _is_record(tp):
         hints = typing.get_type_hints(tp)
-        return tp(**{f.name: _example(hints[f.name], tp, f.name)
-                     for f in dataclasses.fields(tp)})  # fmt: skip
+        return tp(**{n: _example(hints[n], tp, n) for n in _names(tp)})
     return {bool: False, int: 3, float: 0.5, str: "x"}[tp]
 
 
@@ -59,9 +70,9 @@ def _strategy(tp: Any, owner: type | None = None, name: str = "") -> st.SearchSt
         return st.tuples(*(_strategy(a) for a in args))
     if origin is dict:
         return st.dictionaries(st.text(max_size=6), _strategy(args[1]), max_size=3)
-    if dataclasses.is_dataclass(tp):
+    if _is_record(tp):
         hints = typing.get_type_hints(tp)
-        kw = {f.name: _strategy(hints[f.name], tp, f.name) for f in dataclasses.fields(tp)}
+        kw = {n: _strategy(hints[n], tp, n) for n in _names(tp)}
         return st.fixed_dictionaries(kw).map(lambda k: _made(tp, k)).filter(lambda x: x is not None)
     return {
         bool: st.booleans(),
@@ -102,7 +113,7 @@ def test_the_adapter_settings_round_trip(s: AdapterSettings) -> None:
 def test_the_wire_has_every_field_and_nothing_else() -> None:
     for cls in wire.RECORDS:
         raw = _example(cls).to_json()
-        assert list(raw) == [f.name for f in dataclasses.fields(cls)], cls
+        assert list(raw) == _names(cls), cls
     assert list(wire.settings_to_json(AdapterSettings())) == [
         f.name for f in dataclasses.fields(AdapterSettings)
     ]
@@ -113,7 +124,7 @@ def test_the_wire_has_every_field_and_nothing_else() -> None:
 
 # ---- a key renamed on one side fails the other, naming it ---------------------------------
 
-RENAMES = [(cls, f.name) for cls in wire.RECORDS for f in dataclasses.fields(cls)]
+RENAMES = [(cls, name) for cls in wire.RECORDS for name in _names(cls)]
 
 
 @pytest.mark.parametrize(("cls", "key"), RENAMES, ids=[f"{c.__name__}.{k}" for c, k in RENAMES])

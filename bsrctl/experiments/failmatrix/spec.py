@@ -32,13 +32,14 @@ timing, e.g. L1 pressure), never a partial count, or an explicit error (never a 
 from __future__ import annotations
 
 import math
+import typing
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Discriminator, Field, Tag, ValidationError, model_validator
 
 from bsrctl.errors import BadInput
-from bsrctl.spec_io import Strict, describe_error, read_yaml
+from bsrctl.spec_io import UNION_TAGS, Strict, describe_error, read_yaml
 from bsrctl.specs import StackSpec, resolve_registration
 from bsrkv.settings import RestoreSettings, RestoreTuning
 
@@ -121,6 +122,10 @@ class StorageCellsSpec(Strict):
 
 
 class CellSpec(Strict):
+    """What every cell has; its kind (the subclasses, read by ``fault``: ``Cell``) narrows
+    ``fault`` and checks the cell against the spec."""
+
+    KIND: ClassVar[str] = "unknown fault"  # its union tag: read only for a fault no kind has
     id: str = Field(pattern=r"^[a-z0-9][a-z0-9_.-]*$", description="unique cell name")
     fault: Literal[tuple(FAULTS)]  # type: ignore[valid-type]
     at: Point_ = "during_window"
@@ -174,13 +179,109 @@ class CellSpec(Strict):
         """concurrent_restores: each request's prefix tokens, in send order."""
         return [self.mix_tokens[i % len(self.mix_tokens)] for i in range(self.requests)]
 
+    def check(self, spec: FailMatrixSpec) -> None:
+        """Raise ValueError naming the field and the fix when the cell cannot run in ``spec``."""
+        where = f"cell {self.id!r}"
+        points = FAULTS[self.fault][1]
+        if self.at not in points:
+            raise ValueError(
+                f"{where}: fault {self.fault} is injected at {list(points)}, not {self.at!r}"
+            )
+        if self.expect == "restored" and self.fault != "concurrent_restores":
+            raise ValueError(f"{where}: expect restored is concurrent_restores' outcome (no fault)")
+        self._check(spec, where)
+
+    def _check(self, spec: FailMatrixSpec, where: str) -> None:
+        raise NotImplementedError(type(self).__name__)
+
+
+def _faults(kind: str) -> tuple[str, ...]:
+    return tuple(f for f, (stack, _) in FAULTS.items() if stack == kind)
+
+
+SCENARIO_FAULTS = ("mooncake_master_restarted", "whole_plan_past_l1", "concurrent_restores")
+WINDOW_FAULTS = tuple(f for f in _faults("serving") if f not in SCENARIO_FAULTS)
+STORAGE_FAULTS = tuple(f for f in _faults("storage") if f not in STORE_FAULTS)
+
+
+class ServingCell(CellSpec):
+    """A fault struck at one window of one served request's restore."""
+
+    KIND: ClassVar[str] = "serving cell"
+    fault: Literal[WINDOW_FAULTS]  # type: ignore[valid-type]
+
+    def _check(self, spec: FailMatrixSpec, where: str) -> None:
+        _check_serving_cell(spec, self, where)
+
+
+class StorageCell(CellSpec):
+    """A fault on the in-process storage stack (TP ranks, no model)."""
+
+    KIND: ClassVar[str] = "storage cell"
+    fault: Literal[STORAGE_FAULTS]  # type: ignore[valid-type]
+
+    def _check(self, spec: FailMatrixSpec, where: str) -> None:
+        n = spec.storage_windows()
+        if self.rank >= spec.storage.tp_ranks:
+            raise ValueError(
+                f"{where}: rank {self.rank} >= storage.tp_ranks {spec.storage.tp_ranks}"
+            )
+        if self.window >= n:
+            raise ValueError(f"{where}: window {self.window} >= {n} windows of the storage prefix")
+
+
+class StoreFaultCell(CellSpec):
+    """A store that fails (the FS L2 on a size-capped tmpfs)."""
+
+    KIND: ClassVar[str] = "store fault cell"
+    fault: Literal[STORE_FAULTS]  # type: ignore[valid-type]
+
+    def _check(self, spec: FailMatrixSpec, where: str) -> None:
+        _check_store_cell(spec, self, where)
+
+
+class ScenarioCell(CellSpec):
+    """A cell of more than one request (``failmatrix.scenarios``)."""
+
+    KIND: ClassVar[str] = "scenario cell"
+    fault: Literal[SCENARIO_FAULTS]  # type: ignore[valid-type]
+
+    def _check(self, spec: FailMatrixSpec, where: str) -> None:
+        _check_scenario_cell(spec, self, where)
+
+
+CELL_KINDS: tuple[type[CellSpec], ...] = (ServingCell, StorageCell, StoreFaultCell, ScenarioCell)
+_KIND_OF = {
+    f: k.KIND for k in CELL_KINDS for f in typing.get_args(k.model_fields["fault"].annotation)
+}
+assert set(_KIND_OF) == set(FAULTS), "every fault is of exactly one cell kind"
+UNION_TAGS.update(k.KIND for k in (CellSpec, *CELL_KINDS))
+
+
+def _cell_kind(raw: Any) -> str:
+    """The kind a cell's ``fault`` names; an unknown fault is read by the base model, whose
+    error names ``fault`` and lists the faults there are."""
+    fault = raw.get("fault") if isinstance(raw, dict) else getattr(raw, "fault", None)
+    return _KIND_OF.get(fault, CellSpec.KIND) if isinstance(fault, str) else CellSpec.KIND
+
+
+# A cell of the matrix: its kind read from its fault.
+Cell = Annotated[
+    Annotated[CellSpec, Tag(CellSpec.KIND)]
+    | Annotated[ServingCell, Tag(ServingCell.KIND)]
+    | Annotated[StorageCell, Tag(StorageCell.KIND)]
+    | Annotated[StoreFaultCell, Tag(StoreFaultCell.KIND)]
+    | Annotated[ScenarioCell, Tag(ScenarioCell.KIND)],
+    Discriminator(_cell_kind),
+]
+
 
 class FailMatrixSpec(Strict):
     stack: StackSpec = StackSpec()
     restore: RestoreTuning = RestoreTuning()
     workload: WorkloadSpec
     storage: StorageCellsSpec = StorageCellsSpec()
-    cells: list[CellSpec] = Field(min_length=1)
+    cells: list[Cell] = Field(min_length=1)
 
     @model_validator(mode="after")
     def _coherent(self) -> FailMatrixSpec:
@@ -189,7 +290,7 @@ class FailMatrixSpec(Strict):
         if dup:
             raise ValueError(f"cell ids must be unique; repeated: {dup}")
         for c in self.cells:
-            _check_cell(self, c)
+            c.check(self)
         return self
 
     def settings(self) -> RestoreSettings:
@@ -216,27 +317,8 @@ class FailMatrixSpec(Strict):
         return math.ceil(chunks / s.window_chunks)
 
 
-def _check_cell(spec: FailMatrixSpec, c: CellSpec) -> None:
-    where = f"cell {c.id!r}"
-    stack, points = FAULTS[c.fault]
-    if c.at not in points:
-        raise ValueError(f"{where}: fault {c.fault} is injected at {list(points)}, not {c.at!r}")
-    if c.expect == "restored" and c.fault != "concurrent_restores":
-        raise ValueError(f"{where}: expect restored is concurrent_restores' outcome (no fault)")
-    if c.fault in STORE_FAULTS:
-        _check_store_cell(spec, c, where)
-        return
-    if stack == "storage":
-        n = spec.storage_windows()
-        if c.rank >= spec.storage.tp_ranks:
-            raise ValueError(f"{where}: rank {c.rank} >= storage.tp_ranks {spec.storage.tp_ranks}")
-        if c.window >= n:
-            raise ValueError(f"{where}: window {c.window} >= {n} windows of the storage prefix")
-        return
+def _check_serving_cell(spec: FailMatrixSpec, c: CellSpec, where: str) -> None:
     lm, v, r = spec.stack.lmcache, spec.stack.vllm, spec.restore
-    if c.fault in SCENARIO_FAULTS:
-        _check_scenario_cell(spec, c, where)
-        return
     n = spec.serving_windows()
     last = n - 1 if c.at == "during_window" else n - 2
     if c.window > last:
@@ -291,9 +373,6 @@ def _check_cell(spec: FailMatrixSpec, c: CellSpec) -> None:
             f"{where}: delay_s {c.delay_s} must exceed restore.window_timeout_s "
             f"{r.window_timeout_s} (or be 0: 1.5 x the timeout)"
         )
-
-
-SCENARIO_FAULTS = ("mooncake_master_restarted", "whole_plan_past_l1", "concurrent_restores")
 
 
 def _check_scenario_cell(spec: FailMatrixSpec, c: CellSpec, where: str) -> None:

@@ -13,11 +13,13 @@ once with a fresh salt (one pass, the oracle on: its verdict is bytes).
 from __future__ import annotations
 
 import secrets
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from bsrctl import stats
 from bsrctl.evidence import EvidenceWriter, Verdict
+from bsrctl.evidence.schema import PointDoc
 from bsrctl.evidence.verdict import Check, check
 from bsrctl.experiments.restore.acceptance import restore_point
 from bsrctl.experiments.restore.repeats import SEED, Pass, repeated_point, round_note, rounds
@@ -102,25 +104,25 @@ def _params(tokens: int, window_chunks: int, l1: int) -> dict[str, Any]:
 
 
 def summarize(
-    points: list[dict[str, Any]], spec: ExperimentSpec, stack: str
+    written: list[dict[str, Any]], spec: ExperimentSpec, stack: str
 ) -> tuple[dict[str, Any], list[Check]]:
     """Peaks by size, whether the W > 0 peak is identical to the byte across sizes, whether
-    the W = 0 peak grows with the prefix."""
+    the W = 0 peak grows with the prefix. The points are read through the evidence schema's
+    model, so a point the schema refuses fails here, not in a reader of the run."""
     sw = spec.sweep
     assert sw is not None
     reg = spec.registration_for(stack)
     w = sw.window_chunks
-    main = [p for p in points if p["params"]["window_chunks"] == w and "salt" not in p["params"]]
-    peaks = {p["params"]["tokens"]: p["measures"].get("restore_pool_peak_bytes") for p in main}
+    points = [PointDoc.model_validate(p) for p in written]
+    main = [p for p in points if p.params["window_chunks"] == w and "salt" not in p.params]
+    peaks = {p.params["tokens"]: p.measures.get("restore_pool_peak_bytes") for p in main}
     summary: dict[str, Any] = {
         "window_chunks": w,
         "bytes_per_chunk": reg.bytes_per_chunk,
         "window_bytes": reg.window_bytes(w),
         "rws_bound_bytes": reg.rws_bound_bytes(w) if w else None,
         "restore_pool_peak_bytes_by_tokens": peaks,
-        "restore_s_by_tokens": {
-            p["params"]["tokens"]: p["measures"].get("restore_s") for p in main
-        },
+        "restore_s_by_tokens": {p.params["tokens"]: p.measures.get("restore_s") for p in main},
     }
     checks: list[Check] = []
     if w:
@@ -138,9 +140,9 @@ def summarize(
                 f"{sorted(full)} (W*c = {reg.window_bytes(w)} B)",
             )
         )
-    whole = [p for p in points if p["params"]["window_chunks"] == 0 and "salt" not in p["params"]]
+    whole = [p for p in points if p.params["window_chunks"] == 0 and "salt" not in p.params]
     if whole:
-        wp = {p["params"]["tokens"]: p["measures"].get("restore_pool_peak_bytes") for p in whole}
+        wp = {p.params["tokens"]: p.measures.get("restore_pool_peak_bytes") for p in whole}
         vals = [wp[n] for n in sorted(wp)]
         grows = (
             None
@@ -154,29 +156,29 @@ def summarize(
             ratios, judged = whole_plan_ratios(main, whole, stack, sw.whole_plan_max_ratio)
             summary["whole_plan_ratio_by_tokens"] = ratios
             checks += judged
-    repeat = [p for p in points if "salt" in p["params"]]
+    repeat = [p for p in points if "salt" in p.params]
     if repeat:
         r = repeat[-1]
         summary["repeat_new_salt"] = {
-            "salt": r["params"]["salt"],
-            "verdict": r["verdict"],
-            "restore_pool_peak_bytes": r["measures"].get("restore_pool_peak_bytes"),
+            "salt": r.params["salt"],
+            "verdict": r.verdict,
+            "restore_pool_peak_bytes": r.measures.get("restore_pool_peak_bytes"),
         }
     return summary, checks
 
 
-def _samples(point: dict[str, Any], metric: str) -> list[float] | None:
+def _samples(point: PointDoc, metric: str) -> list[float] | None:
     """A point's samples of ``metric`` (its one value when measured once); None: missing."""
-    got = (point.get("samples") or {}).get(metric)
+    got = point.samples.get(metric)
     if got:
-        return [float(v) for v in got]
-    one = point["measures"].get(metric)
+        return list(got)
+    one = point.measures.get(metric)
     return None if one is None else [float(one)]
 
 
 def whole_plan_ratios(
-    windowed: list[dict[str, Any]],
-    whole: list[dict[str, Any]],
+    windowed: Sequence[PointDoc],
+    whole: Sequence[PointDoc],
     stack: str,
     bound: float | None,
 ) -> tuple[dict[int, dict[str, Any]], list[Check]]:
@@ -184,11 +186,11 @@ def whole_plan_ratios(
     over the paired repeats (round i of both), its interval and the verdict of the claim
     ratio <= ``bound`` (1 when unset); a run check per size only when ``bound`` is set."""
     metric = "restore_s" if stack == "storage" else "ttft_s"
-    zero = {p["params"]["tokens"]: p for p in whole}
+    zero = {p.params["tokens"]: p for p in whole}
     out: dict[int, dict[str, Any]] = {}
     checks: list[Check] = []
     for p in windowed:
-        n = p["params"]["tokens"]
+        n = p.params["tokens"]
         a, b = _samples(p, metric), (_samples(zero[n], metric) if n in zero else None)
         name = f"whole_plan_ratio_n{n}"
         if a is None or b is None or len(a) != len(b) or 0.0 in b:

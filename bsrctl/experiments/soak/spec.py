@@ -33,7 +33,7 @@ from typing import Any
 from pydantic import Field, ValidationError, model_validator
 
 from bsrctl.errors import BadInput
-from bsrctl.experiments.failmatrix.spec import CellSpec, FailMatrixSpec, WorkloadSpec
+from bsrctl.experiments.failmatrix.spec import Cell, FailMatrixSpec, WorkloadSpec
 from bsrctl.spec_io import Strict, describe_error, read_yaml
 from bsrctl.specs import StackSpec
 from bsrkv.settings import RestoreSettings, RestoreTuning
@@ -67,7 +67,7 @@ class SoakSpec(Strict):
     restore: RestoreTuning = RestoreTuning()
     workload: WorkloadSpec
     soak: SoakSection
-    cells: list[CellSpec] = Field(min_length=1, description="the faults the schedule draws")
+    cells: list[Cell] = Field(min_length=1, description="the faults the schedule draws")
 
     @model_validator(mode="after")
     def _coherent(self) -> SoakSpec:

@@ -2,13 +2,13 @@
 one typed definition for the three sides that speak it (the vLLM adapter, the server
 module, TempoKV serving), as ``lmcache_ext.protocol`` is for ``bsr.*``.
 
-A record's ``to_json()`` is its JSON object; ``from_json()`` raises ``WireError`` naming
-every missing and every unexpected key (and a mistyped value by its path), so a key renamed
-on one side fails on the other instead of reading as 0. Every key is required: ``None``
-travels as ``null``. Values are read by the fields' type hints (``tempokv.codec``: int,
-float, str, bool, ``X | None``, ``tuple[X, ...]``, ``dict[str, X]``, nested dataclasses), so
-the adapter's own ``AdapterSettings`` and ``CostModel`` travel the same way (``settings_to_json`` /
-``settings_from_json``) without a second definition of their fields.
+A record is a frozen ``bsrkv.strictjson`` struct (msgspec, ``tempokv.codec``): its
+``to_json()`` is its JSON object; ``from_json()`` raises ``WireError`` naming every missing
+and every unexpected key (and a mistyped value by its path, nothing coerced), so a key
+renamed on one side fails on the other instead of reading as 0. Every key is required:
+``None`` travels as ``null``. The adapter's own ``AdapterSettings`` and ``CostModel``
+(dataclasses) travel the same way (``settings_to_json`` / ``settings_from_json``) without a
+second definition of their fields.
 
 Pure: no LMCache, torch or vLLM import; the adapter imports it inside vLLM's process.
 """
@@ -16,7 +16,6 @@ Pure: no LMCache, torch or vLLM import; the adapter imports it inside vLLM's pro
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from bsrkv.tempokv.codec import Record, WireError, decode, encode
@@ -40,7 +39,6 @@ def settings_from_json(raw: Any, where: str = "adapter settings") -> AdapterSett
     return decode(AdapterSettings, raw, where)
 
 
-@dataclass(frozen=True)
 class AdapterEnv(Record):
     """``BSRCTL_TEMPOKV`` (``--scheduler-cls`` takes only a class): the adapter's settings
     (None: the recording scheduler, no adapter), how its updates travel, its trace."""
@@ -59,7 +57,6 @@ class AdapterEnv(Record):
 # ---- tempokv.update: the adapter's report, and the controller's reply -------------------
 
 
-@dataclass(frozen=True)
 class Hit(Record):
     """What the server needs to find a new claim's objects by its own keys (a probe)."""
 
@@ -71,7 +68,6 @@ class Hit(Record):
     world_size: int
 
 
-@dataclass(frozen=True)
 class UpdateRequest(Record):
     """``tempokv.update``: new claims (with their hits), cancellations, the whole waiting
     order and the claimed requests' projected TTUs."""
@@ -92,7 +88,6 @@ class UpdateRequest(Record):
         return cls(round(u.at_s, 6), u.report, u.cancel, u.order, ttus, dict(hits or {}))
 
 
-@dataclass(frozen=True)
 class UpdateReply(Record):
     """The controller's answer: each new claim's hit, the claimed requests' staging ETA,
     and what its policy reads (``off``: TempoKV is off, nothing is claimed)."""
@@ -117,7 +112,6 @@ class UpdateReply(Record):
 # ---- tempokv.configure ------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
 class TempoConfig(Record):
     """The controller and provider the server (re)starts (``LiveConfig``'s fields)."""
 
@@ -141,7 +135,6 @@ class TempoConfig(Record):
             raise WireError(f"{self.WHAT}.tier: {self.tier!r}, not l2|dax")
 
 
-@dataclass(frozen=True)
 class ConfigureRequest(Record):
     """``tempokv.configure``: a config, or None to turn TempoKV off."""
 
@@ -150,7 +143,6 @@ class ConfigureRequest(Record):
     config: TempoConfig | None
 
 
-@dataclass(frozen=True)
 class ConfigureReply(Record):
     """The config in effect after the call (None: off); ``error`` exactly when refused."""
 
@@ -168,7 +160,6 @@ class ConfigureReply(Record):
 # ---- tempokv.status ---------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
 class Stage(Record):
     """One staging op the device performed (a LOCK prefetch)."""
 
@@ -181,7 +172,6 @@ class Stage(Record):
     missed: int  # objects not loaded (an L2 miss)
 
 
-@dataclass(frozen=True)
 class TtrAtCommit(Record):
     """One commitment: its TTR estimate vs the time to stage-ready, and the TTU it was made
     on vs when its retrieval was demanded (seconds from the commit)."""
@@ -195,7 +185,6 @@ class TtrAtCommit(Record):
     retrieval_s: float | None
 
 
-@dataclass(frozen=True)
 class StockReadRecord(Record):
     """One stock lookup's L2 read as the provider observed it."""
 
@@ -214,7 +203,6 @@ class StockReadRecord(Record):
     outcome: str  # done | dropped | adopted | expired | ended | open
 
 
-@dataclass(frozen=True)
 class StockReads(Record):
     WHAT: ClassVar[str] = f"{STATUS} observed_stock_reads"
 
@@ -224,7 +212,6 @@ class StockReads(Record):
     reads: tuple[StockReadRecord, ...]
 
 
-@dataclass(frozen=True)
 class StatusReply(Record):
     """``tempokv.status`` while a policy runs (off: ``OFF_STATUS``)."""
 

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from bsrctl import stats
+from bsrctl.evidence.schema import PointDoc
 from bsrctl.evidence.verdict import Verdict
 from bsrctl.experiments.restore.repeats import (
     Pass,
@@ -119,9 +120,10 @@ def test_an_oracle_verdict_is_the_accuracy_pass_s() -> None:
     assert got["canonical_bytes"].verdict == Verdict.PASS  # a timed pass judges no bytes
 
 
-def _pt(n: int, w: int, key: str, xs: list[float]) -> dict[str, Any]:
-    return {"params": {"tokens": n, "window_chunks": w}, "measures": {key: xs[0]},
-            "samples": {key: xs}}  # fmt: skip
+def _pt(n: int, w: int, key: str, xs: list[float]) -> PointDoc:
+    params = {"tokens": n, "window_chunks": w}
+    return PointDoc(id=f"n{n}-w{w}", params=params, measures={key: xs[0]},
+                    samples={key: xs}, checks=[], verdict="PASS")  # fmt: skip
 
 
 @pytest.mark.parametrize(
