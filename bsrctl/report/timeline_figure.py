@@ -1,11 +1,6 @@
 """report.html's timeline figure: the slowest requests' TTFT, phase by phase (their critical
-paths from the run's spans.jsonl, coloured by the process that spent the time).
-
-A restore run's figure shows its measured restores only: the requests its points name
-(``request_ids``), never the seeding prefills that store the prefix first (they compute the
-whole prompt and would always be the slowest). Evidence from before points named them: the
-requests whose spans show a restore (the server module's, W > 0 or the whole plan) and no
-store."""
+paths from the run's spans.jsonl, coloured by the process that spent the time). A restore
+run's figure shows its measured restores only (``bsrctl.trace.restores``)."""
 
 from __future__ import annotations
 
@@ -14,27 +9,11 @@ from pathlib import Path
 from typing import Any
 
 from bsrctl.report.figures import Plot, new_fig, svg
-from bsrkv.trace.timeline import Span, by_request, slowest, spans_of
+from bsrctl.trace.restores import measured_restores
+from bsrkv.trace.timeline import slowest, spans_of
 
 COLOURS = {"bsrctl": "#1565c0", "bsrctl.server": "#2e7d32", "lmcache": "#6a1b9a",
            "vllm": "#ef6c00", "": "#bdbdbd"}  # fmt: skip
-RESTORE_KINDS = ("sweep", "law", "ladder")
-RESTORE_SPANS = ("bsr.restore", "bsr.stock_retrieve")  # the server module's, W > 0 and W = 0
-STORE_SPANS = ("mp.store",)  # LMCache storing what vLLM computed: a seeding prefill
-
-
-def measured_restores(doc: dict[str, Any], spans: list[Span]) -> list[Span] | None:
-    """The spans of the run's measured restores; None for a run that is not a restore run
-    (every request is shown)."""
-    named = {rid for p in doc.get("points", []) for rid in p.get("request_ids") or ()}
-    if not named and doc.get("kind") not in RESTORE_KINDS:
-        return None
-    if not named:
-        for rid, mine in by_request(spans).items():
-            names = {s.name for s in mine}
-            if names & set(RESTORE_SPANS) and not names & set(STORE_SPANS):
-                named.add(rid)
-    return [s for s in spans if s.request in named]
 
 
 def timeline_plots(run_dir: Path, doc: dict[str, Any], top: int = 3) -> list[Plot]:

@@ -1,10 +1,14 @@
-"""``bsrctl timeline RUN [--request ID]``: where a request's TTFT went, as its critical path."""
+"""``bsrctl timeline RUN [--request ID]``: where a request's TTFT went, as its critical path.
+Without ``--request``, a restore run's slowest measured restores (``restores``), never its
+seeding prefills; any other run's slowest requests."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from bsrctl.errors import BadInput
+from bsrctl.trace.restores import measured_restores
 from bsrkv.trace.collect import SPANS, read_spans
 from bsrkv.trace.timeline import by_request, critical_path, render, slowest, spans_of
 
@@ -23,10 +27,20 @@ def timeline_text(run_dir: Path, request: str | None = None, top: int = 3) -> st
         )
     spans = spans_of(records)
     if request is None:
-        paths = slowest(spans, top)
+        evidence = run / "evidence.json"
+        doc = json.loads(evidence.read_text()) if evidence.is_file() else {}
+        restores = measured_restores(doc, spans)
+        paths = slowest(spans if restores is None else restores, top)
+        n = len(by_request(spans))
         if not paths:
-            raise BadInput(f"{run}: no request has a client span; nothing to break down")
-        head = f"{len(paths)} slowest of {len(by_request(spans))} request(s) in {run}"
+            what = "request" if restores is None else "measured restore"
+            raise BadInput(f"{run}: no {what} has a client span; pass --request ID of one of "
+                           f"its {n} request(s)")  # fmt: skip
+        if restores is None:
+            head = f"{len(paths)} slowest of {n} request(s) in {run}"
+        else:
+            k = len(by_request(restores))
+            head = f"{len(paths)} slowest of {k} measured restore(s) ({n} request(s)) in {run}"
         return "\n\n".join([head, *(render(p) for p in paths)])
     path = critical_path(spans, request)
     if path is None:

@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from bsrctl.report.timeline_figure import measured_restores, timeline_plots
+from bsrctl.report.timeline_figure import timeline_plots
+from bsrctl.trace.restores import measured_restores
 from bsrkv.trace.timeline import spans_of
 
 pytest.importorskip("matplotlib")
