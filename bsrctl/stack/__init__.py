@@ -1,6 +1,7 @@
 """The stacks bsrctl measures, by lifecycle:
 
-- ``contracts``: what experiments hold a stack to (``Target``, ``RestoreMeasures``,
+- ``contracts``: what experiments hold a stack to (``Target``; its measures per point,
+  ``RestoreMeasures`` and each target's own ``ServingMeasures`` / ``StorageMeasures``;
   ``Deployment``);
 - ``launch``: a deployment bsrctl starts and stops by PID (the serving stack's processes,
   Mooncake, namespaces, the flash tier, the model, the device profile, ``stack up/down/

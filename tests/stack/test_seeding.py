@@ -115,7 +115,7 @@ def test_a_full_first_attempt_is_the_only_one(deployment) -> None:
 
 def test_the_serving_target_records_its_one_tier(deployment, tmp_path) -> None:
     from bsrctl.specs import TargetSpec
-    from bsrctl.stack.contracts.target import SeedRecord
+    from bsrctl.stack.contracts.measures import SeedRecord
     from bsrctl.stack.selector import make_target
 
     target = make_target(TargetSpec(), tmp_path)

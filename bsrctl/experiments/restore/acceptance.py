@@ -3,12 +3,13 @@
 The paper's criterion (Section 6): cached-token accounting, tier isolation, registration
 identity, canonical output, post-request health, and for W > 0 the bounded restore pool.
 Each function takes what was measured (None = not measured) and returns a Check; missing
-evidence is UNKNOWN, never PASS. ``judge`` applies them to a point's ``RestoreMeasures``
-(``RestoreMeasures.from_json`` reads them back from evidence), so a point can be re-judged
-from its evidence alone.
+evidence is UNKNOWN, never PASS. ``judge`` applies them to a point's measures
+(``measures_from_json`` reads them back from evidence), so a point can be re-judged from its
+evidence alone.
 
 On the storage stack there is no model: ``canonical_output`` is replaced by
-``canonical_bytes`` (every installed object compared with regenerated canonical bytes).
+``canonical_bytes`` (every installed object compared with regenerated canonical bytes);
+``judge`` picks it by the measures' type (``StorageMeasures``), not by a stack name.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from bsrctl.evidence.verdict import Check, Point, Verdict, check
-from bsrctl.stack.contracts.target import RestoreMeasures
+from bsrctl.stack.contracts.measures import RestoreMeasures, ServingMeasures, StorageMeasures
 from bsrctl.stack.launch.serving.client import NOT_REPORTED
 from bsrkv.registration import first_difference
 
@@ -266,43 +267,56 @@ def bounded_restore(
     )
 
 
-def judge(m: RestoreMeasures, stack: str) -> tuple[Check, ...]:
-    """Every acceptance check of one point, from its measures. A point whose prefix never
-    fully reached its tier is judged on that alone (UNKNOWN)."""
+def judge(m: RestoreMeasures) -> tuple[Check, ...]:
+    """Every acceptance check of one point, from its measures; the target's own measures
+    pick its oracle and what else it is held to (serving: setup, vLLM's external hits, the
+    output, the install read-back; storage: the registration digest, c as L1 allocates it,
+    the installed bytes). A point whose prefix never fully reached its tier is judged on
+    that alone (UNKNOWN)."""
     tier = m.tier or "L2"
     seeded: list[Check] = []
-    if m.seed_chunks_expected is not None:
-        seeded.append(setup_seeded(m.seed_chunks_expected, m.seed_chunks_held, tier))
-        if seeded[0].verdict != Verdict.PASS:
-            return tuple(seeded)
-    checks = [
-        *seeded,
-        cached_token_accounting(m.cached_tokens, m.expected_cached_tokens, m.external_hit_tokens),
-        tier_isolation(
-            tier,
-            m.l1_bytes_before_restore,
-            m.cached_tokens,
-            None if m.tier_bytes_read is None else {tier: m.tier_bytes_read},
-            m.external_hit_tokens,
-        ),
-        registration_identity(
-            m.bytes_per_chunk_expected,
-            m.bytes_per_chunk_measured,
-            m.registration_digest_expected,
-            m.registration_digest,
-            m.registration_tensors_expected,
-            m.registration_tensors_live,
-            m.registration_tensors_stored,
-        ),
-        canonical_bytes(m.verify_ok, m.verify_mismatches, m.bytes_restored)
-        if stack == "storage"
-        else canonical_output(
+    external: int | None = None
+    readback: Mapping[str, Any] | None = None
+    digests: tuple[str | None, str | None] = (None, None)  # expected, restored
+    allocation: tuple[int | None, int | None] = (None, None)  # c_allocated, L1 unit
+    if isinstance(m, ServingMeasures):
+        if m.seed_chunks_expected is not None:
+            seeded.append(setup_seeded(m.seed_chunks_expected, m.seed_chunks_held, tier))
+            if seeded[0].verdict != Verdict.PASS:
+                return tuple(seeded)
+        external, readback = m.external_hit_tokens, m.readback
+        content = canonical_output(
             m.output_sha256,
             m.canonical_sha256,
             m.output_first_divergence,
             m.output_max_logprob_gap,
             m.output_tolerance,
+        )
+    elif isinstance(m, StorageMeasures):
+        digests = (m.registration_digest_expected, m.registration_digest)
+        allocation = (m.bytes_per_chunk_allocated, m.l1_allocation_unit_bytes)
+        content = canonical_bytes(m.verify_ok, m.verify_mismatches, m.bytes_restored)
+    else:  # RestoreMeasures makes no instance of its own: unreachable but for a new target
+        raise TypeError(f"judge: no acceptance for {type(m).__name__}")
+    checks = [
+        *seeded,
+        cached_token_accounting(m.cached_tokens, m.expected_cached_tokens, external),
+        tier_isolation(
+            tier,
+            m.l1_bytes_before_restore,
+            m.cached_tokens,
+            None if m.tier_bytes_read is None else {tier: m.tier_bytes_read},
+            external,
         ),
+        registration_identity(
+            m.bytes_per_chunk_expected,
+            m.bytes_per_chunk_measured,
+            *digests,
+            m.registration_tensors_expected,
+            m.registration_tensors_live,
+            m.registration_tensors_stored,
+        ),
+        content,
         post_request_health(m.healthy, m.health_detail),
     ]
     if m.window_chunks > 0:
@@ -313,18 +327,17 @@ def judge(m: RestoreMeasures, stack: str) -> tuple[Check, ...]:
                 m.rws_bound_bytes,
                 m.bytes_restored,
                 m.bytes_per_chunk_expected,
-                m.bytes_per_chunk_allocated,
-                m.l1_allocation_unit_bytes,
+                *allocation,
             )
         )
         # read-back on (bsrctl's default); a module an operator runs with it off is not judged
-        if m.readback is not None and m.readback.get("enabled") is not False:
-            checks.append(install_readback(m.readback, m.windows_done))
+        if readback is not None and readback.get("enabled") is not False:
+            checks.append(install_readback(readback, m.windows_done))
     return tuple(checks)
 
 
 def restore_point(
-    point_id: str, params: dict[str, Any], measures: RestoreMeasures, stack: str, **extra: Any
+    point_id: str, params: dict[str, Any], measures: RestoreMeasures, **extra: Any
 ) -> Point:
     """An evidence point judged by the acceptance checks from its own measures."""
-    return Point(point_id, params, measures.to_json(), judge(measures, stack), extra)
+    return Point(point_id, params, measures.to_json(), judge(measures), extra)

@@ -36,7 +36,8 @@ from bsrctl.experiments.restore.repeats import Pass, repeated_point, rounds
 from bsrctl.experiments.restore.spec import ExperimentSpec, load_experiment
 from bsrctl.experiments.run import Progress, execute, progress
 from bsrctl.specs import stack_selection
-from bsrctl.stack.contracts.target import Prompt, RestoreMeasures, Target
+from bsrctl.stack.contracts.measures import BY_STACK_KIND, RestoreMeasures, StorageMeasures
+from bsrctl.stack.contracts.target import Prompt, Target
 from bsrctl.stack.selector import make_target
 
 
@@ -102,7 +103,8 @@ class _Ladder:
     def plan_bytes(self, tokens: int, m: RestoreMeasures) -> int:
         """The whole plan by the law, at c as L1 allocates it where the target measured
         that (the storage stack's allocation unit can round c up), else the declared c."""
-        c = m.bytes_per_chunk_allocated or self.c
+        allocated = m.bytes_per_chunk_allocated if isinstance(m, StorageMeasures) else None
+        c = allocated or self.c
         return whole_plan_bytes(tokens, self.chunk_tokens, c, self.ranks_per_l1)
 
     def measure(self, tokens: int, rung: int, pid: str, attempt: int) -> tuple[Point, str]:
@@ -124,15 +126,16 @@ class _Ladder:
                 elif kind is Pass.TIMED:
                     timed.append(m)
         except (StackFailed, OSError, RuntimeError, TimeoutError) as exc:
-            # Not a capacity answer (engine unhealthy, timeout, L1 not allocatable): UNKNOWN.
+            # Not a capacity answer (engine unhealthy, timeout, L1 not allocatable): UNKNOWN,
+            # judged as the target's own measures (its oracle finds nothing: UNKNOWN too).
             why = f"{type(exc).__name__}: {exc}"
-            accuracy, timed = RestoreMeasures(
+            accuracy, timed = BY_STACK_KIND[self.stack](
                 tokens, 0, rung, healthy=None, health_detail=f"stack failed: {why}", error=why
             ), []  # fmt: skip
         finally:
             self.target.teardown()
         assert accuracy is not None
-        point = repeated_point(pid, params, accuracy, timed, self.stack, attempt=attempt)
+        point = repeated_point(pid, params, accuracy, timed, attempt=attempt)
         plan = self.plan_bytes(tokens, accuracy)
         outcome = rung_outcome(point.checks, plan_fits=plan <= rung)
         extra = {**point.extra, "whole_plan_bytes": plan, "rung_outcome": outcome}

@@ -19,7 +19,8 @@ from bsrctl.experiments.restore.spec import load_experiment
 from bsrctl.experiments.run import execute, progress
 from bsrctl.specs import stack_selection
 from bsrctl.stack.contracts.deployment import Deployment
-from bsrctl.stack.contracts.target import Prompt, RestoreMeasures
+from bsrctl.stack.contracts.measures import RestoreMeasures
+from bsrctl.stack.contracts.target import Prompt
 from bsrctl.stack.selector import make_target
 
 
@@ -111,7 +112,7 @@ def run_law(
                 if kind is Pass.TIMED and k == law.repeats - 1:
                     params = {"tokens": law.tokens, "window_chunks": win, "l1_capacity_bytes": l1}
                     pid = f"n{law.tokens}-w{win}"
-                    w.add_point(repeated_point(pid, params, accuracy[i], timed[i], stack))
+                    w.add_point(repeated_point(pid, params, accuracy[i], timed[i]))
         w.points.sort(key=lambda p: p["params"]["window_chunks"])  # W order, not rotated
         peaks: list[int | None] = [accuracy[i].restore_pool_peak_bytes for i in range(len(wins))]
         c, fit = law_check(

@@ -32,24 +32,23 @@ from typing import Any
 from bsrctl import stats
 from bsrctl.evidence.verdict import Check, Point, Verdict, check
 from bsrctl.experiments.restore.acceptance import judge
-from bsrctl.stack.contracts.target import RestoreMeasures
+from bsrctl.stack.contracts.measures import RestoreMeasures, ServingMeasures, StorageMeasures
 
 # The bootstrap's seed: the same samples give the same interval in every run and report.
 SEED = 0
-# Timed measures of RestoreMeasures, sampled where every repeat measured them.
-TIMED = ("ttft_s", "restore_s", "probe_s", "retrieve_s")
+# Each target's timed measures, sampled where every repeat measured them.
+TIMED: dict[type[RestoreMeasures], tuple[str, ...]] = {
+    ServingMeasures: ("ttft_s", "restore_s", "retrieve_s"),
+    StorageMeasures: ("restore_s", "probe_s", "retrieve_s"),
+}
 # What must not move between repeats of one point: the restore pool, what was restored and
-# from where, the tokens reused and the output.
-IDENTICAL = (
-    "restore_pool_peak_bytes",
-    "restore_pool_peak_bytes_by_rank",
-    "bytes_restored",
-    "cached_tokens",
-    "external_hit_tokens",
-    "output_sha256",
-    "windows_done",
-    "verify_mismatches",
-)
+# from where, the tokens reused, and the output (serving) or the bytes compared (storage).
+_POOL = ("restore_pool_peak_bytes", "restore_pool_peak_bytes_by_rank", "bytes_restored")
+IDENTICAL: dict[type[RestoreMeasures], tuple[str, ...]] = {
+    ServingMeasures: (*_POOL, "cached_tokens", "external_hit_tokens", "output_sha256",
+                      "windows_done"),
+    StorageMeasures: (*_POOL, "cached_tokens", "windows_done", "verify_mismatches"),
+}  # fmt: skip
 WORST = {Verdict.FAIL: 2, Verdict.UNKNOWN: 1, Verdict.PASS: 0}
 # Checks whose verdict needs the oracle: judged on the accuracy pass only.
 ORACLE_CHECKS = frozenset({"install_readback", "canonical_bytes"})
@@ -92,10 +91,19 @@ def round_note(kind: Pass, idx: int, repeats: int) -> str:
     return f" (timed {idx + 1}/{repeats})"
 
 
+def target_type(ms: Sequence[RestoreMeasures]) -> type[RestoreMeasures]:
+    """The one measures type of a point's passes (one target measured them all)."""
+    types = {type(m) for m in ms}
+    if len(types) != 1:
+        got = sorted(t.__name__ for t in types)
+        raise ValueError(f"a point's passes are of one target, got {got}")
+    return types.pop()
+
+
 def timed_samples(ms: Sequence[RestoreMeasures]) -> dict[str, list[float]]:
     """Each timed measure every timed pass measured, in measurement order."""
     out: dict[str, list[float]] = {}
-    for name in TIMED:
+    for name in TIMED[target_type(ms)]:
         vals = [getattr(m, name) for m in ms]
         if all(v is not None for v in vals):
             out[name] = [float(v) for v in vals]
@@ -106,7 +114,8 @@ def identical_check(ms: Sequence[RestoreMeasures]) -> Check:
     """``repeats_identical``: every byte measure the same in every pass (the accuracy pass
     first); FAIL names each that moved, with its value per pass."""
     moved = {}
-    for name in IDENTICAL:
+    same = IDENTICAL[target_type(ms)]
+    for name in same:
         vals = [getattr(m, name) for m in ms]
         if any(v != vals[0] for v in vals[1:]):
             moved[name] = vals
@@ -116,18 +125,16 @@ def identical_check(ms: Sequence[RestoreMeasures]) -> Check:
     return check(
         "repeats_identical",
         True,
-        f"{', '.join(IDENTICAL)} identical over {len(ms)} passes (peak "
+        f"{', '.join(same)} identical over {len(ms)} passes (peak "
         f"{ms[0].restore_pool_peak_bytes} B)",
     )
 
 
-def merged_checks(
-    accuracy: RestoreMeasures, timed: Sequence[RestoreMeasures], stack: str
-) -> list[Check]:
+def merged_checks(accuracy: RestoreMeasures, timed: Sequence[RestoreMeasures]) -> list[Check]:
     """Every pass judged, in the accuracy pass's check order; an oracle check is the
     accuracy pass's, any other the worst over the passes that judged it (named)."""
-    passes = [("accuracy pass", judge(accuracy, stack))] + [
-        (f"timed pass {r + 1}", judge(m, stack)) for r, m in enumerate(timed)
+    passes = [("accuracy pass", judge(accuracy))] + [
+        (f"timed pass {r + 1}", judge(m)) for r, m in enumerate(timed)
     ]
     out: list[Check] = []
     for first in passes[0][1]:
@@ -151,7 +158,7 @@ def with_medians(m: RestoreMeasures, medians: dict[str, float]) -> RestoreMeasur
 
 def accuracy_times(m: RestoreMeasures) -> dict[str, float]:
     """The accuracy pass's own times: shown beside the timed medians, never sampled."""
-    return {k: float(v) for k in TIMED if (v := getattr(m, k)) is not None}
+    return {k: float(v) for k in TIMED[type(m)] if (v := getattr(m, k)) is not None}
 
 
 def repeated_point(
@@ -159,18 +166,20 @@ def repeated_point(
     params: dict[str, Any],
     accuracy: RestoreMeasures,
     timed: Sequence[RestoreMeasures],
-    stack: str,
     **extra: Any,
 ) -> Point:
     """One evidence point from a point's accuracy pass and timed passes (module doc); no
     timed pass (the stack failed before one): the accuracy pass's point, no samples."""
-    ids = [m.request_id for m in (accuracy, *timed) if m.request_id]
-    if ids:  # every pass's restore request, accuracy first (the report's timeline reads them)
+    # every pass's restore request, accuracy first (the report's timeline reads them); the
+    # storage target records none (its spans name the restore alone)
+    passes = [m for m in (accuracy, *timed) if isinstance(m, ServingMeasures)]
+    ids = [m.request_id for m in passes if m.request_id]
+    if ids:
         extra = {**extra, "request_ids": ids}
     if not timed:
-        return Point(point_id, params, accuracy.to_json(), judge(accuracy, stack), extra)
+        return Point(point_id, params, accuracy.to_json(), judge(accuracy), extra)
     medians, samples, intervals = stats.sample_fields(timed_samples(timed), SEED)
-    checks = (*merged_checks(accuracy, timed, stack), identical_check([accuracy, *timed]))
+    checks = (*merged_checks(accuracy, timed), identical_check([accuracy, *timed]))
     more = {
         **extra,
         "repeats": len(timed),

@@ -27,7 +27,8 @@ from bsrctl.experiments.restore.spec import ExperimentSpec, load_experiment
 from bsrctl.experiments.run import execute, progress
 from bsrctl.specs import stack_selection
 from bsrctl.stack.contracts.deployment import Deployment
-from bsrctl.stack.contracts.target import Prompt, RestoreMeasures
+from bsrctl.stack.contracts.measures import RestoreMeasures
+from bsrctl.stack.contracts.target import Prompt
 from bsrctl.stack.selector import make_target
 
 
@@ -81,7 +82,7 @@ def run_sweep(
                     timed[i].append(m)
                 if kind_ is Pass.TIMED and k == sw.repeats - 1:  # its last pass: on disk now
                     pid = f"n{n}-w{win}"
-                    point = repeated_point(pid, _params(n, win, l1), accuracy[i], timed[i], kind)
+                    point = repeated_point(pid, _params(n, win, l1), accuracy[i], timed[i])
                     w.add_point(point)
         by_id = {f"n{n}-w{win}": k for k, (n, win) in enumerate(arms)}
         w.points.sort(key=lambda p: by_id.get(p["id"], len(arms)))  # arm order, not rotated
@@ -92,7 +93,7 @@ def run_sweep(
             m = target.measure(Prompt(new_salt, n), sw.window_chunks)
             pid = f"n{n}-w{sw.window_chunks}-new-salt"
             w.add_point(
-                restore_point(pid, {**_params(n, sw.window_chunks, l1), "salt": new_salt}, m, kind)
+                restore_point(pid, {**_params(n, sw.window_chunks, l1), "salt": new_salt}, m)
             )
         return summarize(w.points, spec, kind)
 

@@ -1,2 +1,3 @@
-"""What experiments hold a stack to: a restore ``Target`` and its typed measures
-(``target``), one serving ``Deployment`` whoever runs it (``deployment``)."""
+"""What experiments hold a stack to: a restore ``Target`` (``target``) and the typed measures
+of its points, common and per target (``measures``), one serving ``Deployment`` whoever runs
+it (``deployment``)."""

@@ -21,8 +21,9 @@ from bsrctl.stack.contracts.deployment import (
     Deployment,
     OnDeployment,
 )
+from bsrctl.stack.contracts.measures import SeedRecord, ServingMeasures, exact_div
 from bsrctl.stack.contracts.readback import readback_measures
-from bsrctl.stack.contracts.target import Prompt, RestoreMeasures, SeedRecord, exact_div
+from bsrctl.stack.contracts.target import Prompt
 from bsrctl.stack.launch.model import prepare_model
 from bsrctl.stack.measure.canonical_outputs import Reference, canonical_references, divergence
 from bsrctl.stack.measure.machine import l1_fits
@@ -174,7 +175,7 @@ class RunningTarget(OnDeployment):
 
     def measure(
         self, prompt: Prompt, window_chunks: int, cold: bool = True, oracle: bool = True
-    ) -> RestoreMeasures:
+    ) -> ServingMeasures:
         """One restore point. `cold`: first compute and store the prefix on these engines
         (False when an earlier deployment of the run stored it into the shared L2, or an
         earlier repeat of the point on this deployment did). `oracle`: the install read-back
@@ -222,7 +223,7 @@ class RunningTarget(OnDeployment):
             m["seed"] = seed
         self.on_phase("check")
         healthy, detail = self._health(ids)
-        return RestoreMeasures(**m, healthy=healthy, health_detail=detail)
+        return ServingMeasures(**m, healthy=healthy, health_detail=detail)
 
     def _measures(
         self,

@@ -99,7 +99,7 @@ class StorageRestoreResult:
         return not self.failure
 
     def measures(self) -> dict[str, Any]:
-        """The evidence measures of this restore (RestoreMeasures field names)."""
+        """The evidence measures of this restore (StorageMeasures field names)."""
         doc = asdict(self)
         for k, v in doc.items():
             if isinstance(v, dict):

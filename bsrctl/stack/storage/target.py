@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 from bsrctl.errors import BadInput
 from bsrctl.specs import TargetSpec
-from bsrctl.stack.contracts.target import Prompt, RestoreMeasures, exact_div
+from bsrctl.stack.contracts.measures import StorageMeasures, exact_div
+from bsrctl.stack.contracts.target import Prompt
 from bsrctl.stack.measure.machine import l1_fits
 from bsrkv.registration import Registration
 from bsrkv.settings import RestoreSettings
@@ -132,7 +133,7 @@ class StorageTarget:
 
     def measure(
         self, prompt: Prompt, window_chunks: int, cold: bool = True, oracle: bool = True
-    ) -> RestoreMeasures:
+    ) -> StorageMeasures:
         """One restore of the seeded prefix; ``oracle`` off copies into an anonymous pool
         (``memory``: a KV install's copy) where the spec's destination compares every byte."""
         st, reg = self.stack, self.reg
@@ -185,7 +186,7 @@ class StorageTarget:
             probe_s=round(res.probe_s, 6),
             retrieve_s=round(res.retrieve_s, 6),
         )
-        return RestoreMeasures(**m)
+        return StorageMeasures(**m)
 
     def forget_salt_files(self) -> None:
         """Remove every L2 file (bounds disk before seeding a new salt)."""

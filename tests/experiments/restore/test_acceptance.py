@@ -8,14 +8,20 @@ import pytest
 
 from bsrctl.evidence import Verdict
 from bsrctl.experiments.restore import acceptance as acc
-from bsrctl.stack.contracts.target import RestoreMeasures
+from bsrctl.stack.contracts.measures import (
+    RestoreMeasures,
+    ServingMeasures,
+    StorageMeasures,
+    measures_from_json,
+    names,
+)
 
 SHA_A = "a" * 64
 SHA_B = "b" * 64
 C = 262_144
 
 
-def serving_measures(**over: object) -> RestoreMeasures:
+def serving_measures(**over: object) -> ServingMeasures:
     m: dict[str, object] = {
         "tokens": 4096,
         "window_chunks": 4,
@@ -37,15 +43,15 @@ def serving_measures(**over: object) -> RestoreMeasures:
         "bytes_restored": 16 * C,
     }
     m.update(over)
-    return RestoreMeasures(**m)  # type: ignore[arg-type]
+    return ServingMeasures(**m)  # type: ignore[arg-type]
 
 
-def verdicts(m: RestoreMeasures, stack: str = "serving") -> dict[str, Verdict]:
-    return {c.name: c.verdict for c in acc.judge(m, stack)}
+def verdicts(m: RestoreMeasures) -> dict[str, Verdict]:
+    return {c.name: c.verdict for c in acc.judge(m)}
 
 
 def test_a_clean_serving_point_passes_every_check_in_order() -> None:
-    checks = acc.judge(serving_measures(), "serving")
+    checks = acc.judge(serving_measures())
     assert [c.name for c in checks] == [
         "cached_token_accounting",
         "tier_isolation",
@@ -58,17 +64,17 @@ def test_a_clean_serving_point_passes_every_check_in_order() -> None:
 
 
 def test_w0_has_no_bounded_restore_check() -> None:
-    names = [c.name for c in acc.judge(serving_measures(window_chunks=0), "serving")]
+    names = [c.name for c in acc.judge(serving_measures(window_chunks=0))]
     assert "bounded_restore" not in names
 
 
 def test_missing_evidence_is_unknown_never_pass() -> None:
-    checks = acc.judge(RestoreMeasures(4096, 4, C), "serving")
+    checks = acc.judge(ServingMeasures(4096, 4, C))
     assert {c.verdict for c in checks} == {Verdict.UNKNOWN}
     assert all("not measured" in c.detail or "health" in c.detail for c in checks)
-    assert {c.verdict for c in acc.judge(RestoreMeasures(4096, 0, C), "storage")} == {
-        Verdict.UNKNOWN
-    }
+    assert {c.verdict for c in acc.judge(StorageMeasures(4096, 0, C))} == {Verdict.UNKNOWN}
+    with pytest.raises(TypeError, match="names no target: make ServingMeasures or Storage"):
+        RestoreMeasures(4096, 4, C)  # only a target's own measures are judged
 
 
 @pytest.mark.parametrize(
@@ -108,31 +114,31 @@ def test_missing_evidence_is_unknown_never_pass() -> None:
 def test_each_check_fails_or_is_unknown_with_its_reason(
     over: dict[str, object], name: str, verdict: Verdict, needle: str
 ) -> None:
-    (c,) = [c for c in acc.judge(serving_measures(**over), "serving") if c.name == name]
+    (c,) = [c for c in acc.judge(serving_measures(**over)) if c.name == name]
     assert c.verdict == verdict, c
     assert needle in c.detail, c.detail
 
 
 def test_storage_replaces_canonical_output_with_byte_verification() -> None:
-    m = serving_measures(
-        output_sha256=None,
-        canonical_sha256=None,
-        external_hit_tokens=None,
+    # the same point's common measures; storage has no output and no vLLM accounting
+    common = {k: v for k, v in serving_measures().to_json().items() if k in names(RestoreMeasures)}
+    m = StorageMeasures(
+        **common,
         verify_ok=True,
         verify_mismatches=0,
         registration_digest="d" * 64,
         registration_digest_expected="d" * 64,
     )
-    v = verdicts(m, "storage")
+    v = verdicts(m)
     assert "canonical_output" not in v and v["canonical_bytes"] == Verdict.PASS
-    (c,) = [c for c in acc.judge(m, "storage") if c.name == "canonical_bytes"]
+    (c,) = [c for c in acc.judge(m) if c.name == "canonical_bytes"]
     assert "canonical_output replaced by byte verification" in c.detail
     m = dataclasses.replace(m, verify_ok=False, verify_mismatches=3)
-    assert verdicts(m, "storage")["canonical_bytes"] == Verdict.FAIL
+    assert verdicts(m)["canonical_bytes"] == Verdict.FAIL
     m = dataclasses.replace(m, verify_ok=None, verify_mismatches=None)
-    assert verdicts(m, "storage")["canonical_bytes"] == Verdict.UNKNOWN
+    assert verdicts(m)["canonical_bytes"] == Verdict.UNKNOWN
     m = dataclasses.replace(m, verify_ok=True, verify_mismatches=0, registration_digest="e" * 64)
-    assert verdicts(m, "storage")["registration_identity"] == Verdict.FAIL
+    assert verdicts(m)["registration_identity"] == Verdict.FAIL
 
 
 def test_bounded_restore_pure_function_edges() -> None:
@@ -143,7 +149,7 @@ def test_bounded_restore_pure_function_edges() -> None:
 
 
 def test_a_seeded_point_checks_the_seed_first() -> None:
-    checks = acc.judge(serving_measures(seed_chunks_expected=16, seed_chunks_held=16), "serving")
+    checks = acc.judge(serving_measures(seed_chunks_expected=16, seed_chunks_held=16))
     assert [c.name for c in checks][:2] == ["setup_seeded", "cached_token_accounting"]
     assert len(checks) == 7 and {c.verdict for c in checks} == {Verdict.PASS}
     assert checks[0].detail == "setup: fs held 16/16 whole chunks of the prompt"
@@ -153,7 +159,7 @@ def test_a_seeded_point_checks_the_seed_first() -> None:
 def test_a_prefix_short_in_its_tier_is_unknown_and_judged_on_nothing_else(held) -> None:
     # the restore then misses: its checks would FAIL and blame the code under test
     m = serving_measures(seed_chunks_expected=16, seed_chunks_held=held, cached_tokens=0)
-    (c,) = acc.judge(m, "serving")
+    (c,) = acc.judge(m)
     assert (c.name, c.verdict) == ("setup_seeded", Verdict.UNKNOWN)
     # what the tier held unmeasured is missing evidence, never a measured 0
     want = (
@@ -167,7 +173,7 @@ def test_a_prefix_short_in_its_tier_is_unknown_and_judged_on_nothing_else(held) 
 def test_measures_read_back_from_evidence_refuse_a_renamed_key() -> None:
     m = serving_measures(seed_chunks_expected=16, seed_chunks_held=16)
     doc = m.to_json()
-    assert RestoreMeasures.from_json(doc) == m
+    assert measures_from_json(doc) == m
     doc["restore_pool_peak"] = doc.pop("restore_pool_peak_bytes")  # renamed on one side
     with pytest.raises(ValueError, match=r"unknown restore measure\(s\) \['restore_pool_peak'\]"):
-        RestoreMeasures.from_json(doc)
+        measures_from_json(doc)

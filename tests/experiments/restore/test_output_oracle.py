@@ -20,7 +20,7 @@ RB = {"windows_checked": 4, "chunks_checked": 4, "mismatches": 0, "seconds": 0.0
 
 
 def test_a_serving_point_with_read_back_gets_the_install_readback_check_last() -> None:
-    checks = acc.judge(serving_measures(readback=RB, windows_done=4), "serving")
+    checks = acc.judge(serving_measures(readback=RB, windows_done=4))
     assert [c.name for c in checks][-2:] == ["bounded_restore", "install_readback"]
     (c,) = [c for c in checks if c.name == "install_readback"]
     assert (c.verdict, c.detail) == (

@@ -25,7 +25,7 @@ from bsrctl.experiments.restore.repeats import (
 )
 from bsrctl.experiments.restore.spec import SweepSpec
 from bsrctl.experiments.restore.sweep import whole_plan_ratios
-from bsrctl.stack.contracts.target import RestoreMeasures
+from bsrctl.stack.contracts.measures import StorageMeasures
 
 C = 262_144
 
@@ -59,8 +59,8 @@ def test_defaults_sweep_five_with_one_warmup_round_law_and_ladder_one() -> None:
     assert (lad.repeats, lad.warmup_rounds) == (1, 0)
 
 
-def _m(restore_s: float, peak: int = 2 * C, **kw: Any) -> RestoreMeasures:
-    return RestoreMeasures(
+def _m(restore_s: float, peak: int = 2 * C, **kw: Any) -> StorageMeasures:
+    return StorageMeasures(
         tokens=1024, window_chunks=2, l1_capacity_bytes=8 << 20, restore_pool_peak_bytes=peak,
         rws_bound_bytes=2 * C, cached_tokens=1024, expected_cached_tokens=1024,
         bytes_restored=4 * C, restore_s=restore_s, probe_s=0.001, healthy=True, **kw,
@@ -72,7 +72,7 @@ TIMED = {"verify_ok": None, "verify_mismatches": 0}  # no byte compared (product
 
 
 def test_no_timed_pass_is_the_accuracy_pass_alone() -> None:
-    p = repeated_point("n1024-w2", {"tokens": 1024}, _m(0.5, **ACC), [], "storage").to_json()
+    p = repeated_point("n1024-w2", {"tokens": 1024}, _m(0.5, **ACC), []).to_json()
     assert "samples" not in p and "intervals" not in p and "repeats" not in p
     assert p["measures"]["restore_s"] == 0.5
     assert "repeats_identical" not in [c["name"] for c in p["checks"]]
@@ -80,7 +80,7 @@ def test_no_timed_pass_is_the_accuracy_pass_alone() -> None:
 
 def test_samples_come_from_the_timed_passes_only() -> None:
     ms = [_m(0.5, **TIMED), _m(0.2, **TIMED), _m(0.4, **TIMED)]
-    p = repeated_point("n1024-w2", {"tokens": 1024}, _m(9.0, **ACC), ms, "storage").to_json()
+    p = repeated_point("n1024-w2", {"tokens": 1024}, _m(9.0, **ACC), ms).to_json()
     assert (p["repeats"], p["sample_path"]) == (3, "production")
     assert p["samples"] == {"restore_s": [0.5, 0.2, 0.4], "probe_s": [0.001] * 3}
     assert p["accuracy_pass"] == {"restore_s": 9.0, "probe_s": 0.001}  # never sampled
@@ -92,7 +92,7 @@ def test_samples_come_from_the_timed_passes_only() -> None:
     assert checks["canonical_bytes"]["verdict"] == "PASS"
     assert p["checks"][-1]["name"] == "repeats_identical"
     assert p["checks"][-1]["verdict"] == "PASS"
-    one = repeated_point("p", {}, _m(9.0, **ACC), [_m(0.5, **TIMED)], "storage").to_json()
+    one = repeated_point("p", {}, _m(9.0, **ACC), [_m(0.5, **TIMED)]).to_json()
     assert one["samples"]["restore_s"] == [0.5] and "restore_s" not in one["intervals"]
 
 
@@ -105,18 +105,16 @@ def test_a_peak_that_moves_between_passes_fails_naming_it() -> None:
 
 
 def test_a_check_failing_in_one_timed_pass_fails_the_point_naming_the_pass() -> None:
-    got = {
-        c.name: c for c in merged_checks(_m(0.1, **ACC), [_m(0.1, **TIMED, peak=9 * C)], "storage")
-    }
+    got = {c.name: c for c in merged_checks(_m(0.1, **ACC), [_m(0.1, **TIMED, peak=9 * C)])}
     assert got["bounded_restore"].verdict == Verdict.FAIL
     assert got["bounded_restore"].detail.startswith(f"timed pass 1: peak {9 * C} B > ")
 
 
 def test_an_oracle_verdict_is_the_accuracy_pass_s() -> None:
     bad = {"verify_ok": False, "verify_mismatches": 2}
-    got = {c.name: c for c in merged_checks(_m(0.1, **bad), [_m(0.1, **TIMED)], "storage")}
+    got = {c.name: c for c in merged_checks(_m(0.1, **bad), [_m(0.1, **TIMED)])}
     assert got["canonical_bytes"].verdict == Verdict.FAIL  # a mismatch in the oracle pass
-    got = {c.name: c for c in merged_checks(_m(0.1, **ACC), [_m(0.1, **bad)], "storage")}
+    got = {c.name: c for c in merged_checks(_m(0.1, **ACC), [_m(0.1, **bad)])}
     assert got["canonical_bytes"].verdict == Verdict.PASS  # a timed pass judges no bytes
 
 

@@ -19,7 +19,8 @@ from bsrctl.evidence import Verdict, load_evidence  # noqa: E402
 from bsrctl.experiments.restore.ladder import run_ladder  # noqa: E402
 from bsrctl.experiments.restore.law import fit_line, run_law  # noqa: E402
 from bsrctl.experiments.restore.sweep import run_sweep  # noqa: E402
-from bsrctl.stack.contracts.target import Prompt, RestoreMeasures  # noqa: E402
+from bsrctl.stack.contracts.measures import StorageMeasures  # noqa: E402
+from bsrctl.stack.contracts.target import Prompt  # noqa: E402
 from bsrctl.stack.storage import target as storage_target  # noqa: E402
 
 C = 262_144
@@ -137,7 +138,7 @@ def test_ladder_rung_that_fails_for_no_capacity_is_unknown_and_redone(
 
     def flaky(
         self: Any, prompt: Prompt, w: int, cold: bool = True, oracle: bool = True
-    ) -> RestoreMeasures:
+    ) -> StorageMeasures:
         calls["n"] += 1
         if calls["n"] == 1:
             raise StackFailed("engine unhealthy: injected")
@@ -178,7 +179,7 @@ def _interrupt_second_point(monkeypatch, how: str) -> None:
     real = storage_target.StorageTarget.measure
     calls = {"n": 0}
 
-    def measure(self: Any, *a: Any, **k: Any) -> RestoreMeasures:
+    def measure(self: Any, *a: Any, **k: Any) -> StorageMeasures:
         calls["n"] += 1
         if calls["n"] == 8:
             if how == "sigterm":
@@ -232,10 +233,10 @@ def target(small_spec, tmp_path: Path):
     t.cleanup()
 
 
-def checks_of(m: RestoreMeasures) -> dict[str, tuple[str, str]]:
+def checks_of(m: StorageMeasures) -> dict[str, tuple[str, str]]:
     from bsrctl.experiments.restore.acceptance import judge
 
-    return {c.name: (str(c.verdict), c.detail) for c in judge(m, "storage")}
+    return {c.name: (str(c.verdict), c.detail) for c in judge(m)}
 
 
 def test_clean_point_passes(target) -> None:
