@@ -145,7 +145,10 @@ class StorageMeasures(RestoreMeasures):
     seed_s: float | None = None
 
 
-TARGETS: dict[str, type[RestoreMeasures]] = {"serving": ServingMeasures, "storage": StorageMeasures}
+# Each target type by the name it writes into evidence (its own ``target``).
+TARGETS: dict[str, type[RestoreMeasures]] = {
+    c.target: c for c in (ServingMeasures, StorageMeasures)
+}
 # The measures a restore target of each stack.kind returns (attach: a serving deployment
 # bsrctl did not start).
 BY_STACK_KIND: dict[str, type[RestoreMeasures]] = {**TARGETS, "attach": ServingMeasures}
