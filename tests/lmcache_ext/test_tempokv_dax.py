@@ -146,3 +146,31 @@ def test_a_stock_read_ends_at_its_retrieve_on_the_flash_tier(sm) -> None:
         assert t.stock_json()["outcomes"] == {"done": 1}
     finally:
         t.close()
+
+
+def test_the_loop_is_woken_when_staging_is_issued_and_when_its_mlocks_return(
+    sm, monkeypatch
+) -> None:
+    """The loop's pass is event-driven where a poll can find something new: with a pass
+    period far beyond the wait below, a committed claim still becomes stage-ready (its
+    prefetch polled right after it was issued, its op completed right after the mlocks
+    returned), so a held lookup is released then, not a pass later."""
+    import bsrkv.lmcache_ext.tempokv_live as live
+
+    monkeypatch.setattr(live, "LOOP_S", 3600.0)
+    keys = in_arena(sm, 3, "w")
+    storage = LMCacheRestoreStorage(sm, {0: kv.layout(CHUNK)})
+    cfg = LiveConfig(policy="immediate", capacity_bytes=ARENA, budget_bytes=4 * CHUNK,
+                     prior_bytes_s=64 * CHUNK, tick_s=0.0, tier="dax")  # fmt: skip
+    t = LiveTempo(storage, cfg)  # the wall clock and its loop thread
+    try:
+        time.sleep(0.05)  # the loop's first pass is done: it now waits an hour for the next
+        t.report("W", objects(keys))
+        ready = t.begin_retrieval("W")
+        assert ready in (RetrievalGrant.WAIT, RetrievalGrant.READY)
+        assert t.wait_ready("W", timeout_s=20.0)
+        assert state(t, "W") is ClaimState.STAGEREADY
+        with t.lock:
+            assert t.device.locked_bytes() == 3 * CHUNK
+    finally:
+        t.close()

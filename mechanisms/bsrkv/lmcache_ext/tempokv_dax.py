@@ -16,6 +16,10 @@ is read from flash when touched. So a staging op here is:
    mlock thread 5-11 MiB/s, two 11-15; LMCache-DAX's retrieves 10.5-14.7 MiB/s per
    document). The op is stage-ready when every mlock returned.
 
+Both steps run on the device's staging thread, which waits for the prefetch (bounded) and
+then locks; its end wakes the poller (``wake``): a held lookup is released the moment its
+staging is ready, not at the loop's next pass.
+
 Release (protection ended): ``munlock`` and the read locks dropped. The locker's budget is
 the protected budget, so nothing is ever locked past it. Protected bytes (C's samples) are
 the bytes ``mlock`` returned for. An object that cannot be locked (``mlock`` refused) is
@@ -24,6 +28,7 @@ counted missed: its retrieval faults it in on demand, as an uncommitted claim's 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -35,6 +40,9 @@ from bsrkv.lmcache_ext.tempokv_device import _trace_stage as trace_stage
 
 log = logging.getLogger(__name__)
 DRAIN_S = 30.0  # at close: how long an mlock in flight may still take
+# how long the staging thread waits for an op's LOCK prefetch: its objects are L1 hits
+# (every document is in the arena), so it ends in milliseconds unless LMCache is stuck
+PREFETCH_WAIT_S = 30.0
 
 
 def _copy_threads() -> int:
@@ -44,10 +52,13 @@ def _copy_threads() -> int:
     return max(1, torch.get_num_threads())
 
 
+Held = list[tuple[LiveObject, list[Any]]]  # each object and its read-locked keys
+
+
 @dataclass(slots=True)
 class _Locking:
     op: _Op
-    future: Future[int]  # objects that could not be locked
+    future: Future[tuple[Held, int]]  # the held keys, and objects that could not be locked
 
 
 class DaxStagingDevice(LmcStagingDevice):
@@ -87,25 +98,31 @@ class DaxStagingDevice(LmcStagingDevice):
             return 1
         return int(len(keys) < len(obj.keys))
 
-    def _lock_objects(self, objects: list[tuple[LiveObject, list[Any]]]) -> int:
+    def _lock_objects(self, objects: Held) -> int:
         """Every object of one op, on the reader threads; how many were missed."""
         return sum(self._readers.map(lambda ok: self._lock_one(*ok), objects))
 
+    def _stage(
+        self, op_id: int, size_bytes: int, on_done: Callable[[int], None], start_s: float
+    ) -> None:
+        super()._stage(op_id, size_bytes, on_done, start_s)
+        op = self._ops[op_id]
+        fut = self._pool.submit(self._load, op)
+        self._locking[op_id] = _Locking(op, fut)
+        fut.add_done_callback(lambda _f: self.wake())
+
+    def _load(self, op: _Op) -> tuple[Held, int]:
+        """On the staging thread: the op's LOCK prefetch to its end, then its mlocks."""
+        if self.storage.wait(op.ticket, PREFETCH_WAIT_S) is None:
+            raise TimeoutError(f"LOCK prefetch not done in {PREFETCH_WAIT_S} s")
+        ticket: LMCacheTicket = getattr(op.ticket, "ticket", op.ticket)
+        held = set(ticket.hit_keys)
+        objects = [(o, [k for _, k, _ in o.keys if k in held]) for o in op.objects]
+        return objects, self._lock_objects(objects)
+
     def poll(self) -> None:
-        """A prefetch done starts its objects' mlock; an mlock done completes the op."""
-        for op_id, op in list(self._ops.items()):
-            if op_id in self._locking:
-                continue
-            if self.storage.wait(op.ticket, 0.0) is None:
-                continue
-            ticket: LMCacheTicket = getattr(op.ticket, "ticket", op.ticket)
-            held = set(ticket.hit_keys)
-            objects = [(o, [k for _, k, _ in o.keys if k in held]) for o in op.objects]
-            for obj, keys in objects:
-                self.locked.setdefault(obj.object_id, []).extend(keys)
-            ticket.released = True  # its read locks are now held per object (sync_pins)
-            fut = self._pool.submit(self._lock_objects, objects)
-            self._locking[op_id] = _Locking(op, fut)
+        """Complete every op whose staging thread is done: its read locks are then held per
+        object (``sync_pins`` drops them), and it is stage-ready."""
         for op_id, lk in list(self._locking.items()):
             if not lk.future.done():
                 continue
@@ -113,10 +130,19 @@ class DaxStagingDevice(LmcStagingDevice):
             del self._ops[op_id]
             self.schedule.drop(op_id, self.now())
             try:
-                missed = lk.future.result()
+                objects, missed = lk.future.result()
             except Exception:
                 log.exception("tempokv dax: op %s", op_id)
-                missed = len(lk.op.objects)
+                missed = len(lk.op.objects)  # its retrieval faults them all in
+                try:
+                    self.storage.release(lk.op.ticket)  # no read lock of it is kept
+                except Exception:
+                    log.exception("tempokv dax: op %s's prefetch not released", op_id)
+            else:
+                for obj, keys in objects:
+                    self.locked.setdefault(obj.object_id, []).extend(keys)
+                ticket: LMCacheTicket = getattr(lk.op.ticket, "ticket", lk.op.ticket)
+                ticket.released = True  # its read locks are now held per object
             rec = StageRecord(op_id, lk.op.size_bytes, lk.op.start_s, self.now(), missed)
             self.stages.append(rec)
             trace_stage(rec, self.now())

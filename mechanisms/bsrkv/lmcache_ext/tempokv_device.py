@@ -11,7 +11,9 @@
 - an ordinary op is the stock lookup's own L2 read: the device does not perform it (unless
   adopted for a commitment that joined it), it only keeps its place until told it is done.
 
-Nothing here blocks on L2: a prefetch is polled with a zero timeout (``poll``).
+Nothing here blocks on L2: a prefetch is polled with a zero timeout (``poll``). A device
+that learns of an op's end on a thread of its own calls ``wake`` then, so the loop that polls
+it looks at once instead of at its next pass (``tempokv_dax``).
 """
 
 from __future__ import annotations
@@ -113,6 +115,7 @@ class LmcStagingDevice:
         self.locked: dict[str, list[ObjectKey]] = {}  # object -> its read-locked keys
         self.stages: list[StageRecord] = []
         self.chunk_tokens = 256
+        self.wake: Callable[[], None] = lambda: None  # the poller's: poll now (LiveTempo)
 
     def start(self, op_id: int, size_bytes: int, on_done: Callable[[int], None]) -> None:
         self.schedule.start(op_id, self.now(), size_bytes)

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -42,7 +41,9 @@ from bsrkv.tempokv.kv import Manifest
 from bsrkv.tempokv.policies import CAUSAL_POLICIES, Policy, Timed, make_policy
 from bsrkv.tempokv.ttr import RateMeter
 
-LOOP_S = 0.005  # loop pass: prefetch polling, pin sync and the protected-bytes sample
+# loop pass: due timers, pin sync and the protected-bytes sample; prefetch polling too, but
+# the device wakes the loop at once when a poll may find an op done (``device.wake``)
+LOOP_S = 0.005
 # An observed stock read whose prefetch was never reported done nor its session ended is
 # ended after this long (vLLM's mq timeout is 60 s: no lookup it waits on lasts longer).
 STOCK_READ_MAX_S = 60.0
@@ -126,6 +127,8 @@ class LiveTempo:
         self.lock = threading.RLock()
         self.guard = Guard("bsrkv.lmcache_ext.tempokv", logging.getLogger(__name__))
         self._stop = threading.Event()
+        self._wake = threading.Event()
+        self.device.wake = self._wake.set
         self._ready_waiters: dict[str, threading.Event] = {}
         self.retrievals: dict[str, str] = {}  # claim -> grant name
         self.retrieval_at: dict[str, float] = {}  # claim -> when its retrieval was demanded
@@ -349,9 +352,10 @@ class LiveTempo:
 
     def _loop(self) -> None:
         while not self._stop.is_set():
+            self._wake.clear()  # before the pass: a wake during it makes the next one at once
             # a loop error must not kill the thread, nor log at every pass (200 a second)
             self.guard.call("tempokv_loop", self.step)
-            time.sleep(LOOP_S)
+            self._wake.wait(LOOP_S)
 
     def _sync(self) -> None:  # holds self.lock
         # Locks are protection only: an ordinary read's pins (the stock lookup's) are the
@@ -368,6 +372,7 @@ class LiveTempo:
 
     def close(self) -> None:
         self._stop.set()
+        self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=2)
         with self.lock:
