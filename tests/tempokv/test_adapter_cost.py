@@ -11,8 +11,10 @@ TRACE = [
     {"kind": "step", "scheduled": {}},
     {"kind": "step_time", "tokens": 1, "s": 0.010, "adapter_s": 0.001},
     {"kind": "step_time", "tokens": 9, "s": 0.030, "adapter_s": 0.003},
-    {"kind": "update", "arrival": True, "acked": True, "ack_wait_s": 0.02},
+    {"kind": "update", "arrival": True, "acked": True, "ack_wait_s": 0.02},  # older traces
     {"kind": "update", "arrival": False},  # a post-step update waits for nothing
+    {"kind": "update", "arrival": True},  # today's arrival: its wait is its arrival_ack's
+    {"kind": "arrival_ack", "acked": True, "ack_wait_s": 0.005, "after_s": 0.007},
     {"kind": "step_time", "tokens": 4, "s": 0.020},  # before adapter_s existed: counted 0
 ]
 
@@ -22,9 +24,9 @@ def test_costs_are_summed_exactly() -> None:
     assert c["steps"] == {"n": 3, "p50_s": 0.02, "p95_s": 0.029, "max_s": 0.03, "total_s": 0.06}
     assert c["adapter_per_step"]["total_s"] == 0.004 and c["adapter_per_step"]["n"] == 3
     assert c["arrival_ack_wait"] == {
-        "n": 1, "p50_s": 0.02, "p95_s": 0.02, "max_s": 0.02, "total_s": 0.02
+        "n": 2, "p50_s": 0.0125, "p95_s": 0.01925, "max_s": 0.02, "total_s": 0.025
     }  # fmt: skip
-    assert c["loop_share"] == round(0.024 / 0.06, 6)
+    assert c["loop_share"] == round(0.029 / 0.06, 6)
 
 
 def test_no_trace_costs_nothing(tmp_path: Path) -> None:

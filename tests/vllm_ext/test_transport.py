@@ -1,15 +1,17 @@
-"""The adapter's transport: an arrival's claim waits (bounded) for the server's reply, so
-it is on the server before the lookup vLLM's next schedule() sends; other sends never
-wait. The futures are LMCache's own; the test answers them itself (no wall-clock waits:
-the adapter's clock is the test's, and the client advances it by the reply's delay).
-The adapter reads its settings (BSRCTL_TEMPOKV) and the controller's replies through the
-TempoKV wire: a renamed key is refused, naming it."""
+"""The adapter's transport: a send never waits; an arrival's claim is waited for (bounded)
+before a schedule() that may look its request up, so it is on the server before that
+lookup, and not while vLLM's running slots are full (no lookup can come). The futures are
+LMCache's own; the test answers them itself (the adapter's clock is the test's, and the
+client advances it by the reply's delay). The adapter reads its settings (BSRCTL_TEMPOKV)
+and the controller's replies through the TempoKV wire: a renamed key is refused, naming
+it."""
 
 from __future__ import annotations
 
 import json
 import threading
 from collections import deque
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -75,7 +77,7 @@ class Client:
 def test_a_waited_send_returns_once_its_reply_is_back() -> None:
     client = Client(threaded=True)  # answered from the client's thread, whenever it runs
     t = ServerModuleTransport([client], ServerModuleCallRequest)
-    assert t.send("tempokv.update", {"report": ["a"]}, wait_s=600.0) is True
+    assert t.send("tempokv.update", {"report": ["a"]}).wait(600.0) is True
     # back when send returned: delivered to the adapter's next collection, exactly once
     assert t.replies() == [("tempokv.update", {"report": ["a"]})]
     assert t.replies() == []
@@ -85,7 +87,7 @@ def test_a_waited_send_returns_once_its_reply_is_back() -> None:
 def test_a_waited_send_gives_up_at_its_bound_and_says_so() -> None:
     client = Client(held=True)
     t = ServerModuleTransport([client], ServerModuleCallRequest)
-    assert t.send("tempokv.update", {"report": ["a"]}, wait_s=0.05) is False
+    assert t.send("tempokv.update", {"report": ["a"]}).wait(0.05) is False
     assert t.replies() == []  # not back yet; collected later
     client.answer()
     assert t.replies() == [("tempokv.update", {"report": ["a"]})]
@@ -95,10 +97,11 @@ def test_a_waited_send_gives_up_at_its_bound_and_says_so() -> None:
 def test_plain_sends_do_not_wait() -> None:
     client = Client(held=True)  # never answers unless told: a wait would not return
     t = ServerModuleTransport([client], ServerModuleCallRequest)
-    assert t.send("tempokv.update", {"order": []}) is True
+    pending = t.send("tempokv.update", {"order": []})
     assert not client.pending[0][0].query()  # returned with its reply still out
+    assert pending.wait(0.0) is False
     r = RecordTransport()
-    assert r.send("tempokv.update", {"order": ["a"]}, wait_s=1.0) is True
+    assert r.send("tempokv.update", {"order": ["a"]}).wait(0.0) is True  # nothing to wait for
     assert r.sent == [("tempokv.update", {"order": ["a"]})]
 
 
@@ -123,23 +126,70 @@ def sent(a: TempoKVAdapter, update: wire.UpdateRequest, **kw: Any) -> None:
     a._bk_trace.flush()
 
 
-def test_the_trace_records_how_long_an_arrival_held_the_engine_loop(tmp_path: Path) -> None:
+class _Slots:
+    """vLLM's scheduler as the arrival wait reads it (one running slot) and returns; its
+    schedule() notes how many arrival claims were still unsettled when it ran."""
+
+    max_num_running_reqs = max_num_active_reqs = 1
+    num_waiting_for_streaming_input = 0
+    running: list[str] = []
+    unsettled_at_schedule = -1
+    _tk_unacked: deque[Any]
+
+    def schedule(self) -> SimpleNamespace:
+        self.unsettled_at_schedule = len(self._tk_unacked)
+        return SimpleNamespace(num_scheduled_tokens={}, scheduled_new_reqs=[],
+                               finished_req_ids=set())  # fmt: skip
+
+
+class _SlotHooked(TempoKVAdapter, _Slots):
+    pass
+
+
+def _arrived(client: Client, trace: Path, clock: Clock, running: list[str]) -> Any:
+    """An adapter over ``_Slots`` that has just sent one arrival's claim."""
+    a: Any = _adapter(client, trace, clock, cls=_SlotHooked)
+    a._tk_scheduled, a._tk_unacked, a.running = deque(), deque(), running
+    a._tk_step = lambda out: None  # the pass after schedule() is not this test's
+    a._tk_unacked.append((a._tk_send(UPDATE, arrival=True), clock()))
+    return a
+
+
+def test_an_arrivals_claim_is_waited_for_only_before_a_schedule_that_may_look_it_up(
+    tmp_path: Path,
+) -> None:
     trace = tmp_path / "adapter-trace.jsonl"
     clock = Clock()
-    acked = Client(clock=clock, delay_s=0.05)  # its reply comes 0.05 s later
-    sent(_adapter(acked, trace, clock), UPDATE, arrival=True, wait_s=2.0)
-    late = Client(held=True)
-    sent(_adapter(late, trace, clock), UPDATE, arrival=True, wait_s=0.05)
-    sent(_adapter(Client(held=True), trace, clock), UPDATE)  # not an arrival: no wait
+    client = Client(held=True, clock=clock, delay_s=0.05)  # answers when told, 0.05 s later
+    full = _arrived(client, trace, clock, running=["r"])  # the one slot taken: no lookup
+    full.schedule()
+    assert (full.unsettled_at_schedule, len(full._tk_unacked)) == (1, 1)  # nothing waited
+    client.answer()
+    full.schedule()  # back now: done with, held the loop for nothing
+    assert (full.unsettled_at_schedule, len(full._tk_unacked)) == (0, 0)
+    slow = Client(held=True, clock=clock, delay_s=0.25)
+    free = _arrived(slow, trace, clock, running=[])  # a slot free: vLLM may look it up
+    free._tk.s = replace(free._tk.s, arrival_ack_s=600.0)  # its reply comes well within
+    threading.Timer(0.5, slow.answer).start()
+    free.schedule()  # waits for the reply before vLLM's own schedule()
+    assert (free.unsettled_at_schedule, len(free._tk_unacked)) == (0, 0)
+    never = _arrived(Client(held=True), trace, clock, running=[])
+    never.schedule()  # gives up at arrival_ack_s (the test's clock stands still)
+    assert (never.unsettled_at_schedule, len(never._tk_unacked)) == (0, 0)
+    for a in (full, free, never):
+        a._bk_trace.flush()
     recs = [json.loads(line) for line in trace.read_text().splitlines()]
-    assert [(r["kind"], r.get("arrival"), r.get("acked")) for r in recs] == [
-        ("update", True, True), ("update", True, False), ("update", None, None)
+    assert [(r["kind"], r.get("arrival")) for r in recs if r["kind"] == "update"] == [
+        ("update", True)
+    ] * 3
+    assert {k: recs[0][k] for k in UPDATE.to_json()} == UPDATE.to_json()  # the record as sent
+    assert [{k: v for k, v in r.items() if k != "kind"} for r in recs
+            if r["kind"] == "arrival_ack"] == [
+        {"acked": True, "ack_wait_s": 0.0, "after_s": 0.05},  # back before a lookup could be
+        {"acked": True, "ack_wait_s": 0.25, "after_s": 0.25},  # the loop held for its reply
+        {"acked": False, "ack_wait_s": 0.0, "after_s": 0.0},  # given up at the bound
     ]  # fmt: skip
-    assert recs[0]["ack_wait_s"] == 0.05  # acked: the reply's delay, on the adapter's clock
-    assert recs[1]["ack_wait_s"] == 0.0  # gave up at its bound (the test's clock stood still)
-    assert "ack_wait_s" not in recs[2]
-    assert {k: recs[2][k] for k in UPDATE.to_json()} == UPDATE.to_json()  # the record as sent
-    assert [json.loads(c.payload) for c in late.calls] == [UPDATE.to_json()]
+    assert full._tk_errors == free._tk_errors == never._tk_errors == 0
 
 
 def test_the_adapter_reads_the_controllers_reply_through_the_wire(tmp_path: Path) -> None:

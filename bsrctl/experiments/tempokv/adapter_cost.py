@@ -1,6 +1,8 @@
 """What the runtime adapter cost vLLM's engine loop, from its trace: its own pass after
-each schedule() (`step_time.adapter_s`: TTU projection and sends) and each arrival's wait
-for the server's reply (`update.ack_wait_s`), beside the measured step times. The adapter
+each schedule() (`step_time.adapter_s`: TTU projection and sends) and what each arrival's
+claim held the loop waiting for the server's reply (`arrival_ack.ack_wait_s`; a trace from
+before the wait moved to schedule() has it on the arrival's `update`), beside the measured
+step times. The adapter
 decides nothing, but it does take time on the loop that runs the engine. Its cost against
 stock vLLM, side by side: ``adapter_arms`` (``bench/tempokv_adapter_cost.py``)."""
 
@@ -30,7 +32,9 @@ def adapter_cost(records: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
         if r.get("kind") == "step_time":
             steps.append(float(r["s"]))
             adapter.append(float(r.get("adapter_s", 0.0)))
-        elif r.get("kind") == "update" and r.get("arrival") and "ack_wait_s" in r:
+        elif r.get("kind") == "arrival_ack" or (
+            r.get("kind") == "update" and r.get("arrival") and "ack_wait_s" in r
+        ):
             acks.append(float(r["ack_wait_s"]))
     total_step = sum(steps)
     return {

@@ -16,7 +16,11 @@ order, running requests' computed and output tokens, slot and token limits, free
 blocks) into a frozen ``LiveView`` and sends what ``LiveAdapterCore`` says changed. In
 ``add_request`` it applies the same rule to the arriving request before any schedule()
 can look it up (that lookup starts the retrieval, and the server drops a claim reported
-after it), and waits up to ``arrival_ack_s`` for the server's reply to a new claim. In
+after it). A new claim's reply must be back before that lookup, so the next schedule() that
+may look a waiting request up (a running slot free: vLLM's waiting loop stops at
+``max_num_active_reqs`` before any lookup) first waits for it, up to ``arrival_ack_s`` after
+its send; while the slots are full nothing waits, and the reply is usually back before one
+frees (the engine loop pays no round trip per arrival under load). In
 ``update_from_output`` it measures the step; in ``_free_request`` it learns outputs and
 cancels claims of requests that end. It never writes scheduler state and swallows its own
 errors (counted in the trace), so it cannot change what the scheduler decides; the
@@ -51,11 +55,12 @@ from bsrkv.hostguard import Guard
 from bsrkv.tempokv import wire
 from bsrkv.tempokv.live import LiveAdapterCore, LiveRunning, LiveView, LiveWaiting
 from bsrkv.vllm_ext.step_trace import GUARD, StepTrace, traced
-from bsrkv.vllm_ext.transport import RecordTransport, ServerModuleTransport, Transport
+from bsrkv.vllm_ext.transport import Pending, RecordTransport, ServerModuleTransport, Transport
 
 ENV = "BSRCTL_TEMPOKV"
 UPDATE_METHOD = wire.UPDATE
 SCHEDULED_KEPT = 16  # steps kept until their output (vLLM keeps at most 2 in flight)
+UNACKED_KEPT = 1024  # arrival claims awaiting their reply (a server that never answers)
 
 
 def _config() -> wire.AdapterEnv:
@@ -136,6 +141,8 @@ class TempoKVAdapter(StepRecorder):
         self._tk_scheduled: deque[list[Any]] = deque(maxlen=SCHEDULED_KEPT)
         self._tk_last_done = 0.0
         self._tk_prev_ids: set[str] = set()
+        # arrival claims whose reply may not be back: (its reply, when it was sent)
+        self._tk_unacked: deque[tuple[Pending, float]] = deque(maxlen=UNACKED_KEPT)
         self._tk_async = isinstance(self, AsyncScheduler)
         self._tk_engine_record()
         return True
@@ -147,6 +154,8 @@ class TempoKVAdapter(StepRecorder):
             self._bk_guard.call("add_request", self._tk_on_arrival)
 
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
+        if self._tk_on and getattr(self, "_tk_unacked", None):  # cheap: most steps have none
+            self._bk_guard.call("arrival_ack", self._tk_settle)
         out = super().schedule(*args, **kwargs)
         if self._tk_on:
             self._bk_guard.call("schedule", self._tk_step, out)
@@ -288,11 +297,42 @@ class TempoKVAdapter(StepRecorder):
         if update is None:
             return
         if not update.report:
-            self._tk_send(wire.UpdateRequest.of(update), arrival=True)
+            self._tk_send(wire.UpdateRequest.of(update), arrival=True)  # no claim: no wait
             return
         req = wire.UpdateRequest.of(update, self._tk_hits(update.report))
-        # the claim must be on the server before the lookup the next schedule() sends
-        self._tk_send(req, arrival=True, wait_s=self._tk.s.arrival_ack_s)
+        # the claim must be on the server before a schedule() looks the request up
+        self._tk_unacked.append((self._tk_send(req, arrival=True), self._tk_clock()))
+
+    def _tk_may_look_up(self) -> bool:
+        """Whether the coming schedule() may look a waiting request up: vLLM 0.32's waiting
+        loop breaks, before any lookup, once the running requests (and paused streaming
+        sessions) fill ``max_num_active_reqs`` (vllm/v1/core/sched/scheduler.py:922-924);
+        schedule() adds to ``running``, never removes but to preempt, and a step that
+        preempts schedules no waiting request."""
+        sched: Any = self
+        active = getattr(sched, "max_num_active_reqs", sched.max_num_running_reqs)
+        busy = len(sched.running) + int(getattr(sched, "num_waiting_for_streaming_input", 0))
+        return busy < int(active)
+
+    def _tk_settle(self) -> None:
+        """Before schedule(): each arrival claim's reply that is back is done with; when
+        this schedule() may look a request up, the rest are waited for (each up to
+        ``arrival_ack_s`` after its send). Each is traced once, with what it held the
+        engine loop (``ack_wait_s``)."""
+        must = self._tk_may_look_up()
+        bound = self._tk.s.arrival_ack_s
+        left: deque[tuple[Pending, float]] = deque(maxlen=UNACKED_KEPT)
+        for pending, sent_at in self._tk_unacked:
+            t0 = self._tk_clock()
+            acked = pending.wait(max(0.0, sent_at + bound - t0) if must else 0.0)
+            if not acked and not must:
+                left.append((pending, sent_at))
+                continue
+            now = self._tk_clock()
+            self._bk_trace.write({"kind": "arrival_ack", "acked": acked,
+                                  "ack_wait_s": round(now - t0, 6),
+                                  "after_s": round(now - sent_at, 6)})  # fmt: skip
+        self._tk_unacked = left
 
     def _tk_hits(self, req_ids: tuple[str, ...]) -> dict[str, wire.Hit]:
         """What the server module needs to find each new claim's objects (its own lookup
@@ -352,19 +392,15 @@ class TempoKVAdapter(StepRecorder):
                     self._tk.s, needs_ttu=reply.needs_ttu, ttu_quantile=reply.ttu_quantile
                 )
 
-    def _tk_send(self, req: wire.UpdateRequest, arrival: bool = False, wait_s: float = 0.0) -> None:
+    def _tk_send(self, req: wire.UpdateRequest, arrival: bool = False) -> Pending:
         transport = self._tk_transport
         if transport is None:
             transport = self._tk_transport = self._tk_make_transport()
         payload = req.to_json()
-        t0 = self._tk_clock()
-        acked = transport.send(UPDATE_METHOD, payload, wait_s)
-        # how long the engine loop was held for the reply: what an arrival claim costs it
-        waited = round(self._tk_clock() - t0, 6)
-        extra: dict[str, Any] = (
-            {"arrival": True, "acked": acked, "ack_wait_s": waited} if arrival else {}
-        )
+        pending = transport.send(UPDATE_METHOD, payload)
+        extra: dict[str, Any] = {"arrival": True} if arrival else {}
         self._bk_trace.write({"kind": "update", **traced(payload), **extra})
+        return pending
 
     def _tk_make_transport(self) -> Transport:
         if self._tk_transport_kind == "connector":

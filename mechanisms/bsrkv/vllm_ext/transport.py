@@ -1,7 +1,8 @@
 """How the runtime adapter reaches the controller: the LMCacheMPConnector's scheduler-side
 request clients and their ``server_module_call`` (to bsrctl's server module), or a record
-(tests, and a vLLM with no connector). Replies are collected on a later step; a send
-waits only when asked (an arrival's claim, bounded), for its own reply to be back."""
+(tests, and a vLLM with no connector). A send never waits: it returns its reply's
+``Pending``, which the adapter waits on (bounded) only where it must (an arrival's claim,
+before a schedule() that may look its request up); replies are collected on a later step."""
 
 from __future__ import annotations
 
@@ -16,11 +17,35 @@ from typing import Any, Protocol
 from bsrkv.control_token import CONTROL_TOKEN_ENV, sealed
 
 
+class Pending(Protocol):
+    def wait(self, timeout_s: float) -> bool:
+        """Wait at most ``timeout_s`` (0: just look) for the reply to have arrived (it is
+        still collected by ``replies``). True when it arrived, or there is none to wait for."""
+        ...
+
+
+class _Answered:
+    def wait(self, timeout_s: float) -> bool:
+        return True
+
+
+ANSWERED: Pending = _Answered()  # a send with no reply to wait for (a record)
+
+
+class _Replies:
+    """The futures of one send, one per server."""
+
+    def __init__(self, futures: list[Any]) -> None:
+        self._futures = futures
+
+    def wait(self, timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        return all(f.wait(max(0.0, deadline - time.monotonic())) for f in self._futures)
+
+
 class Transport(Protocol):
-    def send(self, method: str, payload: dict[str, Any], wait_s: float = 0.0) -> bool:
-        """Send; with ``wait_s`` > 0 wait at most that long for the reply to have arrived
-        (it is still collected by ``replies``). True when it arrived (or nothing to wait
-        for)."""
+    def send(self, method: str, payload: dict[str, Any]) -> Pending:
+        """Send, never waiting: the reply's ``Pending``."""
         ...
 
     def replies(self) -> list[tuple[str, dict[str, Any]]]:
@@ -36,13 +61,13 @@ class RecordTransport:
         self.sent: list[tuple[str, dict[str, Any]]] = []
         self._lock = threading.Lock()
 
-    def send(self, method: str, payload: dict[str, Any], wait_s: float = 0.0) -> bool:
+    def send(self, method: str, payload: dict[str, Any]) -> Pending:
         with self._lock:
             self.sent.append((method, payload))
             if self.path is not None:
                 with self.path.open("a") as f:
                     f.write(json.dumps({"method": method, "payload": payload}) + "\n")
-        return True
+        return ANSWERED
 
     def replies(self) -> list[tuple[str, dict[str, Any]]]:
         return []
@@ -50,7 +75,7 @@ class RecordTransport:
 
 class ServerModuleTransport:
     """``server_module_call`` on every LMCache server the connector talks to (one here);
-    futures are polled, never waited on, from the scheduler thread."""
+    futures are polled from the scheduler thread, waited on only through their ``Pending``."""
 
     def __init__(
         self,
@@ -76,14 +101,11 @@ class ServerModuleTransport:
 
         return cls(list(clients.values()), ServerModuleCallRequest)
 
-    def send(self, method: str, payload: dict[str, Any], wait_s: float = 0.0) -> bool:
+    def send(self, method: str, payload: dict[str, Any]) -> Pending:
         body = json.dumps(sealed(method, payload, self._token)).encode()
         futs = [client.server_module_call(self._make(method, body)) for client in self._clients]
         self._inflight.extend((method, f) for f in futs)
-        if wait_s <= 0:
-            return True
-        deadline = time.monotonic() + wait_s
-        return all(f.wait(max(0.0, deadline - time.monotonic())) for f in futs)
+        return _Replies(futs)
 
     def replies(self) -> list[tuple[str, dict[str, Any]]]:
         out, still = [], []
