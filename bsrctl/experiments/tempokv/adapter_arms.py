@@ -60,6 +60,8 @@ COST_ARMS: dict[str, CostArm] = {
         CostArm("recorder", "the stock scheduler under a subclass writing the step trace",
                 scheduler=RECORDER),
         CostArm("stock-retain", "stock vLLM, TempoKV's LMCache options", False),
+        CostArm("stock-b", "a second stock deployment: the bench's own noise (A/A)", False,
+                tempokv_l1=False),
     )
 }  # fmt: skip
 DEFAULT_ARMS = (STOCK, "adapter")
