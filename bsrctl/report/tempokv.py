@@ -73,6 +73,16 @@ def _serving(summary: dict[str, Any]) -> str:
             f"{1e3 * w['max_s']:.1f} ms): {100 * cost['loop_share']:.2f}% of the measured "
             "step time."
         )
+        passes = cost.get("adapter_by_pass") or {}
+        if passes:
+            lines.append(
+                "Its step passes by what they did: "
+                + "; ".join(
+                    f"{k} {d['n']} steps, {d['total_s']:.3f} s (p50 {1e6 * d['p50_s']:.0f} us)"
+                    for k, d in passes.items()
+                )
+                + "."
+            )
     for policy, why in summary.get("skipped_policies", {}).items():
         lines.append(f"\n{policy}: not run live ({why}).")
     return "\n".join(lines) + "\n"

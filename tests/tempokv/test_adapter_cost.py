@@ -16,17 +16,27 @@ TRACE = [
     {"kind": "update", "arrival": True},  # today's arrival: its wait is its arrival_ack's
     {"kind": "arrival_ack", "acked": True, "ack_wait_s": 0.005, "after_s": 0.007},
     {"kind": "step_time", "tokens": 4, "s": 0.020},  # before adapter_s existed: counted 0
+    {"kind": "step_time", "tokens": 2, "s": 0.012, "adapter_s": 0.0004, "pass": "sent"},
+    {"kind": "step_time", "tokens": 2, "s": 0.011, "adapter_s": 0.00002, "pass": "quiet"},
+    {"kind": "step_time", "tokens": 2, "s": 0.011, "adapter_s": 0.00001, "pass": "quiet"},
 ]
 
 
 def test_costs_are_summed_exactly() -> None:
     c = adapter_cost(TRACE)
-    assert c["steps"] == {"n": 3, "p50_s": 0.02, "p95_s": 0.029, "max_s": 0.03, "total_s": 0.06}
-    assert c["adapter_per_step"]["total_s"] == 0.004 and c["adapter_per_step"]["n"] == 3
+    assert c["steps"] == {
+        "n": 6, "p50_s": 0.0115, "p95_s": 0.0275, "max_s": 0.03, "total_s": 0.094
+    }  # fmt: skip
+    assert c["adapter_per_step"]["total_s"] == 0.00443 and c["adapter_per_step"]["n"] == 6
     assert c["arrival_ack_wait"] == {
         "n": 2, "p50_s": 0.0125, "p95_s": 0.01925, "max_s": 0.02, "total_s": 0.025
     }  # fmt: skip
-    assert c["loop_share"] == round(0.029 / 0.06, 6)
+    assert c["loop_share"] == round((0.00443 + 0.025) / 0.094, 6)
+    # the passes that say what they did, split (the older records say nothing); 6 decimals
+    assert c["adapter_by_pass"] == {
+        "quiet": {"n": 2, "p50_s": 1.5e-05, "p95_s": 1.9e-05, "max_s": 2e-05, "total_s": 3e-05},
+        "sent": {"n": 1, "p50_s": 0.0004, "p95_s": 0.0004, "max_s": 0.0004, "total_s": 0.0004},
+    }
 
 
 def test_no_trace_costs_nothing(tmp_path: Path) -> None:

@@ -118,6 +118,10 @@ def test_adapter_on_and_off_decide_the_same(tmp_path: Path, off_cls: str, on_cls
     assert len(timed) == len(on_steps)
     assert all(r["adapter_s"] >= 0.0 and r["s"] >= 0.0 for r in timed)
     assert any(r["adapter_s"] > 0.0 for r in timed)
+    # each pass says what it did; an update sent is one of the trace's updates
+    assert {r["pass"] for r in timed} <= {"quiet", "view", "sent"}
+    sent = sum(r["pass"] == "sent" for r in timed)
+    assert 0 < sent == len([u for u in updates if not u.get("arrival") and not u["cancel"]])
     # and when its output came, in order, and whether it continued a request of the step
     # before it (the loop cannot have idled between them)
     done = [r["done_s"] for r in timed]

@@ -399,13 +399,17 @@ def test_the_quiet_path_sends_what_every_view_sends(
                         replace(ADAPTER, ttu_tolerance_s=tolerance_s))  # fmt: skip
     cls = getattr(scheduler, "TempoKVAsyncScheduler" if queued else "TempoKVScheduler")
     loop = batch_queue_loop if queued else sync_loop
-    got = {}
+    got, passes = {}, {}
     for quiet in (False, True):
         trace = tmp_path / f"{quiet}.jsonl"
         sched, books = run(cls, loop, cfg, trace, monkeypatch.setenv, quiet=quiet)
-        sent = [r for r in records(trace) if r["kind"] in ("update", "step_time")]
-        got[quiet] = (sent, books.observed, sched._tk.steps_seen, len(books.views))
+        recs = [r for r in records(trace) if r["kind"] in ("update", "step_time")]
+        passes[quiet] = [r.pop("pass") for r in recs if r["kind"] == "step_time"]
+        got[quiet] = (recs, books.observed, sched._tk.steps_seen, len(books.views))
     (every, samples, steps, views), (q_sent, q_samples, q_steps, q_views) = got[False], got[True]
     assert (q_sent, q_samples, q_steps) == (every, samples, steps)
+    # each step pass says what it did: the same steps sent; only the quiet run skipped views
+    assert [k == "sent" for k in passes[True]] == [k == "sent" for k in passes[False]]
+    assert "quiet" not in passes[False] and "quiet" in passes[True]
     assert any(u["ttus_s"] for u in every if u["kind"] == "update")
     assert q_views < views  # and it did skip views

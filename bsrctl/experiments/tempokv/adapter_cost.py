@@ -27,11 +27,17 @@ def _dist(xs: list[float]) -> dict[str, float | int]:
 
 
 def adapter_cost(records: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    """Sums and distributions; ``adapter_by_pass`` splits the step passes by what they did
+    (``quiet``: no view; ``view``: a view, nothing sent; ``sent``: an update sent; traces
+    from before the split have none of these)."""
     steps, adapter, acks = [], [], []
+    by_pass: dict[str, list[float]] = {}
     for r in records:
         if r.get("kind") == "step_time":
             steps.append(float(r["s"]))
             adapter.append(float(r.get("adapter_s", 0.0)))
+            if "pass" in r:
+                by_pass.setdefault(str(r["pass"]), []).append(adapter[-1])
         elif r.get("kind") == "arrival_ack" or (
             r.get("kind") == "update" and r.get("arrival") and "ack_wait_s" in r
         ):
@@ -40,6 +46,7 @@ def adapter_cost(records: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     return {
         "steps": _dist(steps),
         "adapter_per_step": _dist(adapter),
+        "adapter_by_pass": {k: _dist(v) for k, v in sorted(by_pass.items())},
         "arrival_ack_wait": _dist(acks),
         "loop_share": round((sum(adapter) + sum(acks)) / total_step, 6) if total_step else 0.0,
     }

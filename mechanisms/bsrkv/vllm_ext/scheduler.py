@@ -135,8 +135,9 @@ class TempoKVAdapter(StepRecorder):
         self._tk_transport_kind = cfg.transport
         self._tk_transport: Transport | None = None
         self._tk_t0 = self._tk_clock()
-        # [out, at, modelled, adapter_s]: adapter_s is what the adapter's own pass after
-        # schedule() cost the engine loop (TTU projection, sends), measured
+        # [out, at, modelled, adapter_s, pass]: adapter_s is what the adapter's own pass
+        # after schedule() cost the engine loop (TTU projection, sends), measured; pass is
+        # what that pass did: "quiet" (no view), "view" (a view, nothing to send), "sent"
         # (bounded: a step whose output never came, or a failing measure, cannot pile up)
         self._tk_scheduled: deque[list[Any]] = deque(maxlen=SCHEDULED_KEPT)
         self._tk_last_done = 0.0
@@ -281,15 +282,17 @@ class TempoKVAdapter(StepRecorder):
         self._tk_collect()
         modelled = self._tk.calibrator.base.step_s(int(out.total_num_scheduled_tokens), 0, 0)
         if self._tk.quiet(self._tk_queue(), self._tk_now()):
-            self._tk_scheduled.append([out, self._tk_clock(), modelled, 0.0])
+            self._tk_scheduled.append([out, self._tk_clock(), modelled, 0.0, "quiet"])
             return  # nothing the controller reads can have changed: no view to build
         view = self._tk_view(out)
-        self._tk_scheduled.append([out, self._tk_clock(), modelled, 0.0])
+        entry = [out, self._tk_clock(), modelled, 0.0, "view"]
+        self._tk_scheduled.append(entry)
         update = self._tk.on_step(view)
         if update is None:
             return
         hits = self._tk_hits(update.report) if update.report else None
         self._tk_send(wire.UpdateRequest.of(update, hits))
+        entry[4] = "sent"
 
     def _tk_on_arrival(self) -> None:
         self._tk_collect()
@@ -358,7 +361,7 @@ class TempoKVAdapter(StepRecorder):
         every running request already has its last token in flight): it calibrates nothing
         and is no previous step."""
         while self._tk_scheduled:
-            out, at, modelled, adapter_s = self._tk_scheduled.popleft()
+            out, at, modelled, adapter_s, kind = self._tk_scheduled.popleft()
             if out is scheduler_output:
                 start = max(at, self._tk_last_done)
                 # the measured step, for calibrating a simulation of the same run offline
@@ -373,7 +376,7 @@ class TempoKVAdapter(StepRecorder):
                 busy, self._tk_prev_ids = bool(ids & self._tk_prev_ids), ids
                 self._bk_trace.write({"kind": "step_time", "tokens": tokens,
                                       "s": round(done_at - start, 6),
-                                      "adapter_s": round(adapter_s, 6),
+                                      "adapter_s": round(adapter_s, 6), "pass": kind,
                                       "done_s": round(done_at - self._tk_t0, 6),
                                       "busy": busy})  # fmt: skip
                 return
