@@ -174,3 +174,32 @@ def test_the_loop_is_woken_when_staging_is_issued_and_when_its_mlocks_return(
             assert t.device.locked_bytes() == 3 * CHUNK
     finally:
         t.close()
+
+
+def test_a_staging_the_pool_refused_is_started_by_the_next_pass(sm) -> None:
+    """A commit whose staging thread could not take the op (the pool refused it) stands:
+    the claim is committed, nothing raises into the handler, and the loop's next pass
+    starts the op, which then becomes stage-ready as any other."""
+    keys = in_arena(sm, 2, "r")
+    t = stepped(sm, "immediate", budget_chunks=4)
+    device = t.device
+    assert isinstance(device, DaxStagingDevice)
+    submit, refused = device._pool.submit, []
+
+    def refuse_once(*args, **kw):
+        if not refused:
+            refused.append(args[0])
+            raise RuntimeError("cannot schedule new futures after shutdown")
+        return submit(*args, **kw)
+
+    device._pool.submit = refuse_once  # type: ignore[method-assign]
+    try:
+        t.report("R", objects(keys))  # commits; its staging is refused, not raised
+        assert len(refused) == 1 and state(t, "R") is ClaimState.STAGING
+        with t.lock:
+            assert list(device._ops) != [] and device._locking == {}
+        step_until(t, lambda: state(t, "R") is ClaimState.STAGEREADY)
+        with t.lock:
+            assert device.locked_bytes() == 2 * CHUNK and device._locking == {}
+    finally:
+        t.close()

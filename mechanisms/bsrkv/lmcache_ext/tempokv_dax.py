@@ -106,6 +106,12 @@ class DaxStagingDevice(LmcStagingDevice):
         self, op_id: int, size_bytes: int, on_done: Callable[[int], None], start_s: float
     ) -> None:
         super()._stage(op_id, size_bytes, on_done, start_s)
+        try:
+            self._start_load(op_id)
+        except Exception:  # its commit stands: the next poll starts it
+            log.exception("tempokv dax: op %s's staging not started: the loop retries", op_id)
+
+    def _start_load(self, op_id: int) -> None:
         op = self._ops[op_id]
         fut = self._pool.submit(self._load, op)
         self._locking[op_id] = _Locking(op, fut)
@@ -122,7 +128,10 @@ class DaxStagingDevice(LmcStagingDevice):
 
     def poll(self) -> None:
         """Complete every op whose staging thread is done: its read locks are then held per
-        object (``sync_pins`` drops them), and it is stage-ready."""
+        object (``sync_pins`` drops them), and it is stage-ready. An op whose staging did
+        not start (the thread pool refused it) is started here."""
+        for op_id in [o for o in self._ops if o not in self._locking]:
+            self._start_load(op_id)
         for op_id, lk in list(self._locking.items()):
             if not lk.future.done():
                 continue
