@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -129,6 +130,7 @@ class LiveTempo:
         self._stop = threading.Event()
         self._wake = threading.Event()
         self.device.wake = self._wake.set
+        self._ends: deque[tuple[str, int | None]] = deque()  # end_retrieval_later's
         self._ready_waiters: dict[str, threading.Event] = {}
         self.retrievals: dict[str, str] = {}  # claim -> grant name
         self.retrieval_at: dict[str, float] = {}  # claim -> when its retrieval was demanded
@@ -198,6 +200,12 @@ class LiveTempo:
     def wait_ready(self, claim_id: str, timeout_s: float) -> bool:
         event = self._ready_waiters.get(claim_id)
         return event is not None and event.wait(timeout_s)
+
+    def end_retrieval_later(self, claim_id: str, rank: int | None = None) -> None:
+        """``end_retrieval`` at the loop's next pass, woken now: the caller (a retrieve
+        handler) answers vLLM without waiting on it."""
+        self._ends.append((claim_id, rank))
+        self._wake.set()
 
     def end_retrieval(self, claim_id: str, rank: int | None = None) -> None:
         """One rank's transfer to the engine is done; after every rank's (the claim's
@@ -344,8 +352,11 @@ class LiveTempo:
 
     # ---- loop ---------------------------------------------------------------------------
     def step(self) -> None:
-        """One loop pass: prefetch completions, due timers, pin sync, the sample."""
+        """One loop pass: retrievals ended, prefetch completions, due timers, pin sync, the
+        sample."""
         with self.lock:
+            while self._ends:
+                self.end_retrieval(*self._ends.popleft())
             self.device.poll()
             self.clock.run(until_s=self.clock.now())
             self._sync()

@@ -44,7 +44,11 @@ def authed(body: dict[str, Any] | None = None, token: str = TOKEN) -> bytes:
 class InProcessServer:
     """A real MPCacheServerContext + built-in modules + the BSR module, no transport."""
 
-    def __init__(self, tmp: Path, l1_bytes: int, config: dict[str, Any], name: str) -> None:
+    def __init__(
+        self, tmp: Path, l1_bytes: int, config: dict[str, Any], name: str, devdax: bool = False
+    ) -> None:
+        """``devdax``: the whole L1 is an arena file of ``l1_bytes`` (LMCache's Device-DAX L1,
+        ``--l1-devdax-path``), as the flash tier runs it."""
         self.fault_name = name
         self.l2_dir = tmp / "l2"
         adapter = {
@@ -62,8 +66,11 @@ class InProcessServer:
                 "LRU",
                 "--l2-adapter",
                 json.dumps(adapter),
+                *self._devdax(tmp, l1_bytes, devdax),
             ]
         )
+        if devdax:
+            args.shm_name = ""  # the MP server's --shm-name "": a Device-DAX L1 has no SHM
         self.ctx = MPCacheServerContext(parse_args_to_config(args), chunk_size=CHUNK)
         self.sm = self.ctx.storage_manager
         self.lookup_mod = LookupModule(self.ctx)
@@ -79,6 +86,26 @@ class InProcessServer:
             config={"control_token": TOKEN, **config},
         )
         self.module = build_server_modules(build)
+
+    @staticmethod
+    def _devdax(tmp: Path, l1_bytes: int, on: bool) -> list[str]:
+        if not on:
+            return []
+        tmp.mkdir(parents=True, exist_ok=True)
+        arena = tmp / "arena"
+        with arena.open("wb") as f:
+            f.truncate(l1_bytes)  # pre-sized: LMCache maps l1_bytes of it
+        return ["--l1-devdax-path", str(arena), "--no-l1-use-lazy"]
+
+    def store(self, tokens: list[int]) -> None:
+        """Every chunk written into L1 (and through to L2), kept in L1: the flash tier's
+        documents, which live in the arena."""
+        keys = self.keys_for(tokens)
+        for key in keys:
+            obj = self.sm.reserve_write([key], LAYOUT)[key]
+            raw = obj.raw_tensor.view(torch.uint8)
+            raw.copy_(torch.randint(0, 256, raw.shape, dtype=torch.uint8))
+            self.sm.finish_write([key])
 
     def close(self) -> None:
         self.transfer_mod.close()

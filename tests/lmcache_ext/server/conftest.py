@@ -16,7 +16,8 @@ if str(HERE) not in sys.path:  # --import-mode=importlib: make bsr_inprocess imp
 
 @pytest.fixture
 def bsr_sm_server():
-    """make(l1_bytes, **config) -> an InProcessServer; all closed at teardown."""
+    """make(l1_bytes, devdax=False, **config) -> an InProcessServer; all closed at
+    teardown."""
     import shutil
 
     pytest.importorskip("lmcache")
@@ -25,9 +26,9 @@ def bsr_sm_server():
     tmp_path = private_dir("bsr-sm-unit-")
     made: list[InProcessServer] = []
 
-    def make(l1_bytes: int, **config: Any) -> InProcessServer:
+    def make(l1_bytes: int, devdax: bool = False, **config: Any) -> InProcessServer:
         name = f"bsr-unit-{len(made)}-{time.monotonic_ns()}"
-        server = InProcessServer(tmp_path / name, l1_bytes, config, name)
+        server = InProcessServer(tmp_path / name, l1_bytes, config, name, devdax=devdax)
         made.append(server)
         return server
 

@@ -64,9 +64,9 @@ def states(server) -> dict[str, str]:
     return {cid: trace[-1][1] for cid, trace in status(server).claims.items()}
 
 
-def config(policy: str, chunk_tokens: int = CHUNK) -> wire.TempoConfig:
+def config(policy: str, chunk_tokens: int = CHUNK, tier: str = "l2") -> wire.TempoConfig:
     return wire.TempoConfig(policy, 64 * C_BYTES, 8 * C_BYTES, 1, 1000.0 * C_BYTES, 0.0, None,
-                            0.02, chunk_tokens)  # fmt: skip
+                            0.02, chunk_tokens, tier)  # fmt: skip
 
 
 def configure(server, cfg: wire.TempoConfig | None) -> wire.ConfigureReply:
@@ -94,8 +94,9 @@ def test_immediate_claim_staged_found_by_lookup_and_released(bsr_sm_server) -> N
         assert server.l1_used() >= N_CHUNKS * C_BYTES
         assert server.lookup(tokens, "r1") == N_CHUNKS  # the stock lookup finds it
         server.module._tempo_retrieved("r1")  # what retrieve() calls after the transfer
+        # protection ends on TempoKV's loop, after the retrieve's reply (woken at once)
+        until("r1 released", lambda: states(server).get("r1") == "RELEASED")
         st = status(server)
-        assert st.claims["r1"][-1][1] == "RELEASED"
         assert st.retrievals == {"r1": "READY"}
         assert st.locked_bytes_now == 0
         assert st.peak_locked_bytes <= st.budget_bytes
@@ -242,3 +243,44 @@ def test_a_stock_lookup_ended_before_its_prefetch_leaves_nothing_queued(bsr_sm_s
 def key(tokens: list[int], rid: str) -> IPCCacheServerKey:
     return IPCCacheServerKey(MODEL, 1, None, tuple(tokens), 0, len(tokens), rid,
                              num_kv_readers=1)  # fmt: skip
+
+
+def test_on_the_flash_tier_a_held_lookups_lmcache_lookup_runs_at_once(bsr_sm_server) -> None:
+    """With L1 a Device-DAX arena (every document an L1 hit), LMCache's own lookup of a held
+    request runs when the hold begins, beside its staging (it reads no byte): while the
+    staging runs the status stays "not yet", and the release has only the answer to give."""
+    import threading
+
+    server = bsr_sm_server(64 * C_BYTES, devdax=True, window_chunks=0)
+    tokens = prompt_ids("tk-dax", N_CHUNKS * CHUNK, 1000)
+    server.store(tokens)  # the documents live in the arena
+    got = configure(server, config("demand", tier="dax"))
+    assert got.ok, got
+    try:
+        device = server.module._tempo.device
+        staged, load = threading.Event(), device._load
+
+        def held_load(op):  # the staging thread waits for the test before its mlocks
+            assert staged.wait(20.0)
+            return load(op)
+
+        device._load = held_load
+        update(server, ["d1"], {"d1": hit(tokens)}, ["d1"])
+        server.module.lookup(key(tokens, "d1"), 1)  # retrieval demanded: commits, holds
+        assert server.module._counters["lookups_stock"] == 1  # LMCache's lookup already ran
+        assert server.module.query_prefetch_status("d1") is None  # held: "not yet"
+        assert states(server)["d1"] == "STAGING"
+        staged.set()
+        got = until("d1's held lookup answered", lambda: server.module.query_prefetch_status("d1"))
+        assert got == N_CHUNKS
+        assert server.module._counters["lookups_stock"] == 1  # the release looked up nothing
+        st = status(server)
+        assert st.retrievals == {"d1": "WAIT"}
+        assert [s for _, s in st.claims["d1"]] == ["PLANNED", "STAGING", "STAGEREADY"]
+        assert st.locked_bytes_now == N_CHUNKS * C_BYTES  # mlocked in the arena until its retrieve
+        server.module._tempo_retrieved("d1", 0)
+        until("d1 released", lambda: states(server).get("d1") == "RELEASED")
+        assert status(server).locked_bytes_now == 0
+        server.module.end_session("d1")
+    finally:
+        configure(server, None)

@@ -189,9 +189,12 @@ class TempoKVHandlers(ModuleState):
 
     # ---- hooks the lookup / retrieve handlers call -------------------------------------
     def _tempo_gate(self, key: IPCCacheServerKey, tp_size: int) -> bool:
-        """True when the lookup is held for committed staging (answered later). The hold's
-        thread always runs LMCache's own lookup at its end, whatever TempoKV did: a held
-        request is never left without one (vLLM would wait on it to its mq timeout)."""
+        """True when the lookup is held for committed staging (answered later). LMCache's
+        own lookup always runs, whatever TempoKV did: a held request is never left without
+        one (vLLM would wait on it to its mq timeout). On the flash tier it runs at once,
+        beside the staging: every object is an L1 hit there, so it reads no byte, it only
+        read-locks them, and the release has only its answer to give; on the DRAM tier it
+        runs at the hold's end (it would read L2 beside the staging)."""
         tempo = self._tempo
         if tempo is None:
             return False
@@ -203,6 +206,7 @@ class TempoKVHandlers(ModuleState):
         fut: Future[None] = Future()
         held_from = time.time_ns()
         g = self._guard
+        early = tempo.config.tier == "dax"
 
         def release() -> None:
             try:
@@ -213,8 +217,9 @@ class TempoKVHandlers(ModuleState):
                 if not ready:
                     log.warning("tempokv: %s not stage-ready in %ss: lookup goes on", rid,
                                 WAIT_READY_MAX_S)  # fmt: skip
-                self._count("lookups_stock")
-                self._lookup_mod.lookup(key, tp_size)
+                if not early:
+                    self._count("lookups_stock")
+                    self._lookup_mod.lookup(key, tp_size)
             except Exception:
                 log.exception("tempokv: held lookup of %s failed: answering 0 chunks", rid)
                 with self._lock:
@@ -222,14 +227,24 @@ class TempoKVHandlers(ModuleState):
             finally:
                 fut.set_result(None)
 
+        # held before its mode says STOCK: a status query in between answers "not yet"
+        self._tempo_held[rid] = fut
         with self._lock:
             self._modes[rid] = Mode.STOCK
             self._stock_keys[rid] = key
-        self._tempo_held[rid] = fut
+        if early:
+            try:
+                self._count("lookups_stock")
+                self._lookup_mod.lookup(key, tp_size)
+            except Exception:
+                self._tempo_held.pop(rid, None)
+                raise  # not held: the caller's stock lookup runs
         try:
             threading.Thread(target=release, name=f"tempokv-hold-{rid}", daemon=True).start()
-        except Exception:  # no thread: not held, the caller looks it up now
+        except Exception:  # no thread: not held; the caller looks it up unless done here
             self._tempo_held.pop(rid, None)
+            if early:
+                return True  # its lookup ran: answered as the stock path, on demand
             raise
         return True
 
@@ -257,9 +272,11 @@ class TempoKVHandlers(ModuleState):
             tempo.stock_done(request_id, chunks)
 
     def _tempo_retrieved(self, request_id: str, rank: int | None = None) -> None:
+        """A rank's retrieve ended: protection may end, on TempoKV's loop, after the
+        retrieve's reply went back (munlock and the books are off the request's path)."""
         tempo = self._tempo
         if tempo is not None:
-            tempo.end_retrieval(request_id, rank)
+            tempo.end_retrieval_later(request_id, rank)
 
     def _tempo_ended(self, request_id: str) -> None:
         getattr(self, "_tempo_held", {}).pop(request_id, None)
