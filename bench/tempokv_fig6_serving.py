@@ -280,7 +280,12 @@ def workload_overrides(doc: dict[str, Any], ns: argparse.Namespace) -> dict[str,
 
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    ap.add_argument("--repeats", type=int, default=3, help="runs of both arms (≥ 1)")
+    ap.add_argument(
+        "--repeats",
+        type=int,
+        default=6,
+        help="runs of both arms (≥ 1; 6 is the fewest that can decide a claim)",
+    )
     ap.add_argument("--baseline", choices=("fs", "dax"), default="fs",
                     help="fs: stock LMCache, DRAM L1 + FS L2 (today's analogue); dax: "
                     "LMCache-DAX on the flash tier (§5.3)")  # fmt: skip

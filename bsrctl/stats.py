@@ -11,6 +11,14 @@ Conventions:
   of a repeat alike cancels in the pair.
 - One sample is never a test: every function says "cannot test significance" rather than
   inventing an interval or a p-value.
+- Few samples decide nothing either. The percentile bootstrap of a median over n paired
+  samples spans about their range when n is small (at n = 3 exactly [min, max]), so it
+  excludes the threshold whenever every pair lies on one side: under no effect at all that
+  happens with probability 2 / 2^n (25 % at n = 3), not 5 %. An ordering is therefore
+  decided only where that sign-test floor (``scipy.stats.binomtest``) is below the level's
+  alpha: 6 paired repeats or more at 95 % (``decisive_repeats``); below, it reads UNKNOWN,
+  whatever the interval says. Samples that are all equal (byte counts) are exact, not
+  sampled: they decide at any n.
 """
 
 from __future__ import annotations
@@ -148,6 +156,20 @@ def repeats_to_decide(iv: Interval, threshold: float) -> int | None:
     return max(iv.n + 1, math.ceil(iv.n * (side / distance) ** 2))
 
 
+def sign_floor(n: int) -> float:
+    """The smallest two-sided p-value n paired samples can give by their signs alone (every
+    pair on one side): ``binomtest(n, n, 0.5)``, 2 / 2^n."""
+    return float(sps.binomtest(n, n, 0.5).pvalue)
+
+
+def decisive_repeats(level: float = LEVEL) -> int:
+    """The fewest paired repeats whose sign-test floor is below 1 - ``level`` (6 at 95 %)."""
+    n = 1
+    while sign_floor(n) >= 1 - level:
+        n += 1
+    return n
+
+
 def _side(claim: str, iv: Interval, t: float) -> VerdictName:
     less = claim in ("a<b", "a<=b")
     strict = claim in ("a<b", "a>b")
@@ -172,7 +194,8 @@ def ordering_verdict(
 ) -> Ordering:
     """PASS when the interval of a/b (or a-b) lies on the claimed side of ``threshold``
     (1 for a ratio, 0 for a difference), FAIL when it lies on the other, UNKNOWN when it
-    straddles it, or when there is one repeat only."""
+    straddles it, when there is one repeat only, or when the repeats are too few to decide
+    at ``level`` (``decisive_repeats``: the module docstring says why)."""
     if claim not in CLAIMS:
         raise ValueError(f"claim {claim!r}: one of {', '.join(CLAIMS)}")
     if kind not in ("ratio", "diff"):
@@ -191,12 +214,21 @@ def ordering_verdict(
     where = (f"{stat} median {iv.estimate:.4g}, {level:.0%} interval [{iv.lo:.4g}, "
              f"{iv.hi:.4g}] over {iv.n} paired repeats")  # fmt: skip
     needed = None
+    least = decisive_repeats(level)
+    if verdict != "UNKNOWN" and iv.method != "identical" and iv.n < least:
+        side = "lies on the claimed side" if verdict == "PASS" else "contradicts it"
+        detail = (f"{said}: {where} {side}, but {iv.n} paired repeats cannot decide at "
+                  f"{level:.0%}: all {iv.n} on one side has a sign-test p of "
+                  f"{sign_floor(iv.n):.3g} under no effect; {least} repeats can")  # fmt: skip
+        return Ordering("UNKNOWN", claim, kind, t, iv, least, detail)
     if verdict == "UNKNOWN":
         needed = repeats_to_decide(iv, t)
+        needed = None if needed is None else max(needed, least)
         more = (
             "the estimate sits on the threshold: more repeats will not decide it"
             if needed is None
-            else f"about {needed} repeats would decide it (half-width scaled by sqrt(n/n'))"
+            else f"about {needed} repeats would decide it (half-width scaled by sqrt(n/n'), "
+            f"at least {least})"
         )
         detail = f"{said}: {where} straddles {t:g}; {more}"
     else:

@@ -74,7 +74,8 @@ def test_ordering_verdict_sides_and_straddle() -> None:
     # 45 = 5 * ((1.05 - 0.9) / (1.05 - 1))^2: the near half-width scaled by sqrt(n/n')
     assert o.detail == (
         "claim a/b > 1: a/b median 1.05, 95% interval [0.9, 1.2] over 5 paired repeats "
-        "straddles 1; about 45 repeats would decide it (half-width scaled by sqrt(n/n'))"
+        "straddles 1; about 45 repeats would decide it (half-width scaled by sqrt(n/n'), "
+        "at least 6)"
     )
     with pytest.raises(ValueError, match="claim 'a=b'"):
         stats.ordering_verdict(a, a, "a=b")
@@ -132,10 +133,52 @@ def test_identical_samples_have_zero_width(x: float, n: int) -> None:
 
 @settings(max_examples=40, deadline=None)
 @given(
-    st.lists(st.floats(min_value=0.5, max_value=2.0), min_size=3, max_size=20),
+    st.lists(st.floats(min_value=0.5, max_value=2.0), min_size=6, max_size=20),
     st.sampled_from([0.2, 0.5, 2.0, 5.0]),
 )
 def test_a_far_ratio_is_decided(xs: list[float], k: float) -> None:
     # b = a*k with k far from 1: every pair's ratio is 1/k, whatever the spread of a
     o = stats.ordering_verdict(xs, [x * k for x in xs], "a<b")
     assert o.verdict == ("PASS" if k > 1 else "FAIL")
+
+
+def test_fewer_than_six_repeats_decide_nothing_that_was_sampled() -> None:
+    """Three pairs all on one side: the bootstrap's interval is their range and excludes 1,
+    but under no effect at all that happens one time in four (2 / 2^3): UNKNOWN, naming the
+    sign-test floor and the repeats that can decide. Six pairs can; equal samples are exact
+    at any n."""
+    assert (stats.sign_floor(3), stats.sign_floor(5), stats.sign_floor(6)) == (
+        0.25,
+        0.0625,
+        0.03125,
+    )
+    assert stats.decisive_repeats() == 6 and stats.decisive_repeats(0.99) == 8
+    o = stats.ordering_verdict([0.5, 0.6, 0.55], [1.0] * 3, "a<b")
+    assert (o.verdict, o.interval.lo, o.interval.hi, o.repeats_needed) == ("UNKNOWN", 0.5, 0.6, 6)
+    assert o.detail == (
+        "claim a/b < 1: a/b median 0.55, 95% interval [0.5, 0.6] over 3 paired repeats lies "
+        "on the claimed side, but 3 paired repeats cannot decide at 95%: all 3 on one side "
+        "has a sign-test p of 0.25 under no effect; 6 repeats can"
+    )
+    six = stats.ordering_verdict([0.5, 0.6, 0.55, 0.52, 0.58, 0.54], [1.0] * 6, "a<b")
+    assert (six.verdict, six.repeats_needed) == ("PASS", None)
+    exact = stats.ordering_verdict([2.0] * 3, [1.0] * 3, "a<b")  # byte counts: no sampling
+    assert (exact.verdict, exact.interval.method) == ("FAIL", "identical")
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.floats(min_value=0.1, max_value=10.0), st.floats(min_value=0.1, max_value=10.0)
+        ),
+        min_size=2,
+        max_size=5,
+    ).filter(lambda ps: len({a / b for a, b in ps}) > 1),
+    st.sampled_from(["a<b", "a>b", "a<=b", "a>=b"]),
+)
+def test_no_sampled_ordering_of_five_or_fewer_pairs_is_decided(
+    pairs: list[tuple[float, float]], claim: str
+) -> None:
+    a, b = [x for x, _ in pairs], [y for _, y in pairs]
+    assert stats.ordering_verdict(a, b, claim).verdict == "UNKNOWN"

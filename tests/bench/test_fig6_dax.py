@@ -46,9 +46,12 @@ def test_the_dax_arms_and_last_line() -> None:
 
 def test_goals_read_the_per_rate_claims() -> None:
     rates = [2.0, 4.0]
-    ahead = _cells([(0.5, 110.0), (0.52, 108.0), (0.48, 112.0), (0.5, 109.0)],
-                   [(1.0, 100.0)] * 4, 4.0)  # fmt: skip
-    for c, a in zip(ahead, _cells([(1.0, 100.0)] * 4, [(1.0, 100.0)] * 4, 2.0), strict=True):
+    ahead = _cells(
+        [(0.5, 110.0), (0.52, 108.0), (0.48, 112.0), (0.5, 109.0), (0.51, 111.0), (0.49, 110.0)],
+        [(1.0, 100.0)] * 6,
+        4.0,
+    )  # fmt: skip (6: decisive)
+    for c, a in zip(ahead, _cells([(1.0, 100.0)] * 6, [(1.0, 100.0)] * 6, 2.0), strict=True):
         for arm in ARMS:
             c[arm].update(a[arm])
     checks = claim_checks(rates, ahead, "tempokv", "lmcache-dax")
@@ -57,9 +60,13 @@ def test_goals_read_the_per_rate_claims() -> None:
     assert got[1].startswith("goal p95 decidedly ahead at the two highest rates: {'@2': ")
     assert got[1].endswith("(not met)")  # @2 ties: not decidedly ahead (p95 <= holds)
     assert "'@2': 'FAIL'" in got[1] and "'@4': 'PASS'" in got[1]
-    behind = _cells([(2.0, 50.0), (2.1, 52.0), (1.9, 51.0)], [(1.0, 100.0)] * 3)
+    behind = _cells([(2.0, 50.0), (2.1, 52.0), (1.9, 51.0), (2.0, 49.0), (2.05, 50.5),
+                     (1.95, 51.5)], [(1.0, 100.0)] * 6)  # fmt: skip
     got = dax.goal_lines([4.0], behind, claim_checks([4.0], behind, "tempokv", "lmcache-dax"))
     assert got[0].startswith("goal never decidedly behind: NOT met: tput_tempokv/lmcache-dax_@4")
+    few = behind[:3]  # as far behind, but 3 repeats decide nothing
+    got = dax.goal_lines([4.0], few, claim_checks([4.0], few, "tempokv", "lmcache-dax"))
+    assert got[0] == "goal never decidedly behind: met, vacuously: 3 repeats decide no claim"
 
 
 def test_paper_magnitudes_are_fig6s() -> None:

@@ -96,16 +96,25 @@ def test_checks_judge_the_paired_repeats_and_list_each_repeat() -> None:
     assert "about 16 repeats would decide it" in c.detail  # 3 * (0.9 / 0.4)^2 = 15.2
     assert (p.name, p.verdict) == ("p95_below_demand", Verdict.UNKNOWN)  # ratios .75 1.2 .667
     assert p.detail.endswith("per repeat: held, failed, held (2/3)")
-    rows["tempokv"] = _row([1.5, 0.8, 2.4], [0.25, 0.1, 0.45])  # every repeat below
-    c, p = _run_checks(rows)
+    rows["tempokv"] = _row([1.5, 0.8, 2.4], [0.25, 0.1, 0.47])  # every repeat below
+    c, p = _run_checks(rows)  # three repeats, all one way: still no decision (sign test)
+    assert (c.verdict, p.verdict) == (Verdict.UNKNOWN, Verdict.UNKNOWN)
+    assert "lies on the claimed side, but 3 paired repeats cannot decide" in c.detail
+    assert c.detail.endswith("(3/3)") and p.detail.endswith("(3/3)")
+    six = {
+        "demand": _row([2.0, 1.0, 3.0] * 2, [0.1] * 6),
+        "immediate": _row([1.0] * 6, [0.5, 0.2, 0.9] * 2),
+    }
+    six["tempokv"] = _row([1.5, 0.8, 2.4] * 2, [0.25, 0.1, 0.47] * 2)  # every repeat below
+    c, p = _run_checks(six)
     assert (c.verdict, p.verdict) == (Verdict.PASS, Verdict.PASS)
     assert c.outcome == "reproduces" and "lies on the claimed side" in c.detail
-    assert c.detail.endswith("(3/3)") and p.detail.endswith("(3/3)")
-    rows["tempokv"] = _row([2.5, 1.2, 3.5], [0.6, 0.3, 0.95])  # every repeat above
-    c, p = _run_checks(rows)
+    assert c.detail.endswith("(6/6)") and p.detail.endswith("(6/6)")
+    six["tempokv"] = _row([2.5, 1.2, 3.5] * 2, [0.6, 0.3, 0.95] * 2)  # every repeat above
+    c, p = _run_checks(six)
     assert (c.verdict, p.verdict) == (Verdict.FAIL, Verdict.FAIL)
     assert "contradicts it" in c.detail
-    assert c.detail.endswith("(0/3)") and p.detail.endswith("(0/3)")
+    assert c.detail.endswith("(0/6)") and p.detail.endswith("(0/6)")
 
 
 def test_one_repeat_cannot_decide_an_ordering() -> None:
@@ -117,10 +126,17 @@ def test_one_repeat_cannot_decide_an_ordering() -> None:
 @pytest.mark.parametrize(
     ("a", "b", "claim", "verdict", "reproduced"),
     [
-        ([1.0, 1.1, 0.9, 1.0], [2.0, 2.1, 2.0, 1.9], "a<b", "PASS", True),
-        ([3.0, 3.1, 2.9, 3.0], [2.0, 2.1, 2.0, 1.9], "a<b", "FAIL", False),
-        ([1.0, 3.0, 1.0, 3.0], [2.0, 2.0, 2.0, 2.0], "a<b", "UNKNOWN", None),
-        ([3.0, 3.1, 2.9, 3.0], [2.0, 2.1, 2.0, 1.9], "a>=b", "PASS", True),  # throughput
+        ([1.0, 1.1, 0.9, 1.0, 1.05, 0.95], [2.0, 2.1, 2.0, 1.9, 2.0, 2.05], "a<b", "PASS", True),
+        ([3.0, 3.1, 2.9, 3.0, 3.05, 2.95], [2.0, 2.1, 2.0, 1.9, 2.0, 2.05], "a<b", "FAIL", False),
+        ([1.0, 3.0, 1.0, 3.0, 1.0, 3.0], [2.0] * 6, "a<b", "UNKNOWN", None),
+        (
+            [3.0, 3.1, 2.9, 3.0, 3.05, 2.95],
+            [2.0, 2.1, 2.0, 1.9, 2.0, 2.05],
+            "a>=b",
+            "PASS",
+            True,
+        ),  # throughput
+        ([1.0, 1.1, 0.9, 1.0], [2.0, 2.1, 2.0, 1.9], "a<b", "UNKNOWN", None),  # 4: too few
         ([1.0, 1.0, 1.0], [0.0, 0.0, 0.0], "a>b", "PASS", True),  # a zero: by difference
     ],
 )

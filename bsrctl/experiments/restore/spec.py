@@ -18,10 +18,11 @@ Layout (every field optional except the section the command needs)::
 
 Every section takes ``repeats`` and ``warmup`` (``Repeated``, below: their one home):
 each timed measure of a point is measured ``repeats`` times in rotated rounds, after
-``warmup`` discarded rounds. Defaults per command: sweep 5 repeats (its timings are the
-figures the paper's E1 and the whole-plan contrast compare; 5 is the fewest for which a
-Mann-Whitney U test can reach p < 0.05 with room: 2/C(10,5) = 0.008, and 4 per side only
-0.029), law 1 and ladder 1 (their verdicts are byte figures, exact in one measurement; a
+``warmup`` discarded rounds. Defaults per command: sweep 6 repeats (its timings are the
+figures the paper's E1 and the whole-plan contrast compare; 6 is the fewest whose paired
+contrast can be decided at 95 %: every pair on one side has a sign-test p of 2/2^6 = 0.031,
+at 5 repeats 0.063, ``stats.decisive_repeats``; a Mann-Whitney U test of 6 per side reaches
+2/C(12,6) = 0.002), law 1 and ladder 1 (their verdicts are byte figures, exact in one measurement; a
 ladder rung is a fresh deployment each). ``warmup`` defaults to 1 round when repeats > 1
 (each arm's first touch, the prefix seeded and the caches cold, is never a sample), else 0.
 
@@ -54,7 +55,7 @@ def _increasing(name: str, values: list[int]) -> list[int]:
     return values
 
 
-SWEEP_REPEATS = 5  # see the module doc: the fewest a Mann-Whitney U test decides with room
+SWEEP_REPEATS = 6  # see the module doc: the fewest whose paired contrast can be decided
 
 
 def _repeats(default: int, why: str) -> Any:
@@ -120,7 +121,7 @@ class SweepSpec(Repeated, Strict):
         "FAIL, UNKNOWN); unset: the ratio and its interval are reported, not judged",
     )
     repeats: int = _repeats(
-        SWEEP_REPEATS, "the fewest for which a Mann-Whitney U test reaches p < 0.05 with room"
+        SWEEP_REPEATS, "the fewest whose paired whole-plan contrast can be decided at 95 %"
     )
     warmup: int | None = _warmup()
 
