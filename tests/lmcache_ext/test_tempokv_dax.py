@@ -203,3 +203,36 @@ def test_a_staging_the_pool_refused_is_started_by_the_next_pass(sm) -> None:
             assert device.locked_bytes() == 2 * CHUNK and device._locking == {}
     finally:
         t.close()
+
+
+def test_close_cancels_the_stagings_not_started_and_releases_everything(sm) -> None:
+    """Ops queued behind one the staging thread is on never start at close: the one running
+    finishes, the rest are cancelled, and every read lock and mlock is released."""
+    import threading
+
+    keys = [in_arena(sm, 1, f"q{i}") for i in range(3)]
+    base = vm_locked_bytes()
+    storage = LMCacheRestoreStorage(sm, {0: kv.layout(CHUNK)})
+    cfg = LiveConfig(policy="immediate", capacity_bytes=ARENA, budget_bytes=4 * CHUNK,
+                     concurrency=3, prior_bytes_s=64 * CHUNK, tick_s=0.02, tier="dax")  # fmt: skip
+    t = LiveTempo(storage, cfg, clock=VirtualClock(0.0), loop=False)  # three ops issued at once
+    device = t.device
+    assert isinstance(device, DaxStagingDevice)
+    gate, load, started = threading.Event(), device._load, []
+
+    def gated(op):  # the first op holds the staging thread until the test lets it go
+        started.append(op)
+        assert gate.wait(20.0)
+        return load(op)
+
+    device._load = gated  # type: ignore[method-assign]
+    for i, k in enumerate(keys):
+        t.report(f"Q{i}", objects(k))
+    with t.lock:
+        assert len(device._locking) == 3
+    threading.Timer(0.2, gate.set).start()
+    t.close()  # cancels the two queued ops, waits for the running one
+    assert len(started) == 1 and device._locking == {} and device._ops == {}
+    assert device.locked_bytes() == 0 and vm_locked_bytes() == base
+    got = kv.prefetch(sm, [k for ks in keys for k in ks], CHUNK)
+    assert got.l1_hits == [0, 1, 2]  # still in L1, no read lock left

@@ -131,7 +131,10 @@ class DaxStagingDevice(LmcStagingDevice):
         object (``sync_pins`` drops them), and it is stage-ready. An op whose staging did
         not start (the thread pool refused it) is started here."""
         for op_id in [o for o in self._ops if o not in self._locking]:
-            self._start_load(op_id)
+            try:
+                self._start_load(op_id)
+            except Exception:  # still refused: the pass goes on (timers, pins, the sample)
+                log.debug("tempokv dax: op %s's staging still not started", op_id)
         for op_id, lk in list(self._locking.items()):
             if not lk.future.done():
                 continue
@@ -170,6 +173,10 @@ class DaxStagingDevice(LmcStagingDevice):
 
     def release_all(self) -> None:
         for lk in self._locking.values():
+            lk.future.cancel()  # an op not started yet never starts; its ticket is released
+        for lk in self._locking.values():
+            if lk.future.cancelled():
+                continue
             try:
                 lk.future.result(timeout=DRAIN_S)
             except Exception:
