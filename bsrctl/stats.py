@@ -23,6 +23,7 @@ Conventions:
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -162,6 +163,7 @@ def sign_floor(n: int) -> float:
     return float(sps.binomtest(n, n, 0.5).pvalue)
 
 
+@functools.cache
 def decisive_repeats(level: float = LEVEL) -> int:
     """The fewest paired repeats whose sign-test floor is below 1 - ``level`` (6 at 95 %)."""
     n = 1

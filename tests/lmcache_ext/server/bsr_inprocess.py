@@ -100,12 +100,16 @@ class InProcessServer:
     def store(self, tokens: list[int]) -> None:
         """Every chunk written into L1 (and through to L2), kept in L1: the flash tier's
         documents, which live in the arena."""
-        keys = self.keys_for(tokens)
-        for key in keys:
-            obj = self.sm.reserve_write([key], LAYOUT)[key]
-            raw = obj.raw_tensor.view(torch.uint8)
-            raw.copy_(torch.randint(0, 256, raw.shape, dtype=torch.uint8))
-            self.sm.finish_write([key])
+        for key in self.keys_for(tokens):
+            self._write(key)
+
+    def _write(self, key: ObjectKey) -> bytes:
+        """One chunk of random bytes written into L1 (and through to L2); its bytes."""
+        obj = self.sm.reserve_write([key], LAYOUT)[key]
+        raw = obj.raw_tensor.view(torch.uint8)
+        raw.copy_(torch.randint(0, 256, raw.shape, dtype=torch.uint8))
+        self.sm.finish_write([key])
+        return bytes(raw.numpy().tobytes())
 
     def close(self) -> None:
         self.transfer_mod.close()
@@ -124,11 +128,7 @@ class InProcessServer:
         keys = self.keys_for(tokens)
         payloads = []
         for i, key in enumerate(keys):
-            obj = self.sm.reserve_write([key], LAYOUT)[key]
-            raw = obj.raw_tensor.view(torch.uint8)
-            raw.copy_(torch.randint(0, 256, raw.shape, dtype=torch.uint8))
-            payloads.append(bytes(raw.numpy().tobytes()))
-            self.sm.finish_write([key])
+            payloads.append(self._write(key))
             deadline = time.monotonic() + 20
             while self._l2_files() < i + 1 and time.monotonic() < deadline:
                 time.sleep(0.02)

@@ -208,6 +208,10 @@ class TempoKVHandlers(ModuleState):
         g = self._guard
         early = tempo.config.tier == "dax"
 
+        def look_up() -> None:
+            self._count("lookups_stock")
+            self._lookup_mod.lookup(key, tp_size)
+
         def release() -> None:
             try:
                 ready = g.run("tempokv_hold", False, tempo.wait_ready, rid, WAIT_READY_MAX_S)
@@ -218,8 +222,7 @@ class TempoKVHandlers(ModuleState):
                     log.warning("tempokv: %s not stage-ready in %ss: lookup goes on", rid,
                                 WAIT_READY_MAX_S)  # fmt: skip
                 if not early:
-                    self._count("lookups_stock")
-                    self._lookup_mod.lookup(key, tp_size)
+                    look_up()
             except Exception:
                 log.exception("tempokv: held lookup of %s failed: answering 0 chunks", rid)
                 with self._lock:
@@ -234,8 +237,7 @@ class TempoKVHandlers(ModuleState):
             self._stock_keys[rid] = key
         if early:
             try:
-                self._count("lookups_stock")
-                self._lookup_mod.lookup(key, tp_size)
+                look_up()
             except Exception:
                 self._tempo_held.pop(rid, None)
                 raise  # not held: the caller's stock lookup runs
