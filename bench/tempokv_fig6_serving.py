@@ -87,6 +87,7 @@ from fig6.cells import (
     tier_cells,
 )
 from fig6.cells import arm_orders as _arm_orders
+from fig6.headroom import Headroom, cell_headroom, headroom_lines
 from fig6.timeline import draw
 from fig6.where import arm_pids, rows_of, timeline_lines, ttft_lines, where_ttft_went
 from pydantic import ValidationError
@@ -244,6 +245,23 @@ def measure(
                 good, retrieves, ids, tier)  # fmt: skip
 
 
+def headroom(
+    spans: Sequence[Any],
+    cells: Cells,
+    rates: Sequence[float],
+    arms: Sequence[str],
+    pids: dict[int, str],
+) -> dict[str, dict[float, list[Headroom]]]:
+    """Per arm and rate, each repeat's flash idle while its requests waited (``fig6.headroom``)."""
+    out: dict[str, dict[float, list[Headroom]]] = {}
+    for arm in arms:
+        mine = frozenset(p for p, a in pids.items() if a == arm)
+        for rate in rates:
+            got = [cell_headroom(spans, c[arm][rate].request_ids, mine) for c in cells]
+            out.setdefault(arm, {})[rate] = [h for h in got if h is not None]
+    return out
+
+
 def cell_line(rep: int, arm: str, rate: float, cell: Cell, slo: bool) -> str:
     slow = [x for x in cell.retrieves_s if x > SLOW_RETRIEVE_S]
     rs = cell.retrieves_s
@@ -275,6 +293,10 @@ def workload_overrides(doc: dict[str, Any], ns: argparse.Namespace) -> dict[str,
     for flag in ("turns", "slo_ttft_s"):
         if getattr(ns, flag) is not None:
             serving[flag] = getattr(ns, flag)
+    if ns.kv_blocks is not None:
+        stack = dict(serving.get("stack") or {})
+        stack["vllm"] = {**(stack.get("vllm") or {}), "num_gpu_blocks_override": ns.kv_blocks}
+        serving["stack"] = stack
     return {**doc, "serving": serving}
 
 
@@ -303,6 +325,11 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--arrival-seed", type=int, help="serving.arrivals.seed")
     ap.add_argument("--turns", type=int, help="serving.turns (documents reused across turns)")
     ap.add_argument("--slo-ttft-s", type=float, help="serving.slo_ttft_s (goodput's TTFT bound)")
+    ap.add_argument(
+        "--kv-blocks",
+        type=int,
+        help="serving.stack.vllm.num_gpu_blocks_override (the engine's KV pool)",
+    )
     ap.add_argument(
         "--timeline-rate",
         type=float,
@@ -393,6 +420,8 @@ def main() -> int:
             print(f"repeat {k} (the median p95 ratio at {at:g} rps):")
             print("\n".join(timeline_lines(arm, at, rows[arm])))
         print(f"\ntimeline figure {draw(rows, at, run_dir / 'fig6-timeline.svg')}")
+        print()
+        print("\n".join(headroom_lines(headroom(spans, cells, rates, arms, arm_pids(run_dir)))))
     print()
     print("\n".join(table(rates, cells, "tempokv", base)))
     for extra_arm in arms[len(ARMS) :]:

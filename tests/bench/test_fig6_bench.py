@@ -214,15 +214,18 @@ def test_a_goodput_claim_joins_when_every_cell_measured_it() -> None:
 
 def test_workload_flags_land_in_the_specs_serving_section() -> None:
     ns = fig6.argparse.Namespace(arrivals="poisson", burstiness=None, arrival_seed=3, turns=2,
-                                 slo_ttft_s=0.5)  # fmt: skip
-    doc = {"serving": {"num_requests": 4, "arrivals": {"burstiness": 0.5}}, "seed": 1}
+                                 slo_ttft_s=0.5, kv_blocks=96)  # fmt: skip
+    doc = {"serving": {"num_requests": 4, "arrivals": {"burstiness": 0.5},
+                       "stack": {"vllm": {"max_model_len": 8704}}}, "seed": 1}  # fmt: skip
     assert fig6.workload_overrides(doc, ns) == {
         "seed": 1,
         "serving": {"num_requests": 4, "turns": 2, "slo_ttft_s": 0.5,
-                    "arrivals": {"burstiness": 0.5, "process": "poisson", "seed": 3}},
+                    "arrivals": {"burstiness": 0.5, "process": "poisson", "seed": 3},
+                    "stack": {"vllm": {"max_model_len": 8704,
+                                       "num_gpu_blocks_override": 96}}},
     }  # fmt: skip
     none = fig6.argparse.Namespace(arrivals=None, burstiness=None, arrival_seed=None,
-                                   turns=None, slo_ttft_s=None)  # fmt: skip
+                                   turns=None, slo_ttft_s=None, kv_blocks=None)  # fmt: skip
     assert fig6.workload_overrides(doc, none) == doc
 
 
@@ -231,6 +234,10 @@ def test_a_bad_workload_flag_exits_2_naming_the_field(monkeypatch, capsys) -> No
     assert fig6.main() == 2
     err = capsys.readouterr().err
     assert "serving.turns" in err and err.count("\n") == 1
+    monkeypatch.setattr(sys, "argv", ["fig6", "--baseline", "dax", "--kv-blocks", "0"])
+    assert fig6.main() == 2
+    err = capsys.readouterr().err
+    assert "serving.stack.vllm.num_gpu_blocks_override" in err and err.count("\n") == 1
 
 
 def test_where_ttft_went_is_per_arm_over_the_streamed_requests(tmp_path: Path) -> None:
