@@ -49,11 +49,14 @@ def idle_while_waiting(waiting: Iterable[Interval], reading: Iterable[Interval])
 @dataclass(frozen=True)
 class Headroom:
     """One cell: ``span_s`` from its first arrival to its last read's end, ``reading_s`` the
-    union of its flash reads, ``idle_wait_s`` flash idle while a request waited."""
+    union of its flash reads, ``idle_wait_s`` flash idle while a request waited, ``engine_s``
+    the median time from a request's retrieve end to its last token (the engine's work once
+    its KV is in: what a staging lead can overlap)."""
 
     span_s: float
     reading_s: float
     idle_wait_s: float
+    engine_s: float = 0.0
 
     @property
     def reading_share(self) -> float:
@@ -70,21 +73,26 @@ def cell_headroom(
     mine = by_request(spans)
     waiting: list[Interval] = []
     reading: list[Interval] = []
+    engine: list[int] = []
     for rid in request_ids:
         ss = mine.get(rid, [])
-        sent = [s.start_ns for s in ss if s.name == CLIENT_REQUEST]
+        sent = [s for s in ss if s.name == CLIENT_REQUEST]
         ret = [s for s in ss if s.name == RETRIEVE]
         if not sent or not ret:
             continue
-        waiting.append((min(sent), min(s.start_ns for s in ret)))
+        waiting.append((min(s.start_ns for s in sent), min(s.start_ns for s in ret)))
         reading += [(s.start_ns, s.end_ns) for s in ret]
+        engine.append(max(s.end_ns for s in sent) - max(s.end_ns for s in ret))
     if not waiting:
         return None
     t0, t1 = min(a for a, _ in waiting), max(b for _, b in reading)
     reading += [(max(s.start_ns, t0), min(s.end_ns, t1)) for s in spans
                 if s.name == STAGE and s.pid in stage_pids]  # fmt: skip
     return Headroom(
-        (t1 - t0) / 1e9, length(reading) / 1e9, idle_while_waiting(waiting, reading) / 1e9
+        (t1 - t0) / 1e9,
+        length(reading) / 1e9,
+        idle_while_waiting(waiting, reading) / 1e9,
+        statistics.median(engine) / 1e9,
     )
 
 
@@ -96,10 +104,12 @@ def headroom_lines(got: dict[str, dict[float, list[Headroom]]]) -> list[str]:
             if not cells:
                 continue
             med = {k: statistics.median(getattr(c, k) for c in cells)
-                   for k in ("span_s", "reading_s", "idle_wait_s", "reading_share")}  # fmt: skip
+                   for k in ("span_s", "reading_s", "idle_wait_s", "reading_share",
+                             "engine_s")}  # fmt: skip
             out.append(
                 f"headroom {arm} @{rate:g} rps: flash read {100 * med['reading_share']:.1f} % "
                 f"of the cell ({med['reading_s']:.2f} of {med['span_s']:.2f} s); flash idle "
-                f"while a request waited {med['idle_wait_s']:.3f} s (median of {len(cells)})"
+                f"while a request waited {med['idle_wait_s']:.3f} s; engine after the KV is in "
+                f"{1000 * med['engine_s']:.0f} ms per request (medians of {len(cells)})"
             )
     return out

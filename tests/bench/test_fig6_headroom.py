@@ -78,6 +78,8 @@ def test_a_cells_headroom_from_its_spans() -> None:
     assert got is not None
     assert (round(got.span_s, 9), round(got.reading_s, 9), round(got.idle_wait_s, 9)) == (
         1.0, 0.7, 0.3)  # fmt: skip
+    # a's last token at 3.0 s, 1.5 s after its retrieve; b's 1.0 s after its retrieve
+    assert round(got.engine_s, 9) == 1.25
     assert round(got.reading_share, 9) == 0.7
     # the arm's own staging at 1.5-1.6 s fills a tenth; another process's, or a staging
     # outside the cell, fills nothing
@@ -88,9 +90,11 @@ def test_a_cells_headroom_from_its_spans() -> None:
 
 
 def test_headroom_lines_are_medians_per_arm_and_rate() -> None:
-    cells = [Headroom(8.0, 6.0, 0.1), Headroom(8.0, 6.4, 0.3), Headroom(10.0, 6.0, 0.2)]
+    cells = [Headroom(8.0, 6.0, 0.1, 0.12), Headroom(8.0, 6.4, 0.3, 0.1),
+             Headroom(10.0, 6.0, 0.2, 0.09)]  # fmt: skip
     got = headroom_lines({"lmcache-dax": {4.0: cells, 2.0: []}})
     assert got == [
         "headroom lmcache-dax @4 rps: flash read 75.0 % of the cell (6.00 of 8.00 s); flash "
-        "idle while a request waited 0.200 s (median of 3)"
+        "idle while a request waited 0.200 s; engine after the KV is in 100 ms per request "
+        "(medians of 3)"
     ]
