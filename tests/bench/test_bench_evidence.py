@@ -4,10 +4,11 @@ bench's tier results and the TTFT bench's rounds become points with samples, and
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 
+from bandwidth.common import GIB, Lookup, Rounds, Sample, TierResult, table
+from bandwidth.summary import tier_points
 from typer.testing import CliRunner
 
 from bsrctl import stats
@@ -15,13 +16,6 @@ from bsrctl.cli import app
 from bsrctl.evidence import EvidenceWriter, Verdict, load_evidence
 from bsrctl.evidence.verdict import Check
 from bsrctl.experiments.bench import bench_point, run_bench
-
-BENCH = Path(__file__).resolve().parents[2] / "bench"
-if str(BENCH) not in sys.path:
-    sys.path.insert(0, str(BENCH))
-
-from bandwidth.common import GIB, Lookup, Rounds, Sample, TierResult, table  # noqa: E402
-from bandwidth.summary import tier_points  # noqa: E402
 
 PASSES = [1.0, 1.2, 0.9, 1.1, 1.0]
 

@@ -13,8 +13,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
-if str(BENCH) not in sys.path:  # the entry script runs with bench/ first on sys.path
-    sys.path.insert(0, str(BENCH))
 _path = BENCH / "tempokv_fig6_serving.py"
 _spec = importlib.util.spec_from_file_location("tempokv_fig6_serving", _path)
 assert _spec is not None and _spec.loader is not None

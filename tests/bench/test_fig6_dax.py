@@ -9,8 +9,6 @@ import sys
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
-if str(BENCH) not in sys.path:  # the entry script runs with bench/ first on sys.path
-    sys.path.insert(0, str(BENCH))
 _spec = importlib.util.spec_from_file_location(
     "tempokv_fig6_dax", BENCH / "tempokv_fig6_serving.py"
 )

@@ -3,17 +3,7 @@ arithmetic (exact, and against a brute count on a grid) and from a cell's spans.
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-from hypothesis import given
-from hypothesis import strategies as st
-
-BENCH = Path(__file__).resolve().parents[2] / "bench"
-if str(BENCH) not in sys.path:  # the entry scripts run with bench/ first on sys.path
-    sys.path.insert(0, str(BENCH))
-
-from fig6.headroom import (  # noqa: E402
+from fig6.headroom import (
     Headroom,
     cell_headroom,
     headroom_lines,
@@ -21,8 +11,10 @@ from fig6.headroom import (  # noqa: E402
     length,
     merged,
 )
+from hypothesis import given
+from hypothesis import strategies as st
 
-from bsrkv.trace.timeline import Span, spans_of  # noqa: E402
+from bsrkv.trace.timeline import Span, spans_of
 
 
 def test_intervals_merge_and_measure() -> None:

@@ -8,16 +8,11 @@ import sys
 from pathlib import Path
 
 import pytest
+import tempokv_fig6_regime as regime
 import yaml
+from fig6 import dax
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
-if str(BENCH) not in sys.path:  # the entry scripts run with bench/ first on sys.path
-    sys.path.insert(0, str(BENCH))
-
-import tempokv_fig6_regime as regime  # noqa: E402
-from fig6 import dax  # noqa: E402
-
-from bsrctl.tempokv.spec import TempoKVSpec  # noqa: E402
+from bsrctl.tempokv.spec import TempoKVSpec
 
 
 def _spec() -> TempoKVSpec:

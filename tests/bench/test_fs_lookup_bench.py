@@ -5,17 +5,11 @@ from __future__ import annotations
 
 import re
 import sys
-from pathlib import Path
 
+import fs_lookup
 import pytest
 
 from bsrctl.evidence import load_evidence
-
-BENCH = Path(__file__).resolve().parents[2] / "bench"
-if str(BENCH) not in sys.path:
-    sys.path.insert(0, str(BENCH))
-
-import fs_lookup  # noqa: E402
 
 
 def run(monkeypatch: pytest.MonkeyPatch, *argv: str) -> int:

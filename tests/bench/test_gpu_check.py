@@ -8,14 +8,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import gpu_check
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "bench"
-if str(BENCH) not in sys.path:
-    sys.path.insert(0, str(BENCH))
-
-import gpu_check  # noqa: E402
 
 GIB = 1 << 30
 C = 16_408_576

@@ -9,13 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
-BENCH = Path(__file__).resolve().parents[2] / "bench"
-if str(BENCH) not in sys.path:  # the entry script runs with bench/ first on sys.path
-    sys.path.insert(0, str(BENCH))
-
-from bandwidth import fio  # noqa: E402
-from bandwidth.common import (  # noqa: E402
+from bandwidth import fio
+from bandwidth.common import (
     GIB,
     Lookup,
     ModeFailed,
@@ -25,10 +20,12 @@ from bandwidth.common import (  # noqa: E402
     TierResult,
     table,
 )
-from bandwidth.mooncake import ENTRY, read_worker, worker_argv  # noqa: E402
-from bandwidth.summary import fio_ratio, last_line  # noqa: E402
+from bandwidth.mooncake import ENTRY, read_worker, worker_argv
+from bandwidth.summary import fio_ratio, last_line
 
-from bsrkv.registration import dsv4_flash_mtp_off  # noqa: E402
+from bsrkv.registration import dsv4_flash_mtp_off
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
 
 WINDOW = {"fetch_s": 0.01, "wait_s": 0.002, "install_s": 0.0005, "sync_s": 0.0001,
           "admit_wait_s": 0.0}  # fmt: skip
