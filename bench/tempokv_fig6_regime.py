@@ -36,7 +36,7 @@ from bsrctl.experiments.tempokv.cells import simulate_policy
 from bsrctl.spec_io import describe_error
 from bsrctl.tempokv.sim.models import ModelProfile, make_profile
 from bsrctl.tempokv.sim.run import SimResult
-from bsrctl.tempokv.spec import DeviceSpec, TempoKVSpec
+from bsrctl.tempokv.spec import DeviceSpec, OutputSpec, TempoKVSpec
 
 MODEL = "llama-3.1-8b"
 LOADS = ("sync", "queued")
@@ -78,12 +78,13 @@ def paper_spec(
         "device": {"staging_gib_s": tier.flash_mib_s * GIB_PER_SPEC_MIB,
                    "fast_tier_gib": tier.fast_tier_mib * GIB_PER_SPEC_MIB,
                    "budget_fraction": run.budget_mib / tier.fast_tier_mib,
-                   "retrieval_gib_s": retrieval_gib_s or DeviceSpec().retrieval_gib_s},
+                   "retrieval_gib_s": DeviceSpec().retrieval_gib_s if retrieval_gib_s is None
+                                      else retrieval_gib_s},
         "engine": {"max_seqs": run.max_num_seqs, "loads": loads, "gpu_kv_gib": gpu_kv_gib},
         "workload": {"documents_tokens": [d * TOKENS_PER_SPEC_TOKEN for d in run.documents_tokens],
                      "arrivals": {"kind": "fixed", "interval_s": 1.0 / rate},
-                     "output": {"max_tokens": run.max_tokens,
-                                "min_tokens": min(16, run.max_tokens - 1)}},
+                     "output": {"max_tokens": run.max_tokens,  # early EOS: the sim's default
+                                "min_tokens": min(OutputSpec().min_tokens, run.max_tokens - 1)}},
         "experiment": {"kind": "policies", "policies": list(POLICIES), "cache_ratios": [1.0]},
     })  # fmt: skip
 

@@ -56,7 +56,7 @@ class Headroom:
     span_s: float
     reading_s: float
     idle_wait_s: float
-    engine_s: float = 0.0
+    engine_s: float
 
     @property
     def reading_share(self) -> float:

@@ -109,3 +109,26 @@ def test_dax_without_a_flash_tier_and_decomposition_arms_are_refused(monkeypatch
     except SystemExit as e:
         assert e.code == 2
     assert "--baseline fs only" in capsys.readouterr().err
+
+
+def test_the_benchs_headroom_is_each_arms_own_per_rate() -> None:
+    from fig6.headroom import Headroom
+
+    a, b = "bsrq-" + "a" * 16, "bsrq-" + "b" * 16
+    spans = spans_of([
+        # LMCache-DAX's request: arrives at 1.0 s, waits 0.2 s, faults 1.2-1.6 s, done at 1.7 s
+        _rec("client.request", 1000, 1700, a), _rec("bsr.stock_retrieve", 1200, 1600, a),
+        # TempoKV's: arrives at 5.0 s, its server (pid 9) stages 5.1-5.5 s, retrieve 5.5-5.6 s
+        _rec("client.request", 5000, 5800, b), _rec("bsr.stock_retrieve", 5500, 5600, b),
+        {**_rec("tempokv.stage", 5100, 5500, b), "pid": 9, "attributes": {"op": 0}},
+    ])  # fmt: skip
+    cells = [{"lmcache-dax": {4.0: Cell(1.0, 1.0, 1, 1, "", request_ids=(a,))},
+              "tempokv": {4.0: Cell(1.0, 1.0, 1, 1, "", request_ids=(b,))}}]  # fmt: skip
+    got = fig6.headroom(spans, cells, [4.0], ARMS, {9: "tempokv"})
+    rounded = {arm: [Headroom(*(round(x, 9) for x in (h.span_s, h.reading_s, h.idle_wait_s,
+                                                      h.engine_s))) for h in by[4.0]]
+               for arm, by in got.items()}  # fmt: skip
+    assert rounded == {
+        "lmcache-dax": [Headroom(0.6, 0.4, 0.2, 0.1)],
+        "tempokv": [Headroom(0.6, 0.5, 0.1, 0.2)],
+    }
