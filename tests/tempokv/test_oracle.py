@@ -10,7 +10,11 @@ retrievals closer than the second claim's staging: the first must be stage-ready
 `oracle_early_gib_s_per_req`), and claims it could not commit at their planned start (the
 device still busy with earlier, late staging, or the budget full: `oracle_delayed_claims`).
 Where either is non-zero, C ≤ 1.02 × Demand's is not a limit of this model and is not
-asserted (the Figure 4 test below pins by how much it is exceeded there)."""
+asserted (the Figure 4 test below pins by how much it is exceeded there). Nor where a sync
+pass loads several claims at once: its step waits for the longest load, so Demand's own
+staging of a smaller claim can end under another's transfer, after the retrieval begins,
+delaying nothing and protecting for less than the oracle's stage-ready at that instant
+(pinned below)."""
 
 from __future__ import annotations
 
@@ -24,7 +28,7 @@ from bsrctl.experiments.tempokv.cells import simulate_policy
 from bsrctl.tempokv.sim.device import DeviceConfig
 from bsrctl.tempokv.sim.models import ModelProfile, make_profile
 from bsrctl.tempokv.sim.oracle import MAX_ITERATIONS, simulate_oracle
-from bsrctl.tempokv.sim.run import ControlConfig, simulate
+from bsrctl.tempokv.sim.run import ControlConfig, SimResult, simulate
 from bsrctl.tempokv.sim.workload import Request
 from bsrctl.tempokv.spec import load
 from bsrkv.tempokv.kv import GIB, prefix_manifest
@@ -117,12 +121,48 @@ def test_with_ample_protected_capacity_the_oracle_is_the_limit(
     )
     imm = simulate(reqs, MODEL, device, limits, control, "immediate").measures()
     assert o["p95_ttft_s"] <= 1.02 * imm["p95_ttft_s"]
-    dem = simulate(reqs, MODEL, device, limits, control, "demand").measures()
-    if o["oracle_early_gib_s_per_req"] == 0 and o["oracle_delayed_claims"] == 0:
+    dem_run = simulate(reqs, MODEL, device, limits, control, "demand")
+    dem = dem_run.measures()
+    if loads == "sync" and _loads_together(dem_run):
+        event("a sync pass loads several claims: Demand's staging can hide under another's")
+    elif o["oracle_early_gib_s_per_req"] == 0 and o["oracle_delayed_claims"] == 0:
         event("just in time everywhere: C against Demand's asserted")
         assert o["c_gib_s_per_req"] <= 1.02 * dem["c_gib_s_per_req"]
     else:
         event("serialised or delayed staging: C against Demand's not a limit")
+
+
+def _loads_together(run: SimResult) -> bool:
+    """Some scheduling pass started the retrievals of two requests at once."""
+    starts = [lg.retrieval_s for lg in run.logs if lg.retrieval_s is not None]
+    return len(set(starts)) < len(starts)
+
+
+def test_a_sync_pass_loading_several_claims_lets_demand_protect_less():
+    # Found by the property above: r2 (1 GiB, not resident) is retrieved in the same pass as
+    # r3 and r4 (resident), whose 3 GiB transfer the step waits for. Demand stages r2 from
+    # its retrieval (1.0725 s) and is ready at 1.1975 s, inside that wait; the oracle is
+    # stage-ready at the retrieval itself, so it protects r2 for 0.125 s more.
+    shape = [(0.0, 1, 1, 1), (0.5, 3, 1, 1), (0.0, 1, 1, 1), (0.0, 1, 1, 1), (0.0, 3, 1, 1)]
+    reqs = _workload(shape)
+    limits = EngineLimits(3, sync_loads=True, release_at_first_step=True)
+    device = DeviceConfig(8 * GIB, 0.0, 1, 16 * GIB, 1000 * GIB, 500 * GIB)
+    control = ControlConfig(tick_s=0.05, output_limit_tokens=8, output_prior_tokens=(8,))
+    o = simulate_oracle(reqs, MODEL, device, limits, control)
+    d = simulate(reqs, MODEL, device, limits, control, "demand")
+    assert _loads_together(d)
+    assert [lg.retrieval_s for lg in d.logs][2:] == [1.0725] * 3
+    oracle_r2, demand_r2 = ([(round(t, 4), state) for t, state in run.claim_traces["r2"]]
+                            for run in (o, d))  # fmt: skip
+    assert oracle_r2[1:3] == [(0.9475, "STAGING"), (1.0725, "STAGEREADY")]
+    assert demand_r2[1:3] == [(1.0725, "STAGING"), (1.1975, "STAGEREADY")]
+    assert oracle_r2[-1] == demand_r2[-1] == (1.27, "RELEASED")
+    om, dm = o.measures(), d.measures()
+    assert (om["oracle_early_gib_s_per_req"], om["oracle_delayed_claims"]) == (0.0, 0)
+    assert round(om["c_gib_s_per_req"], 7) == 0.6055004
+    assert round(dm["c_gib_s_per_req"], 7) == 0.5805
+    assert round(om["c_gib_s_per_req"] - dm["c_gib_s_per_req"], 6) == round(0.125 / 5, 6)
+    assert om["p95_ttft_s"] == dm["p95_ttft_s"] == 0.77
 
 
 def test_a_workload_whose_fixed_point_does_not_converge_is_reported_as_such():
