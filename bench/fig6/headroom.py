@@ -2,7 +2,8 @@
 arrived and its flash read had not begun while no flash read ran ("flash idle while
 waiting"). Every arm reads the same bytes through the same throttle, so a policy can start
 a read earlier only into that time: in the baseline arm it bounds what advance staging can
-gain there, beyond reordering reads that overlap. Intervals are integer ns (the spans') or float seconds (the simulation's)."""
+gain there, beyond reordering reads that overlap. Intervals are integer ns (the spans') or
+float seconds (the simulation's)."""
 
 from __future__ import annotations
 

