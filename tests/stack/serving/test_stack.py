@@ -138,9 +138,11 @@ def _losing_the_port_race(monkeypatch: pytest.MonkeyPatch, lost: int, line: str)
 
     def wait(self: Supervised, *a: Any, **k: Any) -> None:
         seen.append(_flag(self.argv, "--port")[0])
-        if len(seen) <= lost:
-            self.log_path.write_text(f"...\nOSError: [Errno 98] {line}\n")
-            raise StackFailed("vllm exited with code 1 before it was healthy", self.tail())
+        with self.log_path.open("a") as log:  # vLLM's log is appended to by every start
+            log.write(f"start {len(seen)}\n")
+            if len(seen) <= lost:
+                log.write(f"OSError: [Errno 98] {line}\n")
+                raise StackFailed("vllm exited with code 1 before it was healthy", self.tail())
 
     monkeypatch.setattr(Supervised, "wait_healthy", wait)
     picks = iter([6001, 6002, 6003, 6004])
@@ -169,7 +171,7 @@ def test_the_port_race_is_retried_a_bounded_number_of_times_and_only_it(
         st.start_vllm()
     assert len(seen) == PORT_RACE_RETRIES + 1 == 4
     seen = _losing_the_port_race(monkeypatch, 1, "Cannot allocate memory")
-    with pytest.raises(StackFailed):  # another failure: no retry
+    with pytest.raises(StackFailed):  # another failure, after a lost race in the same log
         Recorded(StackSpec(), tmp_path, bsr_extensions(RestoreSettings())).start_vllm()
     assert seen == [5557]
     seen = _losing_the_port_race(monkeypatch, 1, "Address already in use")

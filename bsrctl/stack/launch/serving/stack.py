@@ -288,6 +288,7 @@ class ServingStack(ServingClient):
             self._port("vllm.port", v.port)
             launch = vllm_launch(self.spec, self.extensions, self.slots())
             log = self.dir / "vllm.log"
+            logged = log.stat().st_size if log.exists() else 0  # the log is appended to
             part = Supervised("vllm", list(launch.argv), log, env=dict(launch.env))
             self._launch(part)
             try:
@@ -297,7 +298,8 @@ class ServingStack(ServingClient):
                     )
                 return
             except StackFailed:
-                lost_race = not v.port and not part.alive() and ADDR_IN_USE in part.tail()
+                said = log.read_bytes()[logged:].decode(errors="replace") if log.exists() else ""
+                lost_race = not v.port and not part.alive() and ADDR_IN_USE in said
                 if not lost_race or attempt == PORT_RACE_RETRIES:
                     raise
             del self.ports["vllm.port"]  # another process bound it since it was picked
