@@ -87,7 +87,7 @@ from fig6.cells import (
     tier_cells,
 )
 from fig6.cells import arm_orders as _arm_orders
-from fig6.headroom import Headroom, cell_headroom, headroom_lines
+from fig6.headroom import arm_headroom, headroom_lines
 from fig6.timeline import draw
 from fig6.where import arm_pids, rows_of, timeline_lines, ttft_lines, where_ttft_went
 from pydantic import ValidationError
@@ -245,23 +245,6 @@ def measure(
                 good, retrieves, ids, tier)  # fmt: skip
 
 
-def headroom(
-    spans: Sequence[Any],
-    cells: Cells,
-    rates: Sequence[float],
-    arms: Sequence[str],
-    pids: dict[int, str],
-) -> dict[str, dict[float, list[Headroom]]]:
-    """Per arm and rate, each repeat's flash idle while its requests waited (``fig6.headroom``)."""
-    out: dict[str, dict[float, list[Headroom]]] = {}
-    for arm in arms:
-        mine = frozenset(p for p, a in pids.items() if a == arm)
-        for rate in rates:
-            got = [cell_headroom(spans, c[arm][rate].request_ids, mine) for c in cells]
-            out.setdefault(arm, {})[rate] = [h for h in got if h is not None]
-    return out
-
-
 def cell_line(rep: int, arm: str, rate: float, cell: Cell, slo: bool) -> str:
     slow = [x for x in cell.retrieves_s if x > SLOW_RETRIEVE_S]
     rs = cell.retrieves_s
@@ -407,7 +390,8 @@ def main() -> int:
     print(f"# evidence {evidence} ({verdict}); timeline {evidence / 'timeline.json'}")
     print()
     spans = spans_of(read_spans(evidence))
-    print("\n".join(ttft_lines(where_ttft_went(spans, arm_pids(run_dir)))))
+    pids = arm_pids(run_dir)
+    print("\n".join(ttft_lines(where_ttft_went(spans, pids))))
     if on_dax:  # where the time goes, before any ratio
         at = ns.timeline_rate if ns.timeline_rate in rates else max(rates)
         # the repeat whose p95 ratio at that rate is the median one: a typical repeat
@@ -421,7 +405,7 @@ def main() -> int:
             print("\n".join(timeline_lines(arm, at, rows[arm])))
         print(f"\ntimeline figure {draw(rows, at, run_dir / 'fig6-timeline.svg')}")
         print()
-        print("\n".join(headroom_lines(headroom(spans, cells, rates, arms, arm_pids(run_dir)))))
+        print("\n".join(headroom_lines(arm_headroom(spans, cells, rates, arms, pids))))
     print()
     print("\n".join(table(rates, cells, "tempokv", base)))
     for extra_arm in arms[len(ARMS) :]:

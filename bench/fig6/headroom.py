@@ -8,10 +8,11 @@ float seconds (the simulation's)."""
 from __future__ import annotations
 
 import statistics
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from bsrkv.trace.timeline import CLIENT_REQUEST, Span, by_request
+from fig6.cells import Cells
 
 RETRIEVE, STAGE = "bsr.stock_retrieve", "tempokv.stage"
 
@@ -71,7 +72,35 @@ def cell_headroom(
     is read by the retrieves (LMCache-DAX's fault every page in) and by the stagings of the
     processes in ``stage_pids`` (TempoKV's; a staging span names no request) that overlap
     the cell. None when no request of it has both spans (a lost export)."""
-    mine = by_request(spans)
+    stages = [s for s in spans if s.name == STAGE]
+    return _cell(by_request(spans), stages, request_ids, stage_pids)
+
+
+def arm_headroom(
+    spans: Sequence[Span],
+    cells: Cells,
+    rates: Sequence[float],
+    arms: Sequence[str],
+    pids: dict[int, str],
+) -> dict[str, dict[float, list[Headroom]]]:
+    """Per arm and rate, each repeat's cell (``pids``: every PID an arm launched, so its
+    stagings are its own); the spans are grouped by request once for all cells."""
+    mine, stages = by_request(spans), [s for s in spans if s.name == STAGE]
+    out: dict[str, dict[float, list[Headroom]]] = {}
+    for arm in arms:
+        own = frozenset(p for p, a in pids.items() if a == arm)
+        for rate in rates:
+            got = [_cell(mine, stages, c[arm][rate].request_ids, own) for c in cells]
+            out.setdefault(arm, {})[rate] = [h for h in got if h is not None]
+    return out
+
+
+def _cell(
+    mine: Mapping[str, Sequence[Span]],
+    stages: Sequence[Span],
+    request_ids: Sequence[str],
+    stage_pids: frozenset[int],
+) -> Headroom | None:
     waiting: list[Interval] = []
     reading: list[Interval] = []
     engine: list[int] = []
@@ -87,8 +116,8 @@ def cell_headroom(
     if not waiting:
         return None
     t0, t1 = min(a for a, _ in waiting), max(b for _, b in reading)
-    reading += [(max(s.start_ns, t0), min(s.end_ns, t1)) for s in spans
-                if s.name == STAGE and s.pid in stage_pids]  # fmt: skip
+    reading += [(max(s.start_ns, t0), min(s.end_ns, t1)) for s in stages
+                if s.pid in stage_pids]  # fmt: skip
     return Headroom(
         (t1 - t0) / 1e9,
         length(reading) / 1e9,

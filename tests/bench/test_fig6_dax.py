@@ -112,7 +112,7 @@ def test_dax_without_a_flash_tier_and_decomposition_arms_are_refused(monkeypatch
 
 
 def test_the_benchs_headroom_is_each_arms_own_per_rate() -> None:
-    from fig6.headroom import Headroom
+    from fig6.headroom import Headroom, arm_headroom
 
     a, b = "bsrq-" + "a" * 16, "bsrq-" + "b" * 16
     spans = spans_of([
@@ -124,7 +124,7 @@ def test_the_benchs_headroom_is_each_arms_own_per_rate() -> None:
     ])  # fmt: skip
     cells = [{"lmcache-dax": {4.0: Cell(1.0, 1.0, 1, 1, "", request_ids=(a,))},
               "tempokv": {4.0: Cell(1.0, 1.0, 1, 1, "", request_ids=(b,))}}]  # fmt: skip
-    got = fig6.headroom(spans, cells, [4.0], ARMS, {9: "tempokv"})
+    got = arm_headroom(spans, cells, [4.0], ARMS, {9: "tempokv"})
     rounded = {arm: [Headroom(*(round(x, 9) for x in (h.span_s, h.reading_s, h.idle_wait_s,
                                                       h.engine_s))) for h in by[4.0]]
                for arm, by in got.items()}  # fmt: skip
