@@ -89,7 +89,9 @@ def test_a_flash_tier_spec_deploys_l1_on_the_arena_and_stages_by_mlock(
     ext = dep.stack.extensions
     assert ext is not None and ext.l2_device is None
     assert ext.fast_tier == FastTierConfig(ft.arena_mib * MIB, int(ft.fast_tier_mib * MIB),
-                                           int(ft.flash_mib_s * MIB))  # fmt: skip
+                                           int(ft.flash_mib_s * MIB), 1193)  # fmt: skip
+    # the demand path: CMM-H's ~5 GB/s on NAND / 1024 = 4.66 MiB/s of 4 KiB reads
+    assert (ft.demand_mib_s, round(ft.demand_ratio, 4)) == (4.66, 0.4236)
     lm = dep.stack.spec.lmcache
     assert (lm.fs_l2, lm.l1_size_bytes) == (False, ft.arena_mib * MIB)
     assert dep.stack.spec.vllm.num_gpu_blocks_override == 434  # the H100's KV, scaled

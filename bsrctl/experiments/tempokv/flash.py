@@ -17,6 +17,7 @@ from typing import Any
 from bsrctl.errors import StackFailed
 from bsrctl.specs import StackSpec
 from bsrctl.stack.launch.fast_tier import FastTier, FastTierConfig
+from bsrctl.tempokv.flash_spec import demand_iops
 from bsrctl.tempokv.spec import ServingRun
 
 SEED_WAIT_S = 20.0  # a store reaches L1 asynchronously (the connector's store RPC is queued)
@@ -26,7 +27,9 @@ def fast_tier_config(run: ServingRun) -> FastTierConfig | None:
     ft = run.fast_tier
     if ft is None:
         return None
-    return FastTierConfig(ft.arena_bytes, ft.fast_tier_bytes, ft.flash_bytes_s)
+    return FastTierConfig(
+        ft.arena_bytes, ft.fast_tier_bytes, ft.flash_bytes_s, demand_iops(ft.demand_bytes_s)
+    )
 
 
 def flash_stack(stack: StackSpec, run: ServingRun) -> StackSpec:
@@ -83,4 +86,7 @@ def cell_delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
     """What one cell read from flash (the throttle's Read bytes) and the cgroup after it."""
     read = after["throttle_io_service_bytes"].get("Read", 0)
     read -= before["throttle_io_service_bytes"].get("Read", 0)
-    return {"flash_read_bytes": read, "before": before, "after": after}
+    ios = after["throttle_io_serviced"].get("Read", 0) - before["throttle_io_serviced"].get(
+        "Read", 0
+    )
+    return {"flash_read_bytes": read, "flash_reads": ios, "before": before, "after": after}

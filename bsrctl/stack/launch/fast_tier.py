@@ -7,8 +7,10 @@ host's page cache of that file). Its page cache is the fast tier; the device is 
 - the LMCache server runs in a child cgroup v1 ``memory`` cgroup made here (removed by
   path at the end) whose limit is the server's measured base plus the fast tier's size, so
   at most that much of the arena stays resident;
-- its reads of the arena's device are throttled to the flash rate
-  (``blkio.throttle.read_bps_device`` of the loop device, in a child ``blkio`` cgroup);
+- its reads of the arena's device are throttled two ways, in a child ``blkio`` cgroup:
+  bytes per second (``blkio.throttle.read_bps_device``, the flash's bandwidth, which bounds
+  large reads) and requests per second (``read_iops_device``, its demand-miss rate, which
+  bounds 4 KiB faults); ``set_demand`` changes the second between cells;
 - readahead is off for the arena: ``read_ahead_kb`` 0 of the loop device this run created
   (LMCache's own mapping cannot be madvised from outside), so a fault loads its page only;
 - "clear the fast tier" drops the arena's page cache only: the server's mapping paged out
@@ -54,7 +56,8 @@ class FastTierConfig:
 
     arena_bytes: int  # the device's exposed memory: LMCache's whole L1
     fast_tier_bytes: int  # its DRAM: page cache the server's cgroup may keep beyond its base
-    flash_bytes_s: int  # reads of the arena's device, throttled
+    flash_bytes_s: int  # reads of the arena's device, throttled: bandwidth (large reads)
+    demand_iops: int = 0  # its requests per second (4 KiB faults); 0: not capped
 
 
 @dataclass(frozen=True)
@@ -148,11 +151,12 @@ class Cgroups:
         if got != limit_bytes:  # the kernel rounds to pages: the limit is page-aligned here
             raise StackFailed(f"fast tier: memory.limit_in_bytes reads {got}, set {limit_bytes}")
 
-    def throttle(self, dev: tuple[int, int], bytes_s: int) -> None:
-        line = f"{dev[0]}:{dev[1]} {bytes_s}"
-        path = self.blkio / "blkio.throttle.read_bps_device"
-        _write(path, line, "blkio.throttle.read_bps_device")
-        if line not in path.read_text().splitlines():
+    def throttle(self, dev: tuple[int, int], value: int, rule: str = "read_bps_device") -> None:
+        """A read throttle of the device (``read_bps_device`` bytes/s, ``read_iops_device``
+        requests/s); 0 removes the rule (the kernel's way of clearing one)."""
+        line, path = f"{dev[0]}:{dev[1]} {value}", self.blkio / f"blkio.throttle.{rule}"
+        _write(path, line, f"blkio.throttle.{rule}")
+        if value and line not in path.read_text().splitlines():
             raise StackFailed(f"fast tier: {path} does not hold {line!r} after writing it")
 
     def procs_files(self) -> tuple[str, str]:
@@ -282,6 +286,7 @@ class FastTier:
     cgroups: Cgroups | None = None
     base_bytes: int | None = None  # the server's measured base (its cgroup less the arena)
     limit_bytes: int | None = None
+    demand_iops: int = 0  # the read_iops_device cap in force
 
     @property
     def backing(self) -> Path:
@@ -301,9 +306,17 @@ class FastTier:
             name = f"bsrctl-{os.getpid()}-{self.loop.name}"
             self.cgroups = Cgroups.create(self.roots, name)
             self.cgroups.throttle(self.loop.dev, self.config.flash_bytes_s)
+            if self.config.demand_iops:
+                self.set_demand(self.config.demand_iops)
         except BaseException:
             self.down()
             raise
+
+    def set_demand(self, iops: int) -> None:
+        """The demand path's cap (read_iops_device), now; 0: none."""
+        assert self.cgroups is not None and self.loop is not None, "fast tier not up"
+        self.cgroups.throttle(self.loop.dev, iops, "read_iops_device")
+        self.demand_iops = iops
 
     @property
     def arena_path(self) -> str:
@@ -395,6 +408,7 @@ class FastTier:
             "read_ahead_kb": 0,
             "fast_tier_bytes": self.config.fast_tier_bytes,
             "flash_bytes_s": self.config.flash_bytes_s,
+            "demand_iops": self.demand_iops,
             "memory_cgroup": str(self.cgroups.memory) if self.cgroups else None,
             "blkio_cgroup": str(self.cgroups.blkio) if self.cgroups else None,
             "base_bytes": self.base_bytes,

@@ -6,15 +6,13 @@ is read from flash when touched. So a staging op here is:
 
 1. a LOCK prefetch of its objects' keys, as on the DRAM tier: they are L1 hits, read-locked
    at once, so LMCache neither evicts nor reuses their arena ranges while protected;
-2. ``mlock`` of each object's arena range (``page_lock.PageLocker``): the server faults every
-   page in, through its cgroup's read throttle (the flash rate), and the pages stay
-   resident until ``munlock``. Ops run one at a time, in issue order (one FIFO device, as
-   the provider's schedule models it); an op's objects are locked by torch's intra-op
-   thread count of this process (the parallelism LMCache's CPU copies run with), so staging
-   does not read the arena with less concurrency than the stock retrieve faults it: the
-   read throttle paces 4 KiB faults unevenly at one in flight (at an 11 MiB/s limit: one
-   mlock thread 5-11 MiB/s, two 11-15; LMCache-DAX's retrieves 10.5-14.7 MiB/s per
-   document). The op is stage-ready when every mlock returned.
+2. the object's arena range read in bulk (``tempokv_readahead``: ``readahead(2)`` in 1 MiB
+   pieces, each one request to the flash, so bound by its bandwidth, where a 4 KiB fault is
+   bound by its request rate), then ``mlock``-ed (``page_lock.PageLocker``): the pages are
+   resident by then and stay until ``munlock``. Ops run one at a time, in issue order (one
+   FIFO device, as the provider's schedule models it); an op's objects are staged by
+   torch's intra-op thread count of this process (the parallelism LMCache's CPU copies run
+   with). The op is stage-ready when every mlock returned.
 
 Both steps run on the device's staging thread, which waits for the prefetch (bounded) and
 then locks; its end wakes the poller (``wake``): a held lookup is released the moment its
@@ -37,6 +35,7 @@ from bsrkv.lmcache_ext.page_lock import PageLocker
 from bsrkv.lmcache_ext.storage import LMCacheTicket
 from bsrkv.lmcache_ext.tempokv_device import LiveObject, LmcStagingDevice, StageRecord, _Op
 from bsrkv.lmcache_ext.tempokv_device import _trace_stage as trace_stage
+from bsrkv.lmcache_ext.tempokv_readahead import Stager
 
 log = logging.getLogger(__name__)
 DRAIN_S = 30.0  # at close: how long an mlock in flight may still take
@@ -73,9 +72,11 @@ class DaxStagingDevice(LmcStagingDevice):
         budget_bytes: int = 0,
         locker: PageLocker | None = None,
         readers: int | None = None,
+        stager: Stager | None = None,
     ) -> None:
         super().__init__(storage, now, est_bytes_s, latency_s)
         self.locker = locker if locker is not None else PageLocker(budget_bytes)
+        self.stager = stager if stager is not None else Stager()
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tempokv-stage")
         self.readers = readers if readers is not None else _copy_threads()
         self._readers = ThreadPoolExecutor(self.readers, thread_name_prefix="tempokv-mlock")
@@ -92,7 +93,11 @@ class DaxStagingDevice(LmcStagingDevice):
         if not keys:
             return 1
         try:
-            self.locker.lock(obj.object_id, self._ranges(obj, keys))
+            ranges = self._ranges(obj, keys)
+            if not self.locker.holds(obj.object_id):
+                for lo, hi in ranges:  # in bulk first: mlock then finds the pages resident
+                    self.stager.stage(lo, hi)
+            self.locker.lock(obj.object_id, ranges)
         except Exception:
             log.exception("tempokv dax: %s not locked: its retrieval faults", obj.object_id)
             return 1
@@ -185,4 +190,5 @@ class DaxStagingDevice(LmcStagingDevice):
         self._pool.shutdown(wait=False)
         self._readers.shutdown(wait=False)
         self.locker.unlock_all()
+        self.stager.close()
         super().release_all()
