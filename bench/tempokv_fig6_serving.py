@@ -5,16 +5,19 @@ Long-document prompts are made locally (no hub).
     flock /tmp/bsrctl-heavy.lock python bench/tempokv_fig6_serving.py [--repeats R] \
         [--baseline fs|dax] [SPEC.yaml] [RATES...]
 
-``--baseline dax`` is Figure 6 as §5.3 ran it: LMCache-DAX (unmodified vLLM and LMCache, no
-adapter, no TempoKV, the server module's TempoKV off; LMCache's whole L1 the flash tier's
-arena, ``serving.fast_tier``) against TempoKV on the same tier (staging = mlock of arena
-ranges through the same read throttle), default spec ``ladders/tempokv-fig6-dax.yaml`` and
-rates 0.2-4 rps. Each cell starts with vLLM's prefix cache forgotten and the fast tier
-cleared (the flash copy kept); the tier's counters are recorded per cell, each arm's LMCache
-argv and the tier (arena, cgroup limit, throttle rate) per deployment. It prints first
-where the time goes (each arm's retrieval timeline at the highest rate, and its figure),
-then the ratios, the paper's magnitudes beside them, the goals; last line ``fig6-dax tput
-tempokv/lmcache-dax @R=... p95 tempokv/lmcache-dax @R=...``.
+``--baseline dax`` is Figure 6 as §5.3 ran it (``fig6/dax.py``, ``fig6/device.py``):
+LMCache-DAX (unmodified vLLM and LMCache, its whole L1 the flash tier's arena,
+``serving.fast_tier``) against TempoKV on the same tier, default spec
+``ladders/tempokv-fig6-dax.yaml``, rates 0.2-4 rps. The flash has two read paths: bulk
+reads (TempoKV's staging: readahead in 1 MiB pieces, then mlock) at its bandwidth, 4 KiB
+faults (LMCache-DAX's retrieve) at its request rate. ``--demand-ratio R ...`` (default 1 and
+the spec's) sets demand rate / staging rate; both arms run every rate at every ratio. The
+device is measured first (fio in a tier's cgroups, per ratio). Each cell starts with vLLM's
+prefix cache forgotten and the fast tier cleared (the flash copy kept). Per ratio it prints
+where the time goes, the headroom, each arm's flash time per MiB, the simulation's
+prediction from the measured device beside the live intervals, the ratios and goals; then
+the decomposition; last line ``fig6-dax ratio=R tput tempokv/lmcache-dax @r=M [lo, hi] ...
+p95 ... | ratio=R2 ...``.
 
 ``--baseline fs`` (the default) is today's analogue, a question of its own: TempoKV against
 stock LMCache with a DRAM L1 and a shaped FS L2, a common deployment; its lookup starts the
@@ -60,7 +63,6 @@ median of the per-repeat ratios with its 95 % bootstrap interval."""
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 import tempfile
 import time
@@ -70,7 +72,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from fig6 import dax
+from fig6 import dax, device
 from fig6.cells import (
     BASE,
     DAX_BASE,
@@ -87,9 +89,8 @@ from fig6.cells import (
     tier_cells,
 )
 from fig6.cells import arm_orders as _arm_orders
-from fig6.headroom import arm_headroom, headroom_lines
-from fig6.timeline import draw
-from fig6.where import arm_pids, rows_of, timeline_lines, ttft_lines, where_ttft_went
+from fig6.measure import cell_line, measure
+from fig6.where import arm_pids, ttft_lines, where_ttft_went
 from pydantic import ValidationError
 
 from bsrctl.errors import StackFailed
@@ -98,7 +99,6 @@ from bsrctl.experiments.bench import run_bench
 from bsrctl.experiments.tempokv import calls
 from bsrctl.experiments.tempokv.serving import (
     _arrivals,
-    _p95,
     adapter_settings,
     deployment_for,
     prepare,
@@ -109,7 +109,6 @@ from bsrctl.spec_io import describe_error
 from bsrctl.stack.contracts.bsr_client import outcomes_since
 from bsrctl.stack.contracts.deployment import Deployment
 from bsrctl.stack.launch.extensions import TempoKVLaunch, odirect_allowed
-from bsrctl.tempokv.serving_workload import goodput
 from bsrctl.tempokv.spec import TempoKVSpec
 from bsrkv.trace.collect import read_spans
 from bsrkv.trace.timeline import spans_of
@@ -135,7 +134,6 @@ RETAIN_ARM = "lmcache-retain"
 # engine's pinned OMP thread spins on
 THREADS_ARM = "lmcache-t1"
 STOCK_ARMS = (BASE, DAX_BASE, RETAIN_ARM, THREADS_ARM)  # vLLM and LMCache unmodified
-SLOW_RETRIEVE_S = 0.1  # a retrieve this long is counted slow (the two modes: ms vs 0.24+ s)
 
 
 def arm_orders(repeats: int, arms: tuple[str, ...] = ARMS) -> list[tuple[str, ...]]:
@@ -170,13 +168,15 @@ def arm_deployment(spec: TempoKVSpec, arm: str, run_dir: Path) -> Deployment:
 
 def run_arm(
     spec: TempoKVSpec, arm: str, run_dir: Path, rates: Sequence[float], prep: Any, rep: int,
-    deployments: dict[str, list[Any]] | None = None,
-) -> dict[float, Cell]:  # fmt: skip
-    """One repeat of an arm: stack up, documents seeded, every rate, stack down."""
+    deployments: dict[str, list[Any]] | None = None, ratios: Sequence[float | None] = (None,),
+) -> dict[float | None, dict[float, Cell]]:  # fmt: skip
+    """One repeat of an arm: stack up, documents seeded, every demand ratio (the flash
+    tier's read_iops_device set for it; None: left as the spec sets it) and every rate,
+    stack down."""
     run = spec.serving
     dep = arm_deployment(spec, arm, run_dir)
     on_flash = run.fast_tier is not None
-    out: dict[float, Cell] = {}
+    out: dict[float | None, dict[float, Cell]] = {}
     try:
         dep.up(dep.settings)
         stack, client = dep.stack, dep.client
@@ -186,7 +186,9 @@ def run_arm(
             print(f"FAILURE: repeat {rep} {arm}: documents not whole in the tier: {seeds}")
         if deployments is not None and on_flash:
             deployments.setdefault(arm, []).append(dax.deployment_record(stack))
-        for rate in rates:
+        for dr, rate in [(dr, rate) for dr in ratios for rate in rates]:
+            if dr is not None:
+                dep.stack.fast_tier.set_demand(device.iops_for(spec, dr))
             if on_flash:  # the flash copy stays: only the fast tier (its page cache) empties
                 cleared, counters = dax.start_cell(stack)
             else:
@@ -215,51 +217,15 @@ def run_arm(
             retrieves = tuple(o.restore_s for o in outcomes_since(before,
                               client.status().recent_outcomes) if o.mode == "stock")  # fmt: skip
             cell = measure(res, prep.canonical, run.slo_ttft_s, controller, retrieves, tier)
-            out[rate] = cell
-            print(cell_line(rep, arm, rate, cell, run.slo_ttft_s is not None), flush=True)
+            out.setdefault(dr, {})[rate] = cell
+            tag = "" if dr is None else f"ratio {dr:g} "
+            print(tag + cell_line(rep, arm, rate, cell, run.slo_ttft_s is not None), flush=True)
             if cell.canonical != cell.requests:
                 print(f"FAILURE: repeat {rep} {arm} rate {rate:g}: only {cell.canonical}/"
                       f"{cell.requests} outputs equal the canonical ones", flush=True)  # fmt: skip
     finally:
         dep.down()  # closes its client, stops every process by PID (and the tier's cgroups)
     return out
-
-
-def measure(
-    res: list[Any], canonical: list[tuple[int, ...]], slo: float | None, controller: str,
-    retrieves: tuple[float, ...], tier: dict[str, Any] | None,
-) -> Cell:  # fmt: skip
-    done = [r for r in res if r is not None]
-    ttfts = [r.first_token_s - r.sent_s for r in done]
-    span = max(r.done_s for r in done) - min(r.sent_s for r in done) if done else 0.0
-    toks = sum(len(r.output_token_ids) for r in done)
-    same = sum(
-        r is not None and r.output_token_ids == c for r, c in zip(res, canonical, strict=True)
-    )
-    good = math.nan
-    if slo is not None:
-        all_ttfts = [None if r is None else r.first_token_s - r.sent_s for r in res]
-        good = goodput(all_ttfts, slo, span).share
-    ids = tuple(getattr(r, "request_id", "") for r in res if r is not None)
-    return Cell(_p95(ttfts), toks / span if span > 0 else math.nan, same, len(res), controller,
-                good, retrieves, ids, tier)  # fmt: skip
-
-
-def cell_line(rep: int, arm: str, rate: float, cell: Cell, slo: bool) -> str:
-    slow = [x for x in cell.retrieves_s if x > SLOW_RETRIEVE_S]
-    rs = cell.retrieves_s
-    flash_read = (
-        f" | flash read {cell.tier['flash_read_bytes'] / 2**20:.1f} MiB" if cell.tier else ""
-    )
-    return (
-        f"repeat {rep} {arm:11} rate {rate:g} rps: p95 TTFT {cell.p95_s:.3f}s "
-        f"{cell.tok_s:.1f} tok/s {cell.canonical}/{cell.requests} canonical"
-        + (f" goodput {cell.goodput:.2f}" if slo else "")
-        + f" | retrieves {len(rs)} ({sum(rs):.2f} s), {len(slow)} over {SLOW_RETRIEVE_S} s"
-        + (f" ({min(slow):.2f}-{max(slow):.2f} s)" if slow else "")
-        + flash_read
-        + (f" | {cell.controller}" if cell.controller else "")
-    )
 
 
 def workload_overrides(doc: dict[str, Any], ns: argparse.Namespace) -> dict[str, Any]:
@@ -318,6 +284,13 @@ def parser() -> argparse.ArgumentParser:
         type=float,
         help="--baseline dax: the rate whose timeline is shown (default: the highest)",
     )
+    ap.add_argument(
+        "--demand-ratio",
+        type=float,
+        nargs="+",
+        help="--baseline dax: the flash's demand rate over its staging rate, each run at "
+        "every rate (default: 1 and the spec's demand_mib_s / flash_mib_s)",
+    )
     ap.add_argument("--evidence", type=Path, default=Path("reports"), help="bench run under here")
     return ap
 
@@ -356,29 +329,48 @@ def main() -> int:
             file=sys.stderr,
         )
         return 2
+    if ns.demand_ratio is not None and (not on_dax or any(r <= 0 for r in ns.demand_ratio)):
+        ap.error(f"--demand-ratio {ns.demand_ratio}: --baseline dax only, each > 0")
+    ratios: list[float | None] = [None]
+    if on_dax:
+        ratios = list(ns.demand_ratio or device.default_ratios(spec))
     run_dir = Path(tempfile.mkdtemp(prefix="tk-fig6-"))
     run = spec.serving
-    print(f"run dir {run_dir}; {ns.repeats} repeats; rates {rates}; {run.num_requests} requests "
-          f"per cell; orders {arm_orders(ns.repeats, arms)}", flush=True)  # fmt: skip
+    print(f"run dir {run_dir}; {ns.repeats} repeats; rates {rates}; demand ratios {ratios}; "
+          f"{run.num_requests} requests per cell; orders {arm_orders(ns.repeats, arms)}",
+          flush=True)  # fmt: skip
     prep = prepare(spec, run_dir / "canonical")
     odirect = not on_dax and odirect_allowed(run_dir / "canonical" / "stack" / "l2-fs")
-    cells: Cells = []
+    by_ratio: dict[float | None, Cells] = {r: [] for r in ratios}
     deployments: dict[str, list[Any]] = {}
+    probes: dict[float, Any] = {}
+
+    def tagged(r: float | None) -> str:
+        return "" if r is None else f"ratio={r:g} "
 
     def body(w: Any) -> tuple[dict[str, Any], list[Check]]:
+        if on_dax:  # the device measured before any cell, at every ratio
+            probes.update(device.measure_device(spec, ratios, run_dir / "probe"))  # type: ignore[arg-type]
+            print("\n".join(device.device_lines(spec, probes)), flush=True)
         for k, order in enumerate(arm_orders(ns.repeats, arms)):
-            got = {arm: run_arm(spec, arm, run_dir / f"r{k}-{arm}", rates, prep, k, deployments)
-                   for arm in order}  # fmt: skip
-            cells.append(got)
-        for p in bench_points(rates, cells, arms):
-            w.add_point(p)
+            got = {arm: run_arm(spec, arm, run_dir / f"r{k}-{arm}", rates, prep, k,
+                                deployments, ratios) for arm in order}  # fmt: skip
+            for r in ratios:
+                by_ratio[r].append({arm: got[arm][r] for arm in arms})
+        checks: list[Check] = []
+        for r, cells in by_ratio.items():
+            for p in bench_points(rates, cells, arms, r):
+                w.add_point(p)
+            checks += claim_checks(rates, cells, "tempokv", base, tagged(r))
         summary = {"rates": rates, "arms": list(arms), "repeats": ns.repeats,
-                   "baseline": ns.baseline,
+                   "baseline": ns.baseline, "demand_ratios": ratios,
                    "orders": [list(o) for o in arm_orders(ns.repeats, arms)]}  # fmt: skip
         if on_dax:
             summary["deployments"] = deployments
-            summary["fast_tier_cells"] = tier_cells(rates, cells, arms)
-        return summary, claim_checks(rates, cells, "tempokv", base)
+            summary["fast_tier_cells"] = {f"{r:g}": tier_cells(rates, c, arms)
+                                          for r, c in by_ratio.items()}  # fmt: skip
+            summary["device"] = device.summary(spec, probes)
+        return summary, checks
 
     bench_args = {**vars(ns), "spec": spec.model_dump(mode="json"), "rates": rates}
     try:
@@ -392,47 +384,47 @@ def main() -> int:
     spans = spans_of(read_spans(evidence))
     pids = arm_pids(run_dir)
     print("\n".join(ttft_lines(where_ttft_went(spans, pids))))
-    if on_dax:  # where the time goes, before any ratio
-        at = ns.timeline_rate if ns.timeline_rate in rates else max(rates)
-        # the repeat whose p95 ratio at that rate is the median one: a typical repeat
-        by = sorted(range(len(cells)), key=lambda i: ratio(cells[i]["tempokv"][at].p95_s,
-                                                           cells[i][base][at].p95_s))  # fmt: skip
-        k = by[len(by) // 2]
-        rows = {arm: rows_of(spans, cells[k][arm][at].request_ids) for arm in arms}
-        for arm in arms:
-            print()
-            print(f"repeat {k} (the median p95 ratio at {at:g} rps):")
-            print("\n".join(timeline_lines(arm, at, rows[arm])))
-        print(f"\ntimeline figure {draw(rows, at, run_dir / 'fig6-timeline.svg')}")
-        print()
-        print("\n".join(headroom_lines(arm_headroom(spans, cells, rates, arms, pids))))
-    print()
-    print("\n".join(table(rates, cells, "tempokv", base)))
-    for extra_arm in arms[len(ARMS) :]:
-        print()
-        print("\n".join(table(rates, cells, extra_arm, base)))
-    print()
-    checks = claim_checks(rates, cells, "tempokv", base)
-    print("\n".join(claims(rates, cells, "tempokv", base)))
     if on_dax:
-        print(dax.paper_line())
-        print("\n".join(dax.goal_lines(rates, cells, checks)))
+        print("\n".join(device.device_lines(spec, probes)))
+    finals = []
+    for r, cells in by_ratio.items():
+        if on_dax:
+            print(f"\n== demand ratio {r:g} ==")
+            print("\n".join(dax.ratio_report(spec, rates, cells, arms, spans, pids, run_dir,
+                                             r, probes.get(r), ns.timeline_rate)))  # fmt: skip
+        print()
+        print("\n".join(table(rates, cells, "tempokv", base)))
+        for extra_arm in arms[len(ARMS) :]:
+            print()
+            print("\n".join(table(rates, cells, extra_arm, base)))
+        print()
+        checks = claim_checks(rates, cells, "tempokv", base)
+        print("\n".join(claims(rates, cells, "tempokv", base)))
+        if on_dax:
+            print(dax.paper_line())
+            print("\n".join(dax.goal_lines(rates, cells, checks)))
+        finals.append(tagged(r) + last_line(rates, cells, "tempokv", base, "").strip())
+    if on_dax and len(by_ratio) > 1:
+        print()
+        print("\n".join(device.decomposition_lines(rates, by_ratio, "tempokv", base)))  # type: ignore[arg-type]
     print(f"\n{run.arrivals.process} arrivals (burstiness {run.arrivals.burstiness}, seed "
           f"{run.arrivals.seed}), {run.turns} turn(s), SLO TTFT {run.slo_ttft_s} s")  # fmt: skip
-    tier = (f"flash tier {run.fast_tier.fast_tier_mib} MiB over {run.fast_tier.flash_mib_s} "
-            f"MiB/s" if run.fast_tier else f"shaped L2 {run.l2_bandwidth_mib_s} MiB/s "
+    ft = run.fast_tier
+    tier = (f"flash tier {ft.fast_tier_mib} MiB, staging {ft.flash_mib_s} MiB/s, demand "
+            f"ratios {ratios}" if ft else f"shaped L2 {run.l2_bandwidth_mib_s} MiB/s "
             f"(O_DIRECT {odirect})")  # fmt: skip
     print(f"\nmedians over {ns.repeats} repeats, {run.num_requests} requests per cell; {tier}, "
           f"budget {run.budget_mib} MiB, run dir {run_dir}")  # fmt: skip
-    bad = [(k, arm, rate) for k, c in enumerate(cells) for arm in arms for rate in rates
+    bad = [(r, k, arm, rate) for r, cs in by_ratio.items() for k, c in enumerate(cs)
+           for arm in arms for rate in rates
            if c[arm][rate].canonical != c[arm][rate].requests]  # fmt: skip
-    prefix = "fig6-dax" if on_dax else "fig6"
+    final = ("fig6-dax " if on_dax else "fig6 ") + " | ".join(finals)
     if bad:
-        print(f"FAILURE: non-canonical outputs in (repeat, arm, rate) {bad}", flush=True)
-        print(last_line(rates, cells, "tempokv", base, prefix))
+        print(f"FAILURE: non-canonical outputs in (ratio, repeat, arm, rate) {bad}", flush=True)
+        print(final)
         return 1
     print(f"all outputs canonical in every arm ({', '.join(arms)})")
-    print(last_line(rates, cells, "tempokv", base, prefix))
+    print(final)
     return 0
 
 

@@ -100,9 +100,10 @@ def claims(
 
 
 def claim_checks(
-    rates: Sequence[float], cells: Cells, arm: str = "tempokv", base: str = BASE
+    rates: Sequence[float], cells: Cells, arm: str = "tempokv", base: str = BASE, tag: str = ""
 ) -> list[Check]:
-    """The claims as the run's checks (PASS, FAIL, or UNKNOWN while the interval straddles)."""
+    """The claims as the run's checks (PASS, FAIL, or UNKNOWN while the interval straddles);
+    ``tag`` heads each name (a demand ratio's, where a run has several)."""
     out = []
     for rate in rates:
         lm = [c[base][rate] for c in cells]
@@ -111,18 +112,20 @@ def claim_checks(
         if not any(math.isnan(c.goodput) for c in lm + tk):
             keys.append(("goodput", "a>=b", "goodput"))
         for what, claim, key in keys:
-            name = f"{what} {arm}/{base} @{rate:g}"
+            name = f"{tag}{what} {arm}/{base} @{rate:g}"
             a, b = [getattr(c, key) for c in tk], [getattr(c, key) for c in lm]
             got = ordering_claim(name, what, a, b, claim, name)
             out.append(check(name.replace(" ", "_"), got.reproduced, got.detail))
     return out
 
 
-def bench_points(rates: Sequence[float], cells: Cells, arms: Sequence[str]) -> list[Any]:
-    """The bench's evidence: a point per (arm, rate), its per-repeat p95 TTFT, tok/s and
-    goodput as samples (repeat order), every output checked against the canonical one; on
-    the flash tier each repeat's bytes read from flash as a sample (the cells' counters go
-    to the summary: ``tier_cells``)."""
+def bench_points(
+    rates: Sequence[float], cells: Cells, arms: Sequence[str], demand_ratio: float | None = None
+) -> list[Any]:
+    """The bench's evidence: a point per (arm, rate[, demand ratio]), its per-repeat p95
+    TTFT, tok/s and goodput as samples (repeat order), every output checked against the
+    canonical one; on the flash tier each repeat's bytes read from flash as a sample (the
+    cells' counters go to the summary: ``tier_cells``)."""
     out = []
     for arm in arms:
         for rate in rates:
@@ -135,9 +138,13 @@ def bench_points(rates: Sequence[float], cells: Cells, arms: Sequence[str]) -> l
                 samples["flash_read_bytes"] = [c.tier["flash_read_bytes"] for c in cs]  # type: ignore[index]
             same, n = sum(c.canonical for c in cs), sum(c.requests for c in cs)
             canon = check("canonical_output", same == n, f"{same}/{n} outputs canonical")
-            params = {"arm": arm, "rate_rps": rate}
+            params: dict[str, Any] = {"arm": arm, "rate_rps": rate}
+            name = f"fig6/{arm}@{rate:g}"
+            if demand_ratio is not None:
+                params["demand_ratio"] = demand_ratio
+                name += f"/ratio={demand_ratio:g}"
             measures: dict[str, Any] = {"canonical": same, "requests": n}
-            out.append(bench_point(f"fig6/{arm}@{rate:g}", params, samples, measures, [canon]))
+            out.append(bench_point(name, params, samples, measures, [canon]))
     return out
 
 

@@ -15,7 +15,11 @@ from bsrctl.evidence.verdict import Check
 from bsrctl.experiments.tempokv import flash
 from bsrctl.experiments.tempokv.expectations import ordering_claim
 from bsrctl.stats import decisive_repeats
-from fig6.cells import DAX_BASE, Cells
+from bsrctl.tempokv.spec import TempoKVSpec
+from fig6.cells import DAX_BASE, Cells, ratio
+from fig6.headroom import arm_headroom, headroom_lines
+from fig6.timeline import draw
+from fig6.where import rows_of, timeline_lines
 
 ARMS = (DAX_BASE, "tempokv")
 SPEC = Path(__file__).resolve().parents[2] / "ladders" / "tempokv-fig6-dax.yaml"
@@ -74,3 +78,40 @@ def goal_lines(rates: Sequence[float], cells: Cells, checks: Sequence[Check]) ->
         f"goal p95 decidedly ahead at the two highest rates: {ahead} "
         f"({'met' if all(v == 'PASS' for v in ahead.values()) else 'not met'})",
     ]
+
+
+def ratio_report(
+    spec: TempoKVSpec, rates: Sequence[float], cells: Cells, arms: Sequence[str],
+    spans: Sequence[Any], pids: dict[int, str], run_dir: Path, demand_ratio: float,
+    figures: Any, timeline_rate: float | None,
+) -> list[str]:  # fmt: skip
+    """One demand ratio, before its ratios: where the time goes (each arm's retrieval
+    timeline at ``timeline_rate``, default the highest, in the repeat whose p95 ratio there
+    is the median one), the headroom, each arm's flash time per MiB, and the simulation's
+    prediction from the measured device (``figures``: the probe's at this ratio) beside the
+    live intervals."""
+    from fig6 import device  # it reaches the regime bench, which imports this module
+    from fig6.predict import predict, prediction_lines
+
+    out: list[str] = []
+    at = timeline_rate if timeline_rate in rates else max(rates)
+    base = arms[0]
+    by = sorted(range(len(cells)), key=lambda i: ratio(cells[i]["tempokv"][at].p95_s,
+                                                       cells[i][base][at].p95_s))  # fmt: skip
+    k = by[len(by) // 2]
+    rows = {arm: rows_of(spans, cells[k][arm][at].request_ids) for arm in arms}
+    for arm in arms:
+        out += ["", f"repeat {k} (the median p95 ratio at {at:g} rps):"]
+        out += timeline_lines(arm, at, rows[arm])
+    svg = run_dir / f"fig6-timeline-ratio{demand_ratio:g}.svg"
+    out += ["", f"timeline figure {draw(rows, at, svg)}", ""]
+    room = arm_headroom(spans, cells, rates, arms, pids)
+    out += headroom_lines(room)
+    out += device.flash_cost_lines(rates, cells, arms, room)
+    if figures is not None:
+        fig = figures[0]
+        preds = predict(spec, rates, fig.staging_bytes_s, fig.demand_bytes_s)
+        out += prediction_lines(preds, fig.staging_bytes_s, fig.demand_bytes_s)
+        got, hits, n = device.prediction_vs_live(preds, cells, "tempokv", base)
+        out += got + [f"prediction inside the live 95 % interval: {hits}/{n} cells"]
+    return out
