@@ -94,3 +94,19 @@ LAST = (
     "fig6-regime tput tempokv/demand sync @0.5=1 @4=1.45 tput tempokv/demand queued @0.5=1 "
     "@4=1 p95 tempokv/demand sync @0.5=1 @4=0.567 p95 tempokv/demand queued @0.5=1 @4=1"
 )
+
+
+def test_demand_reads_at_the_demand_rate_and_tempokv_stages_at_the_staging_rate() -> None:
+    """The same knob as the live bench: LMCache-DAX's (Demand's) reads at ratio x the
+    staging rate. Under queued loads at 4 rps Demand's longer reads queue the engine and
+    TempoKV, staging at the full rate, keeps its p95 of ratio 1 (QUEUED_4)."""
+    got = regime.grid(_spec(), [4.0], [5], demand_ratio=0.4236, loads_modes=("queued",))
+    assert list(got) == [("queued", 4.0)]
+    assert _rounded(got, "queued", 4.0) == QUEUED_4_R042
+    assert _rounded(got, "queued", 4.0)[1] == QUEUED_4[1]  # TempoKV: the staging rate's
+    faster = regime.grid(_spec(), [4.0], [5], demand_ratio=1.0, staging_gib_s=22.0,
+                         loads_modes=("queued",))  # fmt: skip
+    assert faster[("queued", 4.0)]["demand"][0].p95_s < QUEUED_4[0][0]
+
+
+QUEUED_4_R042 = ((13.292, 29.6, 0.0, 0.42), (3.151, 67.6, 0.0, 0.481))

@@ -245,3 +245,31 @@ def test_clear_repeats_while_pages_stay_and_reports_what_stays(
                        "clear_passes": passes}  # fmt: skip
     assert len(flushes) == passes and slept == pauses
     t.down()
+
+
+def test_the_demand_path_is_an_iops_rule_beside_the_bandwidth_one(
+    tmp_path: Path, sysfs: SysRoots, removed: list[Path]
+) -> None:
+    """Two read paths: bytes/s bounds large reads, requests/s bounds 4 KiB faults; the
+    second is set at up (from the config) and again between cells (``set_demand``)."""
+    loops = Loops()
+    cfg = FastTierConfig(8 * MIB, 4 * MIB, 11 * MIB, demand_iops=1193)
+    t = FastTier(cfg, tmp_path / "stack" / "fast-tier", sysfs, loops.attach, loops.detach)
+    t.up()
+    blkio = sysfs.cgroup / "blkio" / f"bsrctl-{os.getpid()}-loop7"
+    assert (blkio / "blkio.throttle.read_bps_device").read_text() == "7:7 11534336"
+    assert (blkio / "blkio.throttle.read_iops_device").read_text() == "7:7 1193"
+    assert t.describe()["demand_iops"] == 1193
+    t.set_demand(2816)  # ratio 1: 11 MiB/s of 4 KiB reads
+    assert (blkio / "blkio.throttle.read_iops_device").read_text() == "7:7 2816"
+    assert t.describe()["demand_iops"] == 2816
+    assert t.down() == []
+
+
+def test_no_demand_rule_unless_asked(tmp_path: Path, sysfs: SysRoots, removed: list[Path]) -> None:
+    t = tier(tmp_path, sysfs, Loops())
+    t.up()
+    blkio = sysfs.cgroup / "blkio" / f"bsrctl-{os.getpid()}-loop7"
+    assert not (blkio / "blkio.throttle.read_iops_device").exists()
+    assert t.describe()["demand_iops"] == 0
+    t.down()
