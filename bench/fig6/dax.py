@@ -98,7 +98,7 @@ def ratio_report(
     prediction from the measured device (``figures``: the probe's at this ratio) beside the
     live intervals."""
     from fig6 import device  # it reaches the regime bench, which imports this module
-    from fig6.predict import predict, prediction_lines
+    from fig6.predict import CPU_ENGINE, predict, prediction_lines
 
     out: list[str] = []
     at = timeline_rate if timeline_rate in rates else max(rates)
@@ -117,8 +117,9 @@ def ratio_report(
     out += device.flash_cost_lines(rates, cells, arms, room)
     if figures is not None:
         fig = figures[0]
-        preds = predict(spec, rates, fig.staging_bytes_s, fig.demand_bytes_s)
-        out += prediction_lines(preds, fig.staging_bytes_s, fig.demand_bytes_s)
+        preds = predict(spec, rates, fig.staging_bytes_s, fig.demand_bytes_s, engine=CPU_ENGINE)
+        out += prediction_lines(preds, fig.staging_bytes_s, fig.demand_bytes_s,
+                                "this stack's CPU engine")  # fmt: skip
         got, hits, n = device.prediction_vs_live(preds, cells, "tempokv", base)
         out += got + [f"prediction inside the live 95 % interval: {hits}/{n} cells"]
     return out
