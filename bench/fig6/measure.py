@@ -39,6 +39,9 @@ def cell_line(rep: int, arm: str, rate: float, cell: Cell, slo: bool) -> str:
     flash_read = (
         f" | flash read {cell.tier['flash_read_bytes'] / 2**20:.1f} MiB" if cell.tier else ""
     )
+    if cell.tier and "host" in cell.tier:
+        h = cell.tier["host"]
+        flash_read += f" | host CPU busy {100 * h['cpu_busy']:.0f} %, load {h['loadavg_1m']:.1f}"
     return (
         f"repeat {rep} {arm:11} rate {rate:g} rps: p95 TTFT {cell.p95_s:.3f}s "
         f"{cell.tok_s:.1f} tok/s {cell.canonical}/{cell.requests} canonical"

@@ -67,6 +67,14 @@ def predict(
     return out
 
 
+def engine_scale_for(spec: TempoKVSpec, rate: float, engine_s: float) -> float:
+    """The step-cost scale whose simulated engine time (a request's KV in to its last
+    token, Demand's median at ``rate``, queued loads, seed of the spec) is ``engine_s``: the
+    simulation set to an engine measured live (step costs scale every step alike)."""
+    got = regime.grid(spec, [rate], [spec.seed], 1.0, None, CPU_ENGINE[1], 1.0, None, (LOADS,))
+    return engine_s / got[(LOADS, rate)]["demand"][0].engine_s
+
+
 def prediction_lines(
     preds: Sequence[Prediction], staging_bytes_s: float, demand_bytes_s: float, engine: str
 ) -> list[str]:
