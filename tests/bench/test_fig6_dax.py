@@ -111,6 +111,25 @@ def test_dax_without_a_flash_tier_and_decomposition_arms_are_refused(monkeypatch
     assert "--baseline fs only" in capsys.readouterr().err
 
 
+def test_a_demand_ratio_is_the_flash_tiers_and_positive(monkeypatch, capsys) -> None:
+    import pytest
+
+    for argv in (["--demand-ratio", "0.5"], ["--baseline", "dax", "--demand-ratio", "0"]):
+        monkeypatch.setattr(sys, "argv", ["fig6", *argv])
+        with pytest.raises(SystemExit) as e:
+            fig6.main()
+        assert e.value.code == 2
+        assert "--baseline dax only, each > 0" in capsys.readouterr().err
+
+
+def test_a_cell_records_the_hosts_cpu() -> None:
+    a, b = (100, 1000, 2), (400, 1400, 2)  # 300 busy jiffies of 400
+    got = dax.host_busy(a, b)
+    assert (got["cpu_busy"], got["cpus"]) == (0.75, 2) and got["loadavg_1m"] >= 0
+    busy, total, cpus = dax.host_cpu()
+    assert 0 <= busy <= total and cpus >= 1
+
+
 def test_the_benchs_headroom_is_each_arms_own_per_rate() -> None:
     from fig6.headroom import Headroom, arm_headroom
 
