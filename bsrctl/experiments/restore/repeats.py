@@ -19,7 +19,8 @@ The passes of one point make one evidence point (the convention of bsrctl.eviden
 ``measures`` are the accuracy pass's with every timed measure replaced by its timed median,
 ``samples`` the timed passes' raw values in measurement order (``sample_path`` says so),
 ``intervals`` the 95 % seeded bootstrap interval of the median (``bsrctl.stats.
-sample_fields``, two samples or more) and ``accuracy_pass`` the oracle pass's own times.
+sample_fields``, two samples or more), ``accuracy_pass`` the oracle pass's own times and
+(storage) ``timed_bytes_check_s`` each timed pass's after-timer byte check, in pass order.
 Byte measures are not sampled: they must be identical in every pass, and
 ``repeats_identical`` FAILs naming each one that is not. A check whose verdict differs
 between passes keeps the worst one, with the pass it came from.
@@ -181,6 +182,9 @@ def repeated_point(
         extra = {**extra, "request_ids": ids}
     if not timed:
         return Point(point_id, params, accuracy.to_json(), judge(accuracy), extra)
+    checked = [m.bytes_check_s for m in timed if isinstance(m, StorageMeasures)]
+    if checked and None not in checked:  # the timed passes' after-timer byte checks, apart
+        extra = {**extra, "timed_bytes_check_s": checked}
     medians, samples, intervals = stats.sample_fields(timed_samples(timed), SEED)
     checks = (*merged_checks(accuracy, timed), identical_check([accuracy, *timed]))
     more = {
