@@ -197,6 +197,19 @@ class StorageStack(PrefixSeeding):
         assert self.seeded is not None
         return self.path_of(self.key_of(self.seeded.hashes[chunk], rank, group)).name
 
+    def in_prefix_order(self, names: Sequence[str]) -> list[str]:
+        """Object file names of the seeded prefix, chunk by chunk (rank, group within)."""
+        if not names or self.seeded is None:
+            return sorted(names)
+        reg, n = self.registration, len(self.seeded.hashes)
+        where = {
+            self.object_name(r, g.index, c): (c, r, g.index)
+            for c in range(n)
+            for r in range(reg.tp_size)
+            for g in reg.groups
+        }
+        return sorted(names, key=lambda x: (where.get(x, (n, 0, 0)), x))
+
     def tier_rejected(self) -> list[str]:
         """Every object the L2 tier refused at load as bad (bsr_fs: checksum or size
         mismatch), by file name, since deploy; [] from a tier that verifies nothing."""
@@ -312,7 +325,7 @@ class StorageStack(PrefixSeeding):
         after_timer = pool.compares and pool.mode != "verify"
         pool.compare_pool()
         t3 = self.clock()
-        rejected = sorted(self.tier_rejected()[rejected_before:])
+        rejected = self.in_prefix_order(self.tier_rejected()[rejected_before:])
         self.last_outcome = outcome
         # the run's timeline (a no-op tracer when the run collects nothing)
         trace_local_restore(

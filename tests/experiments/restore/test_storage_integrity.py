@@ -111,8 +111,9 @@ def test_corrupted_objects_fail_the_timed_pass_by_its_after_timer_byte_check(
         }, p["id"]
         assert p["verdict"] == "FAIL"
         ident = next(c for c in p["checks"] if c["name"] == "repeats_identical")
-        assert ident["verdict"] == "FAIL" and f"verify_mismatches per pass [0, {len(names)}]" in (
-            ident["detail"]
+        assert (
+            ident["verdict"] == "FAIL"
+            and f"verify_mismatches per pass [0, {len(names)}]" in (ident["detail"])
         )
         assert p["measures"]["bytes_checked"] == "install"  # the accuracy pass's own
         assert len(p["timed_bytes_check_s"]) == 1 and p["timed_bytes_check_s"][0] > 0

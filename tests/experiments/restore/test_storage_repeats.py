@@ -128,25 +128,18 @@ def test_every_pass_s_bytes_are_judged_a_timed_mismatch_names_its_pass_and_objec
     )
 
 
-def test_the_install_read_back_is_the_accuracy_pass_s_alone() -> None:
+def test_the_install_read_back_is_the_accuracy_pass_s_alone(monkeypatch) -> None:
+    import bsrctl.experiments.restore.repeats as rp
     from bsrctl.evidence.verdict import check as mk
 
     acc, timed = _m(0.1, **ACC), _m(0.1, **TIMED)
-    seen = []
 
-    def judge(m):  # noqa: ANN001, ANN202
-        seen.append(m)
-        ok = m is acc  # the timed pass's read-back would FAIL: it is not judged
+    def judge(m):  # noqa: ANN001, ANN202 - a timed pass's read-back would FAIL, unjudged
+        ok = m is acc
         return (mk("install_readback", ok, "acc" if ok else "timed"),)
 
-    import bsrctl.experiments.restore.repeats as rp
-
-    orig = rp.judge
-    rp.judge = judge
-    try:
-        (c,) = merged_checks(acc, [timed])
-    finally:
-        rp.judge = orig
+    monkeypatch.setattr(rp, "judge", judge)
+    (c,) = merged_checks(acc, [timed])
     assert (c.name, c.verdict, c.detail) == ("install_readback", Verdict.PASS, "acc")
 
 
