@@ -212,11 +212,13 @@ class StorageStack(PrefixSeeding):
 
     def tier_rejected(self) -> list[str]:
         """Every object the L2 tier refused at load as bad (bsr_fs: checksum or size
-        mismatch), by file name, since deploy; [] from a tier that verifies nothing."""
+        mismatch), by file name, since deploy; [] from a tier that verifies nothing. Read
+        through the fault wrapper when the tier runs behind it."""
         out: list[str] = []
         for sm in self.managers.values():
             for _desc, adapter in sm.l2_adapters():
-                out += getattr(adapter, "corrupt_keys", list)()
+                tier = getattr(adapter, "inner", adapter)
+                out += getattr(tier, "corrupt_keys", list)()
         return out
 
     def health(self) -> bool:
@@ -323,6 +325,7 @@ class StorageStack(PrefixSeeding):
         # the check is timed apart and never enters restore_s ("verify" compared while
         # installing: the accuracy pass's oracle, inside its span).
         after_timer = pool.compares and pool.mode != "verify"
+        checked = ("after_timer" if after_timer else "install") if pool.compares else "none"
         pool.compare_pool()
         t3 = self.clock()
         rejected = self.in_prefix_order(self.tier_rejected()[rejected_before:])
@@ -363,9 +366,7 @@ class StorageStack(PrefixSeeding):
             verify_ok=verify,
             verify_mismatches=pool.mismatches,
             mismatched_objects=tuple(self.object_name(r.rank, r.group, c) for r, c in bad),
-            bytes_checked=("after_timer" if after_timer else "install")
-            if pool.compares
-            else "none",
+            bytes_checked=checked,
             bytes_check_s=t3 - t2 if after_timer else None,
             tier_integrity=self.tier_integrity,
             tier_rejected_objects=tuple(rejected),
