@@ -219,12 +219,12 @@ def canonical_bytes(
 
 # How the installed bytes were compared (StorageMeasures.bytes_checked).
 WHEN = {"install": "compared while installing", "after_timer": "compared after the timer"}
-NAMED = 8  # objects a detail names; every one is in the point's measures
+NAMED = 8  # objects a detail names; every one is in the point (measures, timed_bad_objects)
 
 
 def _named(objects: tuple[str, ...]) -> str:
     more = len(objects) - NAMED
-    tail = f" (+{more} more in measures)" if more > 0 else ""
+    tail = f" (+{more} more in the point's evidence)" if more > 0 else ""
     return ", ".join(objects[:NAMED]) + tail
 
 

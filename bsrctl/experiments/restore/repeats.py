@@ -20,7 +20,8 @@ The passes of one point make one evidence point (the convention of bsrctl.eviden
 ``samples`` the timed passes' raw values in measurement order (``sample_path`` says so),
 ``intervals`` the 95 % seeded bootstrap interval of the median (``bsrctl.stats.
 sample_fields``, two samples or more), ``accuracy_pass`` the oracle pass's own times and
-(storage) ``timed_bytes_check_s`` each timed pass's after-timer byte check, in pass order.
+(storage) ``timed_bytes_check_s`` each timed pass's after-timer byte check, in pass order,
+and ``timed_bad_objects`` every object a timed pass found not canonical or the tier refused.
 Byte measures are not sampled: they must be identical in every pass, and
 ``repeats_identical`` FAILs naming each one that is not. A check whose verdict differs
 between passes keeps the worst one, with the pass it came from.
@@ -185,6 +186,16 @@ def repeated_point(
     checked = [m.bytes_check_s for m in timed if isinstance(m, StorageMeasures)]
     if checked and None not in checked:  # the timed passes' after-timer byte checks, apart
         extra = {**extra, "timed_bytes_check_s": checked}
+    bad = {
+        f"timed pass {r + 1}": {
+            "mismatched_objects": list(m.mismatched_objects or ()),
+            "tier_rejected_objects": list(m.tier_rejected_objects or ()),
+        }
+        for r, m in enumerate(timed)
+        if isinstance(m, StorageMeasures) and (m.mismatched_objects or m.tier_rejected_objects)
+    }
+    if bad:  # every object a timed pass found bad (its measures are not the point's)
+        extra = {**extra, "timed_bad_objects": bad}
     medians, samples, intervals = stats.sample_fields(timed_samples(timed), SEED)
     checks = (*merged_checks(accuracy, timed), identical_check([accuracy, *timed]))
     more = {

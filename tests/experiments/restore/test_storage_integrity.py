@@ -115,6 +115,9 @@ def test_corrupted_objects_fail_the_timed_pass_by_its_after_timer_byte_check(
             ident["verdict"] == "FAIL"
             and f"verify_mismatches per pass [0, {len(names)}]" in (ident["detail"])
         )
+        assert p["timed_bad_objects"] == {
+            "timed pass 1": {"mismatched_objects": names, "tier_rejected_objects": []}
+        }
         assert p["measures"]["bytes_checked"] == "install"  # the accuracy pass's own
         assert len(p["timed_bytes_check_s"]) == 1 and p["timed_bytes_check_s"][0] > 0
         assert (p["id"], p["measures"]["cached_tokens"]) == (f"n{n}-w{w}", n)
@@ -155,6 +158,9 @@ def test_checksum_on_refuses_the_corrupted_objects_at_load_and_fails_closed(
             "verdict": "FAIL",
             "detail": f"timed pass 1: {WHY}{installed}",
         }, p["id"]
+        assert p["timed_bad_objects"] == {
+            "timed pass 1": {"mismatched_objects": [], "tier_rejected_objects": refused}
+        }
         tokens = next(c for c in p["checks"] if c["name"] == "cached_token_accounting")
         assert tokens == {
             "name": "cached_token_accounting",
@@ -194,6 +200,7 @@ def test_the_byte_check_s_time_never_enters_a_sample(
             "retrieve_s": [1.0] * 3,
         }
         assert p["timed_bytes_check_s"] == [1001.0] * 3
+        assert "timed_bad_objects" not in p
         assert p["accuracy_pass"] == {"restore_s": 2.0, "probe_s": 1.0, "retrieve_s": 1.0}
         assert p["measures"]["bytes_check_s"] is None  # compared while installing
         assert _canonical(p)["detail"].endswith(

@@ -128,6 +128,26 @@ def test_every_pass_s_bytes_are_judged_a_timed_mismatch_names_its_pass_and_objec
     )
 
 
+def test_a_detail_names_eight_objects_the_point_keeps_every_one() -> None:
+    from bsrctl.experiments.restore.acceptance import canonical_bytes
+
+    objs = tuple(f"o{i}.data" for i in range(10))
+    c = canonical_bytes(False, 10, 4 * C, objs, "after_timer", objs[:1])
+    assert (c.verdict, c.detail) == (
+        Verdict.FAIL,
+        f"storage stack has no model: canonical_output replaced by byte verification; {4 * C} "
+        f"B installed, compared after the timer, 10 object(s) not canonical: "
+        f"{', '.join(objs[:8])} (+2 more in the point's evidence); the tier refused 1 "
+        "object(s) at load as corrupted: o0.data",
+    )
+    bad = {**TIMED, "verify_ok": False, "verify_mismatches": 10, "mismatched_objects": objs}
+    timed = [_m(0.1, **TIMED), _m(0.1, **bad)]
+    p = repeated_point("p", {}, _m(0.1, **ACC), timed).to_json()
+    assert p["timed_bad_objects"] == {
+        "timed pass 2": {"mismatched_objects": list(objs), "tier_rejected_objects": []}
+    }
+
+
 def test_the_install_read_back_is_the_accuracy_pass_s_alone(monkeypatch) -> None:
     import bsrctl.experiments.restore.repeats as rp
     from bsrctl.evidence.verdict import check as mk
