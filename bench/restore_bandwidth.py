@@ -15,7 +15,10 @@ FS L2 (files under --root, O_DIRECT, page cache dropped before every pass):
                   iodepth 1-32 on libaio and io_uring (the disk's limit is the best of them)
   whole-plan      W = 0: stock single-shot locked prefetch (L1 sized to fit), if RAM allows
   bsr B=W, B=2W   BSR windows (B = 2W: window j+1 fetched while j is installed), in their
-                  own deployment with L1 = 2W*c + 64 MiB (what BSR is deployed with)
+                  own deployment with L1 = 2W*c + 64 MiB (what BSR is deployed with); the
+                  adapter verifies each object's xxh3_128 sidecar at load (restore.checksum)
+  no checksum     BSR B = 2W at the first W again, the same files, nothing verified: the
+                  integrity's cost
   conc sweep      BSR B = 2W over the FS adapter with load_concurrency 1, 2, 4, 8 (one
                   deployment each, same files), with the adapter's read service time
                   (smallest size only)
@@ -39,10 +42,12 @@ interval), the median pass's rate and the staging peak (``peak_identical`` FAILs
 moves between rounds); its folder is printed before the last lines.
 
 Last line: ``fs: bsr/best-raw=X.XX bsr/whole-plan=Y.YY bsr/fio@8192=F.FF [lo, hi]
-bsr/fio@65536=… mooncake: bsr/best-raw=Z.ZZ peak_bytes=N`` for the first W, B = 2W, at the
-largest size but bsr/fio, given at every size: the median over rounds of BSR's rate over the
-best fio mode's in the same round, with its 95 % bootstrap interval; N is the largest size's
-staging peak per rank (B·c exactly when the restore pool is flat). A fio mode that fails is
+bsr/fio@65536=… checksum/no-checksum=K.KK [lo, hi] mooncake: bsr/best-raw=Z.ZZ
+peak_bytes=N`` for the first W, B = 2W, at the largest size but bsr/fio, given at every
+size: the median over rounds of BSR's rate over the best fio mode's in the same round, with
+its 95 % bootstrap interval (checksum/no-checksum: the same, of the goal row with its
+checksums verified over it without); N is the largest size's staging peak per rank (B·c
+exactly when the restore pool is flat). A fio mode that fails is
 dropped with one line naming its job and fio's message; the others go on.
 
 The parts live in bench/bandwidth/ (by tier: ``fs``, ``mooncake`` and ``mooncake_worker``; the

@@ -26,6 +26,7 @@ from .stacks import (
     target,
     whole_l1_bytes,
 )
+from .summary import checksum_ratio, no_checksum_label
 
 
 def raw_mode(stack: StorageStack, paths: list[Path], k: int) -> Callable[[], Sample]:
@@ -115,7 +116,13 @@ def fs_tier(args: argparse.Namespace, tokens: int, say: Say) -> TierResult:
         stacks.append(bsr)
         bsr.seed(tokens, f"bench-{tokens}")
         bsr_modes(rounds, bsr, args.windows)
+        # the integrity cost: the goal row again, the same files, no checksum verified
         w = args.windows[0]
+        bare = deploy(root, bsr_l1_bytes(reg, wmax), args.conc, checksum=False)
+        stacks.append(bare)
+        bare.seed(tokens, f"bench-{tokens}")
+        label = no_checksum_label(w)
+        rounds.add(label, lambda: restore_once(bare, w, 2 * w, f"nosum-w{w}"))
         for k in args.conc_sweep if tokens == min(args.tokens) else ():
             s2 = deploy(root, bsr_l1_bytes(reg, w), k)
             stacks.append(s2)
@@ -137,6 +144,7 @@ def fs_tier(args: argparse.Namespace, tokens: int, say: Say) -> TierResult:
             f"fit ({fit})"
         )
     say(f"# best raw: {res.best_raw_label} {res.best_raw / GIB:.2f} GiB/s")
+    say(f"# integrity: {checksum_ratio(res, args.windows[0])} ({bsr.tier_integrity} sidecars)")
     fios = [r for r in res.rows if r.label.startswith("fio")]
     if fios:
         best = max(fios, key=lambda r: r.rate)

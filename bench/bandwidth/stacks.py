@@ -38,10 +38,16 @@ def target(root: Path, mooncake_master: str = "") -> StorageTarget:
     )
 
 
-def deploy(root: Path, l1_bytes: int, conc: int, mooncake_master: str = "") -> StorageStack:
+def deploy(
+    root: Path, l1_bytes: int, conc: int, mooncake_master: str = "", checksum: bool = True
+) -> StorageStack:
     """A stack over ``root`` (or the Mooncake store at ``mooncake_master``): L1 of
-    ``l1_bytes`` per rank, ``conc`` loads in flight per rank, O_DIRECT reads."""
-    settings = RestoreSettings(use_odirect=True, load_concurrency=conc, window_timeout_s=120.0)
+    ``l1_bytes`` per rank, ``conc`` loads in flight per rank, O_DIRECT reads; the FS tier
+    verifies each object's checksum sidecar at load unless ``checksum`` is off (the
+    settings' default algorithm; the Mooncake tier verifies none either way)."""
+    settings = RestoreSettings(
+        use_odirect=True, load_concurrency=conc, window_timeout_s=120.0, checksum=checksum
+    )
     return target(root, mooncake_master).deploy(l1_bytes, settings)
 
 

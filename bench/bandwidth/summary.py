@@ -16,12 +16,30 @@ def goal_label(w: int) -> str:
     return f"bsr W={w} B={2 * w}"
 
 
+def no_checksum_label(w: int) -> str:
+    """The goal row over the same files with the FS tier verifying no checksum."""
+    return f"{goal_label(w)} no checksum"
+
+
+def checksum_ratio(res: TierResult, w: int, seed: int = 0) -> str:
+    """``checksum/no-checksum=X [lo, hi]``: the goal row's rate with every object's
+    checksum verified at load over its rate without, paired by round (below 1: what the
+    integrity check costs); ``n/a`` when either did not run."""
+    name, a, b = "checksum/no-checksum", goal_label(w), no_checksum_label(w)
+    if a not in res.samples or b not in res.samples:
+        return f"{name}=n/a"
+    iv = paired_ratio_ci(round_rates(res, a), round_rates(res, b), seed)
+    if not iv.testable:
+        return f"{name}={iv.estimate:.2f} [1 round: no interval]"
+    return f"{name}={iv.estimate:.2f} [{iv.lo:.2f}, {iv.hi:.2f}]"
+
+
 def last_line(fs: list[TierResult], mc: list[TierResult], w: int) -> str:
     """``fs: bsr/best-raw=X.XX bsr/whole-plan=Y.YY bsr/fio@8192=F [lo, hi] bsr/fio@65536=…
-    mooncake: bsr/best-raw=Z.ZZ peak_bytes=N`` (each tier's part only when it ran): the
-    ratios at the largest size (the whole-plan one at the largest size whose whole plan
-    ran), BSR against fio at every size, N the goal row's staging peak per rank (the FS
-    tier's when it ran)."""
+    checksum/no-checksum=K [lo, hi] mooncake: bsr/best-raw=Z.ZZ peak_bytes=N`` (each
+    tier's part only when it ran): the ratios at the largest size (the whole-plan one at
+    the largest size whose whole plan ran), BSR against fio at every size, N the goal row's
+    staging peak per rank (the FS tier's when it ran)."""
     label = goal_label(w)
     fields: list[str] = []
     peak = None
@@ -36,6 +54,7 @@ def last_line(fs: list[TierResult], mc: list[TierResult], w: int) -> str:
         else:
             fields.append("bsr/whole-plan=n/a")
         fields += [fio_ratio(x, label, tag=f"@{x.tokens}") for x in fs]
+        fields.append(checksum_ratio(r, w))
         peak = r.row(label).peak
     if mc:
         r = mc[-1]

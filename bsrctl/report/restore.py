@@ -19,6 +19,9 @@ def render(doc: dict[str, Any]) -> str:
     points = doc.get("points", [])
     lines = header(doc)
     glance = GLANCE.get(doc["kind"], lambda _d: [])(doc)
+    integrity = tier_integrity(doc)
+    if integrity:
+        glance.append(integrity)
     run_checks = (doc.get("summary") or {}).get("checks", [])
     if run_checks:
         glance.append(
@@ -52,6 +55,29 @@ def render(doc: dict[str, Any]) -> str:
         lines += [f"- {pid} / {c['name']}: {c['verdict']}: {c['detail']}" for pid, c in bad]
     lines += ["", "Every other measure of every point is in evidence.json."]
     return "\n".join(lines) + "\n"
+
+
+def tier_integrity(doc: dict[str, Any]) -> str:
+    """The storage stack's line for what its L2 tier verifies at load ("" elsewhere, or
+    from evidence written before the stack recorded it): never silent about a tier that
+    checks nothing."""
+    st = doc.get("stack") or {}
+    got = st.get("tier_integrity")
+    if st.get("kind") != "storage" or got is None:
+        return ""
+    after = "every pass's installed bytes compared with the canonical bytes (timed passes: "
+    after += "after their timer)"
+    if got == "none":
+        adapter = st.get("l2_adapter")
+        why = {
+            "stock": "LMCache's stock FS adapter keeps no checksum",
+            "bsr_fs": "restore.checksum is off",
+        }.get(adapter, f"the {adapter} tier verifies no checksum here")
+        return f"L2 tier integrity: none ({why}); {after}."
+    return (
+        f"L2 tier integrity: {got} checksum sidecars, verified at load (a corrupted object "
+        f"is a miss: the restore fails closed); {after}."
+    )
 
 
 def _exceeds_line(p: dict[str, Any]) -> str:

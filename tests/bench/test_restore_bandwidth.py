@@ -5,6 +5,7 @@ worker's command line and the last line's format. No stack is deployed."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -21,8 +22,9 @@ from bandwidth.common import (
     table,
 )
 from bandwidth.mooncake import ENTRY, read_worker, worker_argv
-from bandwidth.summary import fio_ratio, last_line
+from bandwidth.summary import checksum_ratio, fio_ratio, last_line, no_checksum_label
 
+from bsrctl.stats import paired_ratio_ci
 from bsrkv.registration import dsv4_flash_mtp_off
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
@@ -113,10 +115,11 @@ def test_last_line_format() -> None:
     mc = [tier(65536, {"client batch_get_into (8 objects/batch)": 4.0, goal: 3.0})]  # fmt: skip
     assert last_line(fs, mc, 8) == (
         "fs: bsr/best-raw=0.80 bsr/whole-plan=1.25 bsr/fio@8192=n/a bsr/fio@65536=n/a "
-        "mooncake: bsr/best-raw=0.75 peak_bytes=100"
+        "checksum/no-checksum=n/a mooncake: bsr/best-raw=0.75 peak_bytes=100"
     )
     assert last_line(fs[1:], [], 8) == (
-        "fs: bsr/best-raw=0.80 bsr/whole-plan=n/a bsr/fio@65536=n/a peak_bytes=100"
+        "fs: bsr/best-raw=0.80 bsr/whole-plan=n/a bsr/fio@65536=n/a checksum/no-checksum=n/a "
+        "peak_bytes=100"
     )
     assert last_line([], mc, 8) == "mooncake: bsr/best-raw=0.75 peak_bytes=100"
 
@@ -247,3 +250,19 @@ def test_bsr_over_fio_is_paired_by_round_against_the_best_fio_mode() -> None:
     one = TierResult(65536, tuple(rows), GIB, "raw", Lookup(0.001, 0.004),
                      {k: {"pass_s": v["pass_s"][:1]} for k, v in samples.items()})  # fmt: skip
     assert fio_ratio(one, goal) == "bsr/fio=1.00 [1 round: no interval]"
+
+
+def test_the_checksum_cost_is_the_goal_row_with_over_without_paired_by_round() -> None:
+    goal, bare = "bsr W=8 B=16", no_checksum_label(8)
+    assert bare == "bsr W=8 B=16 no checksum"
+    rows = [Row(goal, 1.0, 2 * GIB), Row(bare, 1.0, 2 * GIB)]
+    # rounds: with the checksum 2, 1, 2 GiB/s against 2, 2, 2.5 without: 1, 0.5, 0.8
+    samples = {goal: {"pass_s": [1.0, 2.0, 1.0]}, bare: {"pass_s": [1.0, 1.0, 0.8]}}
+    res = TierResult(65536, tuple(rows), GIB, "raw", Lookup(0.001, 0.004), samples)
+    iv = paired_ratio_ci([2.0, 1.0, 2.0], [2.0, 2.0, 2.5], 0)
+    assert iv.estimate == 0.8
+    assert checksum_ratio(res, 8) == f"checksum/no-checksum=0.80 [{iv.lo:.2f}, {iv.hi:.2f}]"
+    gone = TierResult(65536, tuple(rows[:1]), GIB, "raw", Lookup(0.001, 0.004), samples)
+    assert checksum_ratio(dataclasses.replace(gone, samples={goal: samples[goal]}), 8) == (
+        "checksum/no-checksum=n/a"
+    )

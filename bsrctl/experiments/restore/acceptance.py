@@ -184,19 +184,48 @@ def canonical_output(
     )
 
 
-def canonical_bytes(verify_ok: bool | None, mismatches: int | None, bytes_restored: int | None):
-    """Storage stack (no model): replaces canonical_output with byte verification."""
+def canonical_bytes(
+    verify_ok: bool | None,
+    mismatches: int | None,
+    bytes_restored: int | None,
+    objects: tuple[str, ...] | None = None,
+    when: str | None = None,
+    rejected: tuple[str, ...] | None = None,
+) -> Check:
+    """Storage stack (no model): replaces canonical_output with byte verification. Every
+    pass is judged: the accuracy pass compared while installing, a timed pass after its
+    timer. FAIL names the objects not canonical (their L2 files) and those the tier refused
+    at load as corrupted (a restore that failed closed)."""
     name = "canonical_bytes"
     why = "storage stack has no model: canonical_output replaced by byte verification; "
+    refused = ""
+    if rejected:
+        refused = f"; the tier refused {len(rejected)} object(s) at load as corrupted: "
+        refused += _named(rejected)
     if verify_ok is None or mismatches is None:
-        return check(name, None, why + "destination does not verify (use destination: verify)")
+        return check(name, None, why + "destination keeps no bytes (use destination: verify)")
     if not bytes_restored:
-        return check(name, None, why + "0 B restored: nothing verified")
+        return check(name, False if rejected else None, why + "0 B restored" + refused)
+    ok = verify_ok and mismatches == 0 and not rejected
+    compared = WHEN.get(when or "", "compared")
+    bad = f": {_named(objects)}" if mismatches and objects else ""
     return check(
         name,
-        verify_ok and mismatches == 0,
-        why + f"{bytes_restored} B installed, {mismatches} object(s) not canonical",
+        ok,
+        why + f"{bytes_restored} B installed, {compared}, {mismatches} object(s) not "
+        f"canonical{bad}{refused}",
     )
+
+
+# How the installed bytes were compared (StorageMeasures.bytes_checked).
+WHEN = {"install": "compared while installing", "after_timer": "compared after the timer"}
+NAMED = 8  # objects a detail names; every one is in the point (measures, timed_bad_objects)
+
+
+def _named(objects: tuple[str, ...]) -> str:
+    more = len(objects) - NAMED
+    tail = f" (+{more} more in the point's evidence)" if more > 0 else ""
+    return ", ".join(objects[:NAMED]) + tail
 
 
 def install_readback(readback: Mapping[str, Any] | None, windows_done: int | None) -> Check:
@@ -295,7 +324,14 @@ def judge(m: RestoreMeasures) -> tuple[Check, ...]:
     elif isinstance(m, StorageMeasures):
         digests = (m.registration_digest_expected, m.registration_digest)
         allocation = (m.bytes_per_chunk_allocated, m.l1_allocation_unit_bytes)
-        content = canonical_bytes(m.verify_ok, m.verify_mismatches, m.bytes_restored)
+        content = canonical_bytes(
+            m.verify_ok,
+            m.verify_mismatches,
+            m.bytes_restored,
+            m.mismatched_objects,
+            m.bytes_checked,
+            m.tier_rejected_objects,
+        )
     else:  # RestoreMeasures makes no instance of its own: unreachable but for a new target
         raise TypeError(f"judge: no acceptance for {type(m).__name__}")
     checks = [

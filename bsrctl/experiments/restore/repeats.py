@@ -2,11 +2,14 @@
 
 Every point (an *arm*: one size at one W) runs one **accuracy pass** with the oracle on
 (serving: the install read-back; storage: the destination compares every installed byte
-with its canonical bytes) and ``repeats`` **timed passes** on the production path (oracle
-off: nothing per window that production would not do), as MLPerf LoadGen runs accuracy and
-performance modes apart. No time is taken from the accuracy pass; no byte-oracle verdict
-(``ORACLE_CHECKS``) from a timed pass; every other check (canonical output, the bound, the
-accounting) judges every pass. The accuracy round comes first, in arm order; then
+with its canonical bytes while installing) and ``repeats`` **timed passes** on the
+production path (oracle off: nothing per window that production would not do), as MLPerf
+LoadGen runs accuracy and performance modes apart. No time is taken from the accuracy pass;
+no in-span oracle verdict (``ORACLE_CHECKS``: the install read-back) from a timed pass;
+every other check judges every pass: the bound, the accounting, and the bytes, which each
+timed pass checks after its timer stopped (serving: its output against the reference;
+storage: its destination's bytes against the canonical ones, timed apart in
+``bytes_check_s``, never sampled). The accuracy round comes first, in arm order; then
 ``warmup`` discarded rounds; then the timed rounds, timed round r visiting the arms rotated
 by r (arms[r:] + arms[:r]), so slow drift of a shared machine lands on every arm about alike
 and the arms of one round are a paired comparison. With one timed pass the points thus
@@ -16,7 +19,9 @@ The passes of one point make one evidence point (the convention of bsrctl.eviden
 ``measures`` are the accuracy pass's with every timed measure replaced by its timed median,
 ``samples`` the timed passes' raw values in measurement order (``sample_path`` says so),
 ``intervals`` the 95 % seeded bootstrap interval of the median (``bsrctl.stats.
-sample_fields``, two samples or more) and ``accuracy_pass`` the oracle pass's own times.
+sample_fields``, two samples or more), ``accuracy_pass`` the oracle pass's own times and
+(storage) ``timed_bytes_check_s`` each timed pass's after-timer byte check, in pass order,
+and ``timed_bad_objects`` every object a timed pass found not canonical or the tier refused.
 Byte measures are not sampled: they must be identical in every pass, and
 ``repeats_identical`` FAILs naming each one that is not. A check whose verdict differs
 between passes keeps the worst one, with the pass it came from.
@@ -50,8 +55,8 @@ IDENTICAL: dict[type[RestoreMeasures], tuple[str, ...]] = {
     StorageMeasures: (*_POOL, "cached_tokens", "windows_done", "verify_mismatches"),
 }  # fmt: skip
 WORST = {Verdict.FAIL: 2, Verdict.UNKNOWN: 1, Verdict.PASS: 0}
-# Checks whose verdict needs the oracle: judged on the accuracy pass only.
-ORACLE_CHECKS = frozenset({"install_readback", "canonical_bytes"})
+# Checks whose verdict needs the in-span oracle: judged on the accuracy pass only.
+ORACLE_CHECKS = frozenset({"install_readback"})
 # What a point's ``sample_path`` says of its samples.
 PRODUCTION = "production"
 
@@ -178,6 +183,19 @@ def repeated_point(
         extra = {**extra, "request_ids": ids}
     if not timed:
         return Point(point_id, params, accuracy.to_json(), judge(accuracy), extra)
+    checked = [m.bytes_check_s for m in timed if isinstance(m, StorageMeasures)]
+    if checked and None not in checked:  # the timed passes' after-timer byte checks, apart
+        extra = {**extra, "timed_bytes_check_s": checked}
+    bad = {
+        f"timed pass {r + 1}": {
+            "mismatched_objects": list(m.mismatched_objects or ()),
+            "tier_rejected_objects": list(m.tier_rejected_objects or ()),
+        }
+        for r, m in enumerate(timed)
+        if isinstance(m, StorageMeasures) and (m.mismatched_objects or m.tier_rejected_objects)
+    }
+    if bad:  # every object a timed pass found bad (its measures are not the point's)
+        extra = {**extra, "timed_bad_objects": bad}
     medians, samples, intervals = stats.sample_fields(timed_samples(timed), SEED)
     checks = (*merged_checks(accuracy, timed), identical_check([accuracy, *timed]))
     more = {

@@ -135,6 +135,13 @@ class StorageMeasures(RestoreMeasures):
     registration_digest: str | None = None  # digest of the registration restored
     verify_ok: bool | None = None  # every installed byte canonical (None: not compared)
     verify_mismatches: int | None = None
+    mismatched_objects: tuple[str, ...] | None = None  # their L2 files
+    # when the installed bytes were compared: "install" (inside restore_s: the accuracy
+    # pass's oracle), "after_timer" (the timed passes: after restore_s ended), "none"
+    bytes_checked: str | None = None
+    bytes_check_s: float | None = None  # the after-timer compare's seconds: never sampled
+    tier_integrity: str | None = None  # what L2 verifies at load: a checksum or "none"
+    tier_rejected_objects: tuple[str, ...] | None = None  # L2 files it refused as bad
     blocks_valid: int | None = None
     blocks_total: int | None = None
     budget_chunks: int | None = None  # B in effect
@@ -154,6 +161,8 @@ TARGETS: dict[str, type[RestoreMeasures]] = {
 BY_STACK_KIND: dict[str, type[RestoreMeasures]] = {**TARGETS, "attach": ServingMeasures}
 # Read back from JSON lists.
 _TUPLES = frozenset({
+    "mismatched_objects",
+    "tier_rejected_objects",
     "restore_modes",
     "restore_failures",
     "registration_tensors_expected",

@@ -289,13 +289,32 @@ def tempokv_scheduler_cls(async_on: bool) -> str:
 # ---- the storage stack's side: LMCache's StorageManager in-process ------------------------
 
 
-def bsr_fs_config(base_path: Path, use_odirect: bool, load_concurrency: int) -> Any:
-    """The ``bsr_fs`` L2 adapter's config (concurrent loads); ImportError if unavailable."""
+def bsr_fs_config(
+    base_path: Path,
+    use_odirect: bool,
+    load_concurrency: int,
+    checksum: bool = False,
+    checksum_algorithm: str = "xxh3_128",
+) -> Any:
+    """The ``bsr_fs`` L2 adapter's config (concurrent loads, checksum sidecars verified at
+    load when ``checksum``); ImportError if unavailable."""
     from bsrkv.lmcache_ext.adapters.fs import BsrFSL2AdapterConfig
 
     return BsrFSL2AdapterConfig(
-        base_path=str(base_path), use_odirect=use_odirect, load_concurrency=load_concurrency
+        base_path=str(base_path),
+        use_odirect=use_odirect,
+        load_concurrency=load_concurrency,
+        checksum=checksum,
+        checksum_algorithm=checksum_algorithm,
     )
+
+
+def fs_checksum(algorithm: str) -> Any:
+    """The ``bsr_fs`` adapter's checksum (``adapters.checksum.Checksum``): its sidecar suffix
+    and lines, for writing the sidecars the adapter verifies at load."""
+    from bsrkv.lmcache_ext.adapters.checksum import Checksum
+
+    return Checksum(algorithm)
 
 
 def mooncake_config(master: str, key_prefix: str, load_workers: int) -> Any:

@@ -23,10 +23,18 @@ API (what ladder / sweep / law on ``--stack storage`` call)::
 - ``restore`` probes (probe-only: nothing staged), composes the plan and restores it with
   the BSR core into a fresh destination: ``"verify"`` (default) checks each installed window
   against regenerated canonical bytes and keeps no copy, ``"mmap"`` copies into a
-  file-backed pool under ``root_dir/dest``, ``"null"`` only counts bytes (benchmarks).
+  file-backed pool under ``root_dir/dest`` and ``"memory"`` into an anonymous one (the
+  timed passes' production path), both compared with the canonical bytes after the
+  restore's timer stopped (``bytes_check_s``, never part of ``restore_s``), ``"null"``
+  only counts bytes (benchmarks). Mismatches are named by their L2 files.
   ``restore_pool_peak_bytes`` is *measured*: the high-water mark of each rank's L1 allocator
   (read right after every L1 allocation) minus that rank's L1 usage when the restore
   started, max over ranks. ``gauge_peak_bytes_by_rank`` is the core's own accounting.
+- integrity: ``restore.checksum`` on the ``bsr_fs`` FS adapter verifies each object's
+  ``checksum_algorithm`` sidecar at load (``seed`` writes them as the adapter does); a
+  corrupted object is a miss (the restore fails closed) named in
+  ``tier_rejected_objects``. The stock FS adapter and the Mooncake tier verify nothing:
+  ``tier_integrity`` says ``"none"``.
 - ``restore`` is ``run(job(...))``: ``job`` builds the request, the core's config, the
   per-rank storage and the destination; ``run`` probes and restores it. Faults are no part
   of it: ``restore_with_fault(stack, FaultSpec("drop_key", window=k), W, B)`` (module

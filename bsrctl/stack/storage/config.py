@@ -82,7 +82,7 @@ class StorageRestoreResult:
     restore_s: float  # from the lookup (probe) of the prefix to the last byte installed
     probe_s: float  # wall time of the probe-only lookup
     retrieve_s: float  # the restore after the probe (restore_s - probe_s)
-    verify_ok: bool | None  # every installed byte canonical (None: destination doesn't verify)
+    verify_ok: bool | None  # every installed byte canonical, restore ok (None: not compared)
     verify_mismatches: int  # objects whose bytes were not canonical
     blocks_valid: int  # destination blocks valid after the restore
     blocks_total: int  # destination blocks of the request (rows x chunks)
@@ -93,6 +93,14 @@ class StorageRestoreResult:
     windows_done: int  # windows installed and released
     registration_digest: str  # sha256 of the registration restored
     l1_allocation_unit_bytes: int = 1  # what LMCache's L1 rounds each object up to (runtime)
+    # the L2 files of the objects not canonical, chunk by chunk (rank, group within)
+    mismatched_objects: tuple[str, ...] = ()
+    # when the installed bytes were compared: "install" (the "verify" destination, inside
+    # restore_s), "after_timer" (a pool compared after restore_s ended), "none" ("null")
+    bytes_checked: str = "none"
+    bytes_check_s: float | None = None  # the after-timer compare's seconds, never sampled
+    tier_integrity: str = "none"  # what the L2 tier verifies at load: an algorithm or none
+    tier_rejected_objects: tuple[str, ...] = ()  # L2 files the tier refused at load as bad
 
     @property
     def ok(self) -> bool:

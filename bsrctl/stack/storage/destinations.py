@@ -17,11 +17,15 @@ from bsrkv.restore import RestoreRequest, RowId, Window
 class PoolDestination:
     """A request's destination blocks: one per (row, chunk); valid bit per block.
 
-    mode "verify": compare each installed object with canonical bytes, keep nothing.
+    mode "verify": compare each installed object with canonical bytes, keep nothing (the
+    accuracy pass's oracle, inside the restore).
     mode "mmap": copy into a file-backed pool (rows x chunks x object bytes), synced.
     mode "memory": copy into an anonymous pool of that size (a KV install's copy, nothing
-    compared: the timed passes' production path).
+    compared during the restore: the timed passes' production path).
     mode "null": count bytes only.
+
+    ``mismatched`` holds the (row, chunk) of every object found not canonical: during the
+    install in "verify" mode, by ``compare_pool`` after the restore in "mmap" and "memory".
     """
 
     def __init__(
@@ -39,7 +43,7 @@ class PoolDestination:
         self.hashes = list(chunk_hashes)
         n = request.num_chunks
         self.valid = {r.row: bytearray(n) for r in request.rows}
-        self.mismatches = 0
+        self.mismatched: list[tuple[RowId, int]] = []
         self._lock = threading.Lock()
         self._pool: np.ndarray | None = None
         self._offsets: dict[RowId, int] = {}
@@ -77,7 +81,7 @@ class PoolDestination:
                     want = self.canon.object_bytes(self.hashes[chunk], row.rank, row.group)
                     if not np.array_equal(buf, want):
                         with self._lock:
-                            self.mismatches += 1
+                            self.mismatched.append((row, chunk))
                 elif self._pool is not None:
                     at = self._offsets[row] + chunk * size
                     self._pool[at : at + size] = buf
@@ -88,6 +92,31 @@ class PoolDestination:
     def sync(self, request_id: str) -> None:
         if isinstance(self._pool, np.memmap):
             self._pool.flush()
+
+    @property
+    def mismatches(self) -> int:
+        return len(self.mismatched)
+
+    @property
+    def compares(self) -> bool:
+        """Whether this destination's bytes are compared (while installing, or after)."""
+        return self.mode != "null"
+
+    def compare_pool(self) -> None:
+        """Compare every valid block of the pool with its canonical bytes, after the restore
+        (its timer stopped): what a timed pass installed is checked as the accuracy pass's
+        was. "verify" compared while installing; "null" kept no bytes."""
+        if self._pool is None:
+            return
+        for row, bits in self.valid.items():
+            size, base = self.row_bytes[row], self._offsets[row]
+            for chunk, ok in enumerate(bits):
+                if not ok:
+                    continue
+                want = self.canon.object_bytes(self.hashes[chunk], row.rank, row.group)
+                at = base + chunk * size
+                if not np.array_equal(self._pool[at : at + size], want):
+                    self.mismatched.append((row, chunk))
 
     def mark_invalid(self, request_id: str) -> None:
         for bits in self.valid.values():

@@ -35,11 +35,26 @@ def adapter_config(
     return inner
 
 
+def fs_adapter_kind(config: StorageStackConfig) -> str:
+    """The FS tier's adapter: "stock" or "bsr_fs" (auto: bsr_fs iff load_concurrency > 1)."""
+    if config.l2_adapter != "auto":
+        return config.l2_adapter
+    return "bsr_fs" if config.restore.load_concurrency > 1 else "stock"
+
+
+def tier_integrity(config: StorageStackConfig) -> str:
+    """What the L2 tier checks of an object's bytes at load: the checksum algorithm of the
+    sidecars ``bsr_fs`` verifies (``restore.checksum``), else "none": LMCache's stock FS
+    adapter keeps no checksum, and this stack's Mooncake tier verifies none."""
+    c = config.restore
+    if fs_adapter_kind(config) == "bsr_fs" and c.checksum:
+        return c.checksum_algorithm
+    return "none"
+
+
 def fs_config(config: StorageStackConfig, l2_dir: Path) -> Any:
     c = config.restore
-    kind = config.l2_adapter
-    if kind == "auto":
-        kind = "bsr_fs" if c.load_concurrency > 1 else "stock"
+    kind = fs_adapter_kind(config)
     if kind == "stock":
         if c.load_concurrency != 1:
             raise BadInput(
@@ -48,7 +63,9 @@ def fs_config(config: StorageStackConfig, l2_dir: Path) -> Any:
             )
         return FSL2AdapterConfig(base_path=str(l2_dir), use_odirect=c.use_odirect)
     try:
-        return extensions.bsr_fs_config(l2_dir, c.use_odirect, c.load_concurrency)
+        return extensions.bsr_fs_config(
+            l2_dir, c.use_odirect, c.load_concurrency, c.checksum, c.checksum_algorithm
+        )
     except ImportError as e:
         raise BadInput(f"l2_adapter 'bsr_fs' unavailable ({e}); use l2_adapter 'stock'") from e
 

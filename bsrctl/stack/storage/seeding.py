@@ -1,7 +1,12 @@
 """Seeding the storage stack: the canonical prefix of a salt written into its L2 tier (FS
 files or the Mooncake store; existing objects reused) and optionally its L1, then forgotten
 from L1 or dropped from the page cache. A mixin of ``StorageStack``, which holds the parts
-named below."""
+named below.
+
+Where the FS tier verifies checksums (``bsr_fs`` with ``restore.checksum``), each object's
+sidecar is written as the adapter's own store writes it: ``<file>.<algorithm>``, its line
+from the object's bytes, before the data file; an object whose sidecar is missing is
+written again (sidecar and data), as the adapter does."""
 
 from __future__ import annotations
 
@@ -18,6 +23,7 @@ from bsrctl.stack.launch import extensions
 from bsrctl.stack.storage.canonical_kv import CanonicalKV
 from bsrctl.stack.storage.config import SeededPrefix, SeedResult
 from bsrctl.stack.storage.files import drop_file_cache, write_file
+from bsrkv.atomic import write_atomic
 from bsrkv.registration import Registration
 
 
@@ -32,6 +38,25 @@ class PrefixSeeding:
     mooncake_prefix: str
     key_of: Callable[[bytes, int, int], ObjectKey]
     path_of: Callable[[ObjectKey], Path]
+    checksum: Any  # adapters.checksum.Checksum the FS tier verifies at load; None: none
+
+    def sidecar_of(self, key: ObjectKey) -> Path | None:
+        """The checksum sidecar the FS tier verifies ``key`` with (None: it verifies none)."""
+        if self.checksum is None:
+            return None
+        path = self.path_of(key)
+        return path.with_name(path.name + self.checksum.suffix)
+
+    def _stored(self, key: ObjectKey) -> bool:
+        """The object is on disk as the tier reads it: its file, and its sidecar if any."""
+        sidecar = self.sidecar_of(key)
+        return self.path_of(key).exists() and (sidecar is None or sidecar.exists())
+
+    def _write_object(self, key: ObjectKey, data: np.ndarray, drop_cache: bool) -> None:
+        sidecar = self.sidecar_of(key)
+        if sidecar is not None:  # first, as the adapter's store: a data file never lacks one
+            write_atomic(sidecar, self.checksum.line(data).encode())
+        write_file(self.path_of(key), data, drop_cache)
 
     def seed(
         self, prefix_tokens: int, salt: str, into_l1: bool = False, drop_cache: bool = False
@@ -55,9 +80,9 @@ class PrefixSeeding:
                         ):
                             written += 1
                             nbytes += reg.group_bytes_per_chunk(g.index)
-                    elif not self.path_of(key).exists():
+                    elif not self._stored(key):
                         data = canon.object_bytes(h, rank, g.index)
-                        write_file(self.path_of(key), data, drop_cache)
+                        self._write_object(key, data, drop_cache)
                         written += 1
                         nbytes += data.size
                     if into_l1:

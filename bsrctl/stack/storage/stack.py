@@ -61,8 +61,17 @@ class RestoreJob:
 class StorageStack(PrefixSeeding):
     """A deployed storage stack. Build with ``deploy(config)``; always ``teardown()``."""
 
+    # what a restore's seconds (and its byte check's, apart) are read from
+    clock: Callable[[], float] = staticmethod(time.monotonic)
+
     def __init__(self, config: StorageStackConfig) -> None:
         self.config = config
+        # what the L2 tier checks of each object at load (module l2); the FS tier's sidecars
+        # are seeded for it (module seeding)
+        self.tier_integrity = l2.tier_integrity(config)
+        self.checksum = (
+            extensions.fs_checksum(self.tier_integrity) if self.tier_integrity != "none" else None
+        )
         self.registration = config.registration
         self.model_name = config.model_name or config.registration.model.replace("@", "_")
         self.l2_dir = Path(config.root_dir) / "l2"
@@ -136,6 +145,8 @@ class StorageStack(PrefixSeeding):
             "l1_capacity_bytes": c.l1_capacity_bytes,
             "use_odirect": c.restore.use_odirect,
             "load_concurrency": c.restore.load_concurrency,
+            "l2_adapter": l2.fs_adapter_kind(c),
+            "tier_integrity": self.tier_integrity,
             "destination": c.destination,
             # the FS tier ran behind the fault adapter, with these rules at deploy
             **(
@@ -180,6 +191,35 @@ class StorageStack(PrefixSeeding):
     def l1_allocation_unit(self) -> int:
         """What LMCache's L1 rounds every object up to (the same on every rank)."""
         return max(allocation_unit(sm) for sm in self.managers.values())
+
+    def object_name(self, rank: int, group: int, chunk: int) -> str:
+        """An object of the seeded prefix by the name of its L2 file."""
+        assert self.seeded is not None
+        return self.path_of(self.key_of(self.seeded.hashes[chunk], rank, group)).name
+
+    def in_prefix_order(self, names: Sequence[str]) -> list[str]:
+        """Object file names of the seeded prefix, chunk by chunk (rank, group within)."""
+        if not names or self.seeded is None:
+            return sorted(names)
+        reg, n = self.registration, len(self.seeded.hashes)
+        where = {
+            self.object_name(r, g.index, c): (c, r, g.index)
+            for c in range(n)
+            for r in range(reg.tp_size)
+            for g in reg.groups
+        }
+        return sorted(names, key=lambda x: (where.get(x, (n, 0, 0)), x))
+
+    def tier_rejected(self) -> list[str]:
+        """Every object the L2 tier refused at load as bad (bsr_fs: checksum or size
+        mismatch), by file name, since deploy; [] from a tier that verifies nothing. Read
+        through the fault wrapper when the tier runs behind it."""
+        out: list[str] = []
+        for sm in self.managers.values():
+            for _desc, adapter in sm.l2_adapters():
+                tier = getattr(adapter, "inner", adapter)
+                out += getattr(tier, "corrupt_keys", list)()
+        return out
 
     def health(self) -> bool:
         return all(sm.report_status().get("is_healthy", False) for sm in self.managers.values())
@@ -270,16 +310,25 @@ class StorageStack(PrefixSeeding):
     def _run(self, restorer: BoundedRestorer, job: RestoreJob) -> StorageRestoreResult:
         reg, cfg, request, pool = self.registration, restorer.config, job.request, job.pool
         before = self.l1_usage_bytes()
+        rejected_before = len(self.tier_rejected())
         probe_ns = time.time_ns()
-        t0 = time.monotonic()
+        t0 = self.clock()
         plan = restorer.probe(request)
-        t1 = time.monotonic()
+        t1 = self.clock()
         for hw in self.high_water.values():
             hw.reset()
         anchor = Stopwatch()
         outcome: RestoreOutcome = restorer.restore(plan, job.destination)
-        t2 = time.monotonic()
+        t2 = self.clock()
         end_ns = time.time_ns()
+        # The installed bytes of a pool that kept them, compared after the timer stopped:
+        # the check is timed apart and never enters restore_s ("verify" compared while
+        # installing: the accuracy pass's oracle, inside its span).
+        after_timer = pool.compares and pool.mode != "verify"
+        checked = ("after_timer" if after_timer else "install") if pool.compares else "none"
+        pool.compare_pool()
+        t3 = self.clock()
+        rejected = self.in_prefix_order(self.tier_rejected()[rejected_before:])
         self.last_outcome = outcome
         # the run's timeline (a no-op tracer when the run collects nothing)
         trace_local_restore(
@@ -291,8 +340,9 @@ class StorageStack(PrefixSeeding):
             restorer.on_admitted(request.request_id)
         peak_abs = {r: hw.peak_bytes for r, hw in self.high_water.items()}
         peak = {r: peak_abs[r] - before[r] for r in peak_abs}
-        verify = None if pool.mode != "verify" else (pool.mismatches == 0 and outcome.ok)
+        verify = (pool.mismatches == 0 and outcome.ok) if pool.compares else None
         failure = "" if outcome.ok else f"{outcome.failure.name}: {outcome.detail}"
+        bad = sorted(pool.mismatched, key=lambda rc: (rc[1], rc[0].rank, rc[0].group))
         unit = self.l1_allocation_unit()
         return StorageRestoreResult(
             tokens=self.seeded.tokens if self.seeded else 0,
@@ -315,6 +365,11 @@ class StorageStack(PrefixSeeding):
             retrieve_s=t2 - t1,
             verify_ok=verify,
             verify_mismatches=pool.mismatches,
+            mismatched_objects=tuple(self.object_name(r.rank, r.group, c) for r, c in bad),
+            bytes_checked=checked,
+            bytes_check_s=t3 - t2 if after_timer else None,
+            tier_integrity=self.tier_integrity,
+            tier_rejected_objects=tuple(rejected),
             blocks_valid=pool.blocks_valid,
             blocks_total=pool.blocks_total,
             l1_usage_before_bytes=before,

@@ -135,7 +135,8 @@ class StorageTarget:
         self, prompt: Prompt, window_chunks: int, cold: bool = True, oracle: bool = True
     ) -> StorageMeasures:
         """One restore of the seeded prefix; ``oracle`` off copies into an anonymous pool
-        (``memory``: a KV install's copy) where the spec's destination compares every byte."""
+        (``memory``: a KV install's copy) where the spec's destination compares every byte
+        while installing, and that pool's bytes are compared after the restore's timer."""
         st, reg = self.stack, self.reg
         assert st is not None, "measure before deploy"
         tokens = prompt.tokens

@@ -67,8 +67,9 @@ def _m(restore_s: float, peak: int = 2 * C, **kw: Any) -> StorageMeasures:
     )  # fmt: skip
 
 
-ACC = {"verify_ok": True, "verify_mismatches": 0}  # the oracle's verdict (accuracy pass)
-TIMED = {"verify_ok": None, "verify_mismatches": 0}  # no byte compared (production path)
+# the accuracy pass compares while installing, a timed pass after its timer
+ACC = {"verify_ok": True, "verify_mismatches": 0, "bytes_checked": "install"}
+TIMED = {"verify_ok": True, "verify_mismatches": 0, "bytes_checked": "after_timer"}
 
 
 def test_no_timed_pass_is_the_accuracy_pass_alone() -> None:
@@ -88,8 +89,9 @@ def test_samples_come_from_the_timed_passes_only() -> None:
     iv = stats.median_ci([0.5, 0.2, 0.4], 0)
     assert p["intervals"] == {"restore_s": [iv.lo, iv.hi], "probe_s": [0.001, 0.001]}
     checks = {c["name"]: c for c in p["checks"]}
-    # the byte oracle judged on the accuracy pass; the timed passes compared nothing
+    # the bytes judged on every pass: all canonical, the accuracy pass's detail stands
     assert checks["canonical_bytes"]["verdict"] == "PASS"
+    assert "compared while installing" in checks["canonical_bytes"]["detail"]
     assert p["checks"][-1]["name"] == "repeats_identical"
     assert p["checks"][-1]["verdict"] == "PASS"
     one = repeated_point("p", {}, _m(9.0, **ACC), [_m(0.5, **TIMED)]).to_json()
@@ -110,12 +112,55 @@ def test_a_check_failing_in_one_timed_pass_fails_the_point_naming_the_pass() -> 
     assert got["bounded_restore"].detail.startswith(f"timed pass 1: peak {9 * C} B > ")
 
 
-def test_an_oracle_verdict_is_the_accuracy_pass_s() -> None:
-    bad = {"verify_ok": False, "verify_mismatches": 2}
+def test_every_pass_s_bytes_are_judged_a_timed_mismatch_names_its_pass_and_objects() -> None:
+    names = ("a.data", "b.data")
+    bad = {**ACC, "verify_ok": False, "verify_mismatches": 2, "mismatched_objects": names}
     got = {c.name: c for c in merged_checks(_m(0.1, **bad), [_m(0.1, **TIMED)])}
-    assert got["canonical_bytes"].verdict == Verdict.FAIL  # a mismatch in the oracle pass
-    got = {c.name: c for c in merged_checks(_m(0.1, **ACC), [_m(0.1, **bad)])}
-    assert got["canonical_bytes"].verdict == Verdict.PASS  # a timed pass judges no bytes
+    assert got["canonical_bytes"].verdict == Verdict.FAIL  # a mismatch in the accuracy pass
+    timed_bad = {**bad, "bytes_checked": "after_timer"}
+    got = {c.name: c for c in merged_checks(_m(0.1, **ACC), [_m(0.1, **TIMED)] * 2 + [
+        _m(0.1, **timed_bad)])}  # fmt: skip
+    assert got["canonical_bytes"].verdict == Verdict.FAIL
+    assert got["canonical_bytes"].detail == (
+        "timed pass 3: storage stack has no model: canonical_output replaced by byte "
+        f"verification; {4 * C} B installed, compared after the timer, 2 object(s) not "
+        "canonical: a.data, b.data"
+    )
+
+
+def test_a_detail_names_eight_objects_the_point_keeps_every_one() -> None:
+    from bsrctl.experiments.restore.acceptance import canonical_bytes
+
+    objs = tuple(f"o{i}.data" for i in range(10))
+    c = canonical_bytes(False, 10, 4 * C, objs, "after_timer", objs[:1])
+    assert (c.verdict, c.detail) == (
+        Verdict.FAIL,
+        f"storage stack has no model: canonical_output replaced by byte verification; {4 * C} "
+        f"B installed, compared after the timer, 10 object(s) not canonical: "
+        f"{', '.join(objs[:8])} (+2 more in the point's evidence); the tier refused 1 "
+        "object(s) at load as corrupted: o0.data",
+    )
+    bad = {**TIMED, "verify_ok": False, "verify_mismatches": 10, "mismatched_objects": objs}
+    timed = [_m(0.1, **TIMED), _m(0.1, **bad)]
+    p = repeated_point("p", {}, _m(0.1, **ACC), timed).to_json()
+    assert p["timed_bad_objects"] == {
+        "timed pass 2": {"mismatched_objects": list(objs), "tier_rejected_objects": []}
+    }
+
+
+def test_the_install_read_back_is_the_accuracy_pass_s_alone(monkeypatch) -> None:
+    import bsrctl.experiments.restore.repeats as rp
+    from bsrctl.evidence.verdict import check as mk
+
+    acc, timed = _m(0.1, **ACC), _m(0.1, **TIMED)
+
+    def judge(m):  # noqa: ANN001, ANN202 - a timed pass's read-back would FAIL, unjudged
+        ok = m is acc
+        return (mk("install_readback", ok, "acc" if ok else "timed"),)
+
+    monkeypatch.setattr(rp, "judge", judge)
+    (c,) = merged_checks(acc, [timed])
+    assert (c.name, c.verdict, c.detail) == ("install_readback", Verdict.PASS, "acc")
 
 
 def _pt(n: int, w: int, key: str, xs: list[float]) -> PointDoc:

@@ -1,6 +1,7 @@
 """The destination pool checks every installed object against canonical bytes (verify), keeps
-a file-backed copy (mmap), or only counts (null); an injected install error (a wrapper from
-``storage.faults``) strikes its window."""
+a file-backed copy (mmap) or an anonymous one (memory), both compared after the restore, or
+only counts (null); an injected install error (a wrapper from ``storage.faults``) strikes
+its window."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 pytest.importorskip("lmcache")
 
@@ -68,3 +71,44 @@ def test_an_object_of_the_wrong_size_is_refused(tmp_path: Path) -> None:
     short = SimpleNamespace(byte_array=np.zeros(C - 1, dtype=np.uint8))
     with pytest.raises(ValueError, match=f"chunk 0: object of {C - 1} bytes, expected {C}"):
         dest.install("r", Window(0, 0, 1), {ROW: [short]}, 1)
+
+
+N = 4  # chunks of the property's request
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    mode=st.sampled_from(["verify", "memory", "mmap"]),
+    bad=st.sets(st.tuples(st.integers(0, N - 1), st.integers(0, C - 1)), max_size=N),
+    installed=st.integers(0, N),
+)
+def test_exactly_the_installed_objects_that_differ_are_mismatched(
+    tmp_path_factory: pytest.TempPathFactory, mode: str, bad: set, installed: int
+) -> None:
+    """verify while installing, memory and mmap after the restore (``compare_pool``): the
+    same (row, chunk) set, every bad object installed and no other; none not installed."""
+    canon = CanonicalKV(REG, "s0")
+    hashes = canon.chunk_hashes(N)
+    req = RestoreRequest(
+        "p", (RowKeys(ROW, tuple(f"k{i}" for i in range(N)), C),), REG.chunk_tokens
+    )
+    dest = PoolDestination(mode, canon, req, hashes, tmp_path_factory.mktemp("pool"))
+    objs = [SimpleNamespace(byte_array=canon.object_bytes(h, 0, 0).copy()) for h in hashes]
+    for chunk, at in bad:
+        objs[chunk].byte_array[at] ^= 0x5A
+    if installed:
+        dest.install("p", Window(0, 0, installed), {ROW: objs[:installed]}, installed)
+    assert dest.compares and (dest.mismatched == [] or mode == "verify")
+    dest.compare_pool()
+    want = sorted({(ROW, c) for c, _ in bad if c < installed}, key=lambda rc: rc[1])
+    assert sorted(dest.mismatched, key=lambda rc: rc[1]) == want
+    assert dest.mismatches == len(want)
+    dest.close()
+
+
+def test_null_compares_nothing(tmp_path: Path) -> None:
+    dest, objs = setup("null", tmp_path)
+    objs[0].byte_array[0] ^= 1
+    dest.install("r", Window(0, 0, 2), {ROW: objs}, 2)
+    dest.compare_pool()
+    assert (dest.compares, dest.mismatched) == (False, [])
