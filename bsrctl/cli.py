@@ -239,16 +239,35 @@ def doctor(
         Path | None,
         typer.Option("--spec", help="check what this spec's deployment needs of this machine"),
     ] = None,
+    vllm_from: Annotated[
+        Path | None,
+        typer.Option(
+            "--vllm-from",
+            help="only the surface rows, for the vLLM in this folder (an unpacked wheel or a "
+            "pip --target folder; `make compat`) with the installed LMCache",
+        ),
+    ] = None,
 ) -> None:
-    """Versions of every part, the GPU (if any), a model folder, a spec's deployment, and
-    what to do about each problem found. A machine without a GPU is never failed for it."""
+    """Versions of every part, the vLLM/LMCache names bsrkv and bsrctl use, the GPU (if
+    any), a model folder, a spec's deployment, and what to do about each problem found. A
+    machine without a GPU is never failed for it."""
     from rich.markup import escape
 
     from bsrctl.specs import load_stack_section
     from bsrctl.stack.doctor.command import diagnose
+    from bsrctl.stack.doctor.surface import surface, surface_findings
 
-    stack = guarded(lambda: load_stack_section(spec)[0]) if spec is not None else None
-    rows = diagnose(model=model, stack=stack, where=str(spec))
+    if vllm_from is not None:
+        if not (vllm_from / "vllm").is_dir():
+            why = f"--vllm-from: no vllm/ package folder in {vllm_from}; give the folder"
+            err.print(
+                f"{why} that holds it (pip install --no-deps --target DIR vllm)", markup=False
+            )
+            raise typer.Exit(2)
+        rows = surface_findings(surface({"vllm": vllm_from}))
+    else:
+        stack = guarded(lambda: load_stack_section(spec)[0]) if spec is not None else None
+        rows = diagnose(model=model, stack=stack, where=str(spec))
     for row in rows:
         mark = "[green]ok[/green]" if row.ok else "[red]!![/red]"
         out.print(f"{mark} {escape(row.name)}: {escape(row.value)}", highlight=False)

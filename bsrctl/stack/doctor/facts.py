@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from bsrctl.stack.launch.versions import provider
+from bsrkv.hostsurface.check import Report
 
 NVIDIA_SMI_TIMEOUT_S = 10.0
 TORCH_PROBE_TIMEOUT_S = 180.0  # importing torch + lmcache and a CUDA init on 8 GPUs
@@ -58,6 +59,7 @@ class MachineFacts:
     lmcache_cuda: int | None = None  # libcudart major lmcache.cuda_ops links; None: unknown
     mooncake_cuda: int | None = None  # the Mooncake wheel's libcudart major; 0: a CPU build
     rdma: tuple[str, ...] | None = None  # /sys/class/infiniband entries; None: no such folder
+    surface: tuple[Report, ...] = ()  # the declared vLLM/LMCache names checked; (): not read
 
     def dist(self, package: str) -> tuple[str, str] | None:
         """(distribution, version) providing import package ``package``; None if none."""
@@ -209,4 +211,11 @@ def gather(probe_torch: bool | None = None) -> MachineFacts:
         lmcache_cuda=lmcache_cuda(),
         mooncake_cuda=mooncake_cuda(),
         rdma=rdma_devices(),
+        surface=doctor_surface(),
     )
+
+
+def doctor_surface() -> tuple[Report, ...]:
+    from bsrctl.stack.doctor.surface import surface  # reads source, imports none of it
+
+    return surface()
