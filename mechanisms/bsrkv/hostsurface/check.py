@@ -71,7 +71,8 @@ def check_name(tree: Tree, name: Name) -> Row:
     if name.params is not None:
         got = params(node) if node is not None else ()
         if not _in_order(name.params, got):
-            return Row(name, False, f"parameters ({', '.join(got)}), not ({', '.join(name.params)})")
+            want = ", ".join(name.params)
+            return Row(name, False, f"parameters ({', '.join(got)}), not ({want})")
     return Row(name, True)
 
 
