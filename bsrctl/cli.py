@@ -258,13 +258,7 @@ def doctor(
     from bsrctl.stack.doctor.surface import surface, surface_findings
 
     if vllm_from is not None:
-        if not (vllm_from / "vllm").is_dir():
-            why = f"--vllm-from: no vllm/ package folder in {vllm_from}; give the folder"
-            err.print(
-                f"{why} that holds it (pip install --no-deps --target DIR vllm)", markup=False
-            )
-            raise typer.Exit(2)
-        rows = surface_findings(surface({"vllm": vllm_from}))
+        rows = surface_findings(surface({"vllm": guarded(lambda: side_vllm(vllm_from))}))
     else:
         stack = guarded(lambda: load_stack_section(spec)[0]) if spec is not None else None
         rows = diagnose(model=model, stack=stack, where=str(spec))
@@ -274,6 +268,18 @@ def doctor(
         if not row.ok and row.fix:  # escaped: fixes name extras such as '.[gpu]'
             out.print(f"   fix: {escape(row.fix)}", highlight=False)
     raise typer.Exit(0 if all(r.ok or not r.required for r in rows) else 3)
+
+
+def side_vllm(folder: Path) -> Path:
+    """``doctor --vllm-from``'s folder: the one that holds a ``vllm/`` package."""
+    from bsrctl.errors import BadInput
+
+    if not (folder / "vllm").is_dir():
+        raise BadInput(
+            f"--vllm-from: no vllm/ package folder in {folder}; give the folder that holds it "
+            "(pip install --no-deps --target DIR vllm)"
+        )
+    return folder
 
 
 @stack_app.command("up")

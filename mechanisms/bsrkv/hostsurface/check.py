@@ -9,6 +9,7 @@ start or LMCache's first request.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cache
@@ -114,11 +115,11 @@ def release(version: str) -> tuple[int, ...]:
     """The leading numeric release of a version ("0.34.0rc1" -> (0, 34, 0))."""
     out = []
     for part in version.split("."):
-        digits = "".join(c for c in part if c.isdigit()) if part[:1].isdigit() else ""
-        if not digits:
+        m = re.match(r"\d+", part)
+        if m is None:
             break
-        out.append(int(digits))
-        if not part.isdigit():
+        out.append(int(m.group()))
+        if m.end() < len(part):
             break
     return tuple(out)
 

@@ -43,6 +43,7 @@ class Tree:
     package: str
     _parsed: dict[str, ast.Module | None] = field(default_factory=dict)
     _members: dict[str, dict[str, ast.AST]] = field(default_factory=dict)
+    read: set[Path] = field(default_factory=set)  # every file a check read
 
     def path(self, module: str) -> Path | None:
         base = self.root.joinpath(*module.split("."))
@@ -57,12 +58,15 @@ class Tree:
         return found[0] if found else None
 
     def exists(self, module: str) -> bool:
-        return self.path(module) is not None or self.native(module) is not None
+        found = self.path(module) or self.native(module)
+        self.read |= {found} if found else set()
+        return found is not None
 
     def parse(self, module: str) -> ast.Module | None:
         if module not in self._parsed:
             p = self.path(module)
             self._parsed[module] = ast.parse(p.read_bytes()) if p else None
+            self.read |= {p} if p else set()
         return self._parsed[module]
 
     def resolve(self, module: str, name: str, seen: frozenset[str] = frozenset()) -> Found | None:
@@ -74,6 +78,7 @@ class Tree:
         tree = self.parse(module)
         if tree is None:
             so = self.native(module)
+            self.read |= {so} if so else set()
             return Found(module) if so and name.encode() in so.read_bytes() else None
         stars = []
         for stmt in _top(tree.body):
@@ -145,6 +150,7 @@ class Tree:
             for p in sorted((self.root / self.package / sub).rglob("*.py")):
                 text = p.read_text(errors="replace")
                 if literal.search(text) or field_.search(text):
+                    self.read.add(p)
                     return True
         return False
 
