@@ -305,12 +305,16 @@ def stack_up(
 def stack_plan(
     spec: SpecArg,
     as_json: Annotated[bool, typer.Option("--json", help="{processes, figures} as JSON")] = False,
+    vllm_version: Annotated[
+        str | None,
+        typer.Option("--vllm-version", help="plan for this vLLM release (default: the installed)"),
+    ] = None,
 ) -> None:
     """Every process the spec would start (argv, env) and its figures; starts nothing, needs
     no GPU, reads no model but its config.json."""
     from bsrctl.stack.launch.plan import plan_spec, render
 
-    plan = guarded(lambda: plan_spec(spec))
+    plan = guarded(lambda: plan_spec(spec, vllm_version))
     sys.stdout.write(json.dumps(plan.to_json()) + "\n" if as_json else render(plan))
 
 
