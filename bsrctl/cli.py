@@ -255,7 +255,8 @@ def doctor(
 
     from bsrctl.specs import load_stack_section
     from bsrctl.stack.doctor.command import diagnose
-    from bsrctl.stack.doctor.surface import surface, surface_findings
+    from bsrctl.stack.doctor.facts import surface
+    from bsrctl.stack.doctor.surface import surface_findings
 
     if vllm_from is not None:
         rows = surface_findings(surface({"vllm": guarded(lambda: side_vllm(vllm_from))}))

@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import NamedTuple
 
 from bsrctl.stack.launch.versions import provider
-from bsrkv.hostsurface.check import Report
+from bsrkv.hostsurface.check import CONNECTOR_DECLARED, Report, check
+from bsrkv.hostsurface.declared import DECLARED
 
 NVIDIA_SMI_TIMEOUT_S = 10.0
 TORCH_PROBE_TIMEOUT_S = 180.0  # importing torch + lmcache and a CUDA init on 8 GPUs
@@ -211,11 +212,14 @@ def gather(probe_torch: bool | None = None) -> MachineFacts:
         lmcache_cuda=lmcache_cuda(),
         mooncake_cuda=mooncake_cuda(),
         rdma=rdma_devices(),
-        surface=doctor_surface(),
+        surface=surface(),
     )
 
 
-def doctor_surface() -> tuple[Report, ...]:
-    from bsrctl.stack.doctor.surface import surface  # reads source, imports none of it
-
-    return surface()
+def surface(roots: dict[str, Path] | None = None) -> tuple[Report, ...]:
+    """vLLM's and LMCache's declared names (LMCache's connector's reads of vLLM included)
+    against each tree: ``roots[package]`` (a side folder), else this interpreter's. Their
+    source is read, nothing of them imported."""
+    roots = roots or {}
+    declared = DECLARED + CONNECTOR_DECLARED
+    return tuple(check(p, roots.get(p), declared) for p in ("vllm", "lmcache"))

@@ -6,22 +6,11 @@ rows decide whether another release runs.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from bsrctl.stack.doctor.checks import Finding
-from bsrkv.hostsurface.check import CONNECTOR_DECLARED, Report, broken_pairs, check
-from bsrkv.hostsurface.declared import CONNECTOR, DECLARED, TESTED_WITH
+from bsrkv.hostsurface.check import Report, broken_pairs
+from bsrkv.hostsurface.declared import CONNECTOR, TESTED_WITH
 
-PACKAGES = ("vllm", "lmcache")
 LABEL = {"vllm": "vLLM", "lmcache": "LMCache"}
-
-
-def surface(roots: dict[str, Path] | None = None) -> tuple[Report, ...]:
-    """Each package's declared names (LMCache's connector's reads of vLLM included) against
-    its tree: ``roots[package]`` (a side folder), else this interpreter's."""
-    roots = roots or {}
-    declared = DECLARED + CONNECTOR_DECLARED
-    return tuple(check(p, roots.get(p), declared) for p in PACKAGES)
 
 
 def surface_findings(reports: tuple[Report, ...]) -> list[Finding]:
