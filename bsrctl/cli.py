@@ -244,8 +244,12 @@ def doctor(
         typer.Option(
             "--vllm-from",
             help="only the surface rows, for the vLLM in this folder (an unpacked wheel or a "
-            "pip --target folder; `make compat`) with the installed LMCache",
+            "pip --target folder; `make compat`)",
         ),
+    ] = None,
+    lmcache_from: Annotated[
+        Path | None,
+        typer.Option("--lmcache-from", help="likewise for the LMCache in this folder"),
     ] = None,
 ) -> None:
     """Versions of every part, the vLLM/LMCache names bsrkv and bsrctl use, the GPU (if
@@ -258,8 +262,10 @@ def doctor(
     from bsrctl.stack.doctor.facts import surface
     from bsrctl.stack.doctor.surface import surface_findings
 
-    if vllm_from is not None:
-        rows = surface_findings(surface({"vllm": guarded(lambda: side_vllm(vllm_from))}))
+    if vllm_from is not None or lmcache_from is not None:
+        sides = {"vllm": vllm_from, "lmcache": lmcache_from}
+        roots = {p: guarded(lambda p=p, f=f: side_folder(p, f)) for p, f in sides.items() if f}
+        rows = surface_findings(surface(roots))
     else:
         stack = guarded(lambda: load_stack_section(spec)[0]) if spec is not None else None
         rows = diagnose(model=model, stack=stack, where=str(spec))
@@ -271,14 +277,14 @@ def doctor(
     raise typer.Exit(0 if all(r.ok or not r.required for r in rows) else 3)
 
 
-def side_vllm(folder: Path) -> Path:
-    """``doctor --vllm-from``'s folder: the one that holds a ``vllm/`` package."""
+def side_folder(package: str, folder: Path) -> Path:
+    """``doctor --vllm-from``'s (``--lmcache-from``'s) folder: the one holding the package."""
     from bsrctl.errors import BadInput
 
-    if not (folder / "vllm").is_dir():
+    if not (folder / package).is_dir():
         raise BadInput(
-            f"--vllm-from: no vllm/ package folder in {folder}; give the folder that holds it "
-            "(pip install --no-deps --target DIR vllm)"
+            f"--{package}-from: no {package}/ package folder in {folder}; give the folder that "
+            f"holds it (pip install --no-deps --target DIR {package})"
         )
     return folder
 
