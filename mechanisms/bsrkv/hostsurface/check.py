@@ -156,6 +156,8 @@ def require(prefix: str, packages: tuple[str, ...] = ("vllm", "lmcache")) -> Non
     """Refuse to load (``SurfaceMissing``, one line) when the installed packages lack a
     name the modules under ``prefix`` declare."""
     for package in packages:
+        if installed_root(package) is None:
+            continue  # not installed at all: an import of it, if one runs, says so
         report = _installed(package, prefix)
         if report.rows and report.missing:
             raise SurfaceMissing(one_line(prefix, report))
