@@ -16,6 +16,9 @@ from typer.testing import CliRunner
 
 import bsrctl
 from bsrctl.cli import app
+from bsrctl.stack.doctor.surface import surface_findings
+from bsrkv.hostsurface.check import check
+from bsrkv.hostsurface.declared import DECLARED
 from tests.hostsurface.fake_tree import fake_tree
 
 WT = Path(bsrctl.__file__).resolve().parent.parent
@@ -79,3 +82,12 @@ def test_the_server_module_refuses_to_load_in_one_line(tmp_path: Path) -> None:
         "end_session, read by bsrkv.lmcache_ext.server.lookup) (bsrkv is tested with lmcache "
         "0.5.6; `bsrctl doctor` lists the surface)"
     )
+
+
+def test_doctor_says_a_package_not_there_once(tmp_path: Path) -> None:
+    rows = surface_findings((check("vllm", tmp_path, DECLARED),))
+    n = sum(1 for d in DECLARED if d.package == "vllm")
+    assert [(r.name, r.ok, r.value, r.fix) for r in rows] == [
+        ("vLLM surface", False, f"no vllm at {tmp_path}: its {n} declared names unchecked",
+         "install vllm (or `make venv`)"),
+    ]  # fmt: skip

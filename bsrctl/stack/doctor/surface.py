@@ -22,6 +22,10 @@ def surface_findings(reports: tuple[Report, ...]) -> list[Finding]:
         label = f"{LABEL[r.package]} surface"
         versions[r.package] = r.version
         got = f"{r.package} {r.version or '?'} at {r.root}"
+        if r.absent:
+            value = f"no {r.package} at {r.root}: its {len(r.rows)} declared names unchecked"
+            rows.append(Finding(label, False, value, f"install {r.package} (or `make venv`)"))
+            continue
         if not r.missing:
             flags = sum(1 for row in r.rows if row.name.is_flag)
             value = f"complete: {len(r.rows) - flags} names, {flags} flags in {got}"

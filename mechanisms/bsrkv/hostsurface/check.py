@@ -49,6 +49,11 @@ class Report:
     def missing(self) -> tuple[Row, ...]:
         return tuple(r for r in self.rows if not r.ok)
 
+    @property
+    def absent(self) -> bool:
+        """No such package at all (every name missing for that one reason)."""
+        return all(r.why == f"no {self.package}" for r in self.rows) and bool(self.rows)
+
 
 def check_name(tree: Tree, name: Name) -> Row:
     """One declared name against ``tree``."""
