@@ -58,7 +58,12 @@ def test_every_vllm_and_lmcache_import_is_declared_with_its_user() -> None:
             "bsrctl.stack.launch.serving.commands",
         ),
     ]  # fmt: skip  (named by module path on vLLM's command line, not imported)
-    assert len(found) == 132
+    # the scan sees module-level and function-level imports alike
+    assert {
+        ("vllm.v1.core.sched.scheduler", "Scheduler", "bsrkv.vllm_ext.scheduler"),
+        ("vllm.models.deepseek_v4.cpu.cpu_sparse", "_NoOpEvent", "bsrctl.registration.dsv4_vllm"),
+        ("lmcache.lmcache_native", "", "bsrkv.lmcache_ext.readback"),
+    } <= found
 
 
 def test_every_user_is_a_module_of_bsrkv_or_bsrctl() -> None:
