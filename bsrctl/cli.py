@@ -239,22 +239,54 @@ def doctor(
         Path | None,
         typer.Option("--spec", help="check what this spec's deployment needs of this machine"),
     ] = None,
+    vllm_from: Annotated[
+        Path | None,
+        typer.Option(
+            "--vllm-from",
+            help="only the surface rows, for the vLLM in this folder (an unpacked wheel or a "
+            "pip --target folder; `make compat`)",
+        ),
+    ] = None,
+    lmcache_from: Annotated[
+        Path | None,
+        typer.Option("--lmcache-from", help="likewise for the LMCache in this folder"),
+    ] = None,
 ) -> None:
-    """Versions of every part, the GPU (if any), a model folder, a spec's deployment, and
-    what to do about each problem found. A machine without a GPU is never failed for it."""
+    """Versions of every part, the vLLM/LMCache names bsrkv and bsrctl use, the GPU (if
+    any), a model folder, a spec's deployment, and what to do about each problem found. A
+    machine without a GPU is never failed for it."""
     from rich.markup import escape
 
     from bsrctl.specs import load_stack_section
     from bsrctl.stack.doctor.command import diagnose
+    from bsrctl.stack.doctor.facts import surface
+    from bsrctl.stack.doctor.surface import surface_findings
 
-    stack = guarded(lambda: load_stack_section(spec)[0]) if spec is not None else None
-    rows = diagnose(model=model, stack=stack, where=str(spec))
+    if vllm_from is not None or lmcache_from is not None:
+        sides = {"vllm": vllm_from, "lmcache": lmcache_from}
+        roots = {p: guarded(lambda p=p, f=f: side_folder(p, f)) for p, f in sides.items() if f}
+        rows = surface_findings(surface(roots))
+    else:
+        stack = guarded(lambda: load_stack_section(spec)[0]) if spec is not None else None
+        rows = diagnose(model=model, stack=stack, where=str(spec))
     for row in rows:
         mark = "[green]ok[/green]" if row.ok else "[red]!![/red]"
         out.print(f"{mark} {escape(row.name)}: {escape(row.value)}", highlight=False)
         if not row.ok and row.fix:  # escaped: fixes name extras such as '.[gpu]'
             out.print(f"   fix: {escape(row.fix)}", highlight=False)
     raise typer.Exit(0 if all(r.ok or not r.required for r in rows) else 3)
+
+
+def side_folder(package: str, folder: Path) -> Path:
+    """``doctor --vllm-from``'s (``--lmcache-from``'s) folder: the one holding the package."""
+    from bsrctl.errors import BadInput
+
+    if not (folder / package).is_dir():
+        raise BadInput(
+            f"--{package}-from: no {package}/ package folder in {folder}; give the folder that "
+            f"holds it (pip install --no-deps --target DIR {package})"
+        )
+    return folder
 
 
 @stack_app.command("up")
@@ -280,12 +312,16 @@ def stack_up(
 def stack_plan(
     spec: SpecArg,
     as_json: Annotated[bool, typer.Option("--json", help="{processes, figures} as JSON")] = False,
+    vllm_version: Annotated[
+        str | None,
+        typer.Option("--vllm-version", help="plan for this vLLM release (default: the installed)"),
+    ] = None,
 ) -> None:
     """Every process the spec would start (argv, env) and its figures; starts nothing, needs
     no GPU, reads no model but its config.json."""
     from bsrctl.stack.launch.plan import plan_spec, render
 
-    plan = guarded(lambda: plan_spec(spec))
+    plan = guarded(lambda: plan_spec(spec, vllm_version))
     sys.stdout.write(json.dumps(plan.to_json()) + "\n" if as_json else render(plan))
 
 

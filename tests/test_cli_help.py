@@ -40,8 +40,9 @@ def test_commands_are_grouped_main_jobs_first() -> None:
 def test_a_summary_is_its_first_paragraph_on_one_line() -> None:
     rows = dict(row for _, rows in listing() for row in rows)
     assert rows["doctor"] == (
-        "Versions of every part, the GPU (if any), a model folder, a spec's deployment, and "
-        "what to do about each problem found. A machine without a GPU is never failed for it."
+        "Versions of every part, the vLLM/LMCache names bsrkv and bsrctl use, the GPU (if any), "
+        "a model folder, a spec's deployment, and what to do about each problem found. A "
+        "machine without a GPU is never failed for it."
     )
     stack = dict(row for _, rows in listing("stack") for row in rows)
     assert stack["up"] == (

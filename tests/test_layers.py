@@ -176,6 +176,12 @@ BREAKS = [
         {"tempokv-wire-pure"},
         "bsrkv.tempokv.ttu -> vllm",
     ),
+    (  # the surface check reads vLLM's source: importing it would need torch and 10 s
+        "mechanisms/bsrkv/hostsurface/source.py",
+        "import vllm",
+        {"hostsurface-reads-source"},
+        "bsrkv.hostsurface.source -> vllm",
+    ),
     (  # the vLLM adapter imports the wire: a wire that needs lmcache_ext is not lean
         "mechanisms/bsrkv/tempokv/wire.py",
         "import bsrkv.lmcache_ext.protocol",

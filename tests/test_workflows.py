@@ -105,9 +105,9 @@ def test_ci_runs_the_readme_test_command_on_every_push() -> None:
 def test_nightly_gpu_is_a_matrix_of_the_nodes_file_then_one_merge() -> None:
     doc = load("nightly-gpu.yml")
     assert "schedule" in doc["on"]
-    assert list(doc["jobs"]) == ["nodes", "qualify", "merge"]
+    assert list(doc["jobs"]) == ["nodes", "qualify", "merge", "compat"]
     assert "vars.BSRCTL_NODES" in doc["env"]["NODES_FILE"]
-    nodes, job, merge = doc["jobs"].values()
+    nodes, job, merge, _ = doc["jobs"].values()
     assert 'bsrctl fleet matrix "$NODES_FILE"' in steps_text({"jobs": {"n": nodes}})
     assert job["strategy"] == {
         "fail-fast": False, "matrix": "${{ fromJSON(needs.nodes.outputs.matrix) }}"}  # fmt: skip
@@ -131,6 +131,15 @@ def test_nightly_gpu_is_a_matrix_of_the_nodes_file_then_one_merge() -> None:
     (down,) = [s for s in merge["steps"] if str(s.get("uses", "")).startswith("actions/download")]
     assert down["with"] == {"pattern": "node-*", "path": "nodes"}
     assert merge_step()["run"] == "bash .github/scripts/fleet-merge.sh nodes baseline fleet-report"
+
+
+def test_nightly_checks_the_newest_vllms_surface_on_a_cpu_runner() -> None:
+    job = load("nightly-gpu.yml")["jobs"]["compat"]
+    assert job["runs-on"] == "ubuntu-latest" and "needs" not in job  # whatever the nodes did
+    assert [s["run"] for s in job["steps"] if "run" in s] == [
+        "pip install -q ./mechanisms .",
+        "make compat",
+    ]
 
 
 def merge_step() -> dict:

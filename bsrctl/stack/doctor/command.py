@@ -21,6 +21,7 @@ from bsrctl.stack.doctor.checks import (
     weights_finding,
 )
 from bsrctl.stack.doctor.facts import MachineFacts, gather, installed_dists
+from bsrctl.stack.doctor.surface import surface_findings
 from bsrctl.stack.launch import shm_ledger
 from bsrctl.stack.launch.netns import namespace_support
 
@@ -108,6 +109,7 @@ def fact_findings(
     for extra in ("torchvision", "torchaudio", "triton") if device == "cpu" else ():
         if got := facts.dist(extra):
             head.append(Finding(extra, False, got[1], f"pip uninstall -y {extra} (breaks CPU)"))
+    head += surface_findings(facts.surface)
     tail = [device_finding(facts, device, stack, where)]
     tail += gpu_findings(facts, device, need_mooncake=mooncake)
     if stack is not None and model is None and stack.vllm.model != "tiny":

@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import NamedTuple
 
 from bsrctl.stack.launch.versions import provider
+from bsrkv.hostsurface.check import CONNECTOR_DECLARED, Report, check
+from bsrkv.hostsurface.declared import DECLARED
 
 NVIDIA_SMI_TIMEOUT_S = 10.0
 TORCH_PROBE_TIMEOUT_S = 180.0  # importing torch + lmcache and a CUDA init on 8 GPUs
@@ -58,6 +60,7 @@ class MachineFacts:
     lmcache_cuda: int | None = None  # libcudart major lmcache.cuda_ops links; None: unknown
     mooncake_cuda: int | None = None  # the Mooncake wheel's libcudart major; 0: a CPU build
     rdma: tuple[str, ...] | None = None  # /sys/class/infiniband entries; None: no such folder
+    surface: tuple[Report, ...] = ()  # the declared vLLM/LMCache names checked; (): not read
 
     def dist(self, package: str) -> tuple[str, str] | None:
         """(distribution, version) providing import package ``package``; None if none."""
@@ -209,4 +212,14 @@ def gather(probe_torch: bool | None = None) -> MachineFacts:
         lmcache_cuda=lmcache_cuda(),
         mooncake_cuda=mooncake_cuda(),
         rdma=rdma_devices(),
+        surface=surface(),
     )
+
+
+def surface(roots: dict[str, Path] | None = None) -> tuple[Report, ...]:
+    """vLLM's and LMCache's declared names (LMCache's connector's reads of vLLM included)
+    against each tree: ``roots[package]`` (a side folder), else this interpreter's. Their
+    source is read, nothing of them imported."""
+    roots = roots or {}
+    declared = DECLARED + CONNECTOR_DECLARED
+    return tuple(check(p, roots.get(p), declared) for p in ("vllm", "lmcache"))

@@ -25,7 +25,7 @@ from pydantic import ValidationError
 from bsrctl.errors import BadInput
 from bsrctl.spec_io import describe_error, read_yaml
 from bsrctl.specs import StackSpec, TargetSpec, model_config
-from bsrctl.stack.launch import profile
+from bsrctl.stack.launch import profile, versions
 from bsrctl.stack.launch.extensions import bsr_extensions
 from bsrctl.stack.launch.model import model_folder
 from bsrctl.stack.launch.netns import LOOPBACK, nsenter_prefix
@@ -144,10 +144,28 @@ def figures(spec: TargetSpec, doc: Mapping[str, Any]) -> dict[str, Any]:
         },
         "gpu_memory_per_rank": None,
     }
+    if stack.kind == "serving":
+        out["vllm"] = _vllm_figures(stack)
     if stack.device == "cuda":
         out["gpus"] = list(profile.gpus(stack.vllm))
         out["gpu_memory_per_rank"] = _gpu_memory(stack, c // chunk)
     return out
+
+
+def _vllm_figures(stack: StackSpec) -> dict[str, Any]:
+    """The vLLM the plan is for and what it defaults that the launch depends on: the block
+    size (``num_gpu_blocks_override`` blocks hold that many tokens each: 4x more on 0.34's
+    CUDA default of 64 than on 0.32's 16) and whether the extensible KV cache exists (the
+    cuda profile turns it off)."""
+    version = versions.target_vllm_version()
+    block = profile.kv_block_size(stack, version)
+    blocks = stack.vllm.num_gpu_blocks_override
+    return {
+        "version": version,
+        "block_size": block,
+        "kv_pool_tokens": blocks * block if blocks is not None and block is not None else None,
+        "extensible_kv_cache": versions.vllm_defaults(version).extensible_kv_cache,
+    }
 
 
 def _gpu_memory(stack: StackSpec, kv_per_token: int) -> dict[str, Any]:
@@ -218,8 +236,11 @@ def _counts(values: list[Any]) -> list[int]:
     return [n for n in values if isinstance(n, int) and not isinstance(n, bool) and n > 0]
 
 
-def plan_spec(path: Path) -> Plan:
-    """The plan of the spec at ``path`` (any spec with a `stack:` section)."""
+def plan_spec(path: Path, vllm_version: str | None = None) -> Plan:
+    """The plan of the spec at ``path`` (any spec with a `stack:` section), for vLLM
+    ``vllm_version`` (None: the installed one)."""
+    if vllm_version is not None and len(versions.release(vllm_version)) < 2:
+        raise BadInput(f"--vllm-version: {vllm_version!r} is no vLLM release; give one (0.34.0)")
     doc = read_yaml(path)
     known = {k: doc[k] for k in TargetSpec.model_fields if k in doc}
     try:
@@ -228,7 +249,8 @@ def plan_spec(path: Path) -> Plan:
         raise BadInput(f"{path}: {describe_error(TargetSpec, exc)}") from None
     try:
         settings = spec.settings(0)
-        return Plan(processes(spec.stack, settings), figures(spec, doc))
+        with versions.planning_for(vllm_version):
+            return Plan(processes(spec.stack, settings), figures(spec, doc))
     except BadInput as exc:
         raise BadInput(f"{path}: {exc}") from None
 

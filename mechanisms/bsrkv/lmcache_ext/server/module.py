@@ -11,13 +11,18 @@ import os
 import signal
 from typing import Any
 
-from lmcache.v1.multiprocess.ext_server_module import ExtServerModuleBuildContext
+from bsrkv.hostsurface import require
 
-from bsrkv.lmcache_ext.server.control import ControlHandlers
-from bsrkv.lmcache_ext.server.lookup import LookupHandlers
-from bsrkv.lmcache_ext.server.retrieve import RetrieveHandlers
-from bsrkv.lmcache_ext.server.tempokv import TempoKVHandlers
-from bsrkv.trace.spans import shutdown_server_tracer
+# before LMCache's names are imported: one missing is refused in one line naming it
+require("bsrkv.lmcache_ext", ("lmcache",))
+
+from lmcache.v1.multiprocess.ext_server_module import ExtServerModuleBuildContext  # noqa: E402
+
+from bsrkv.lmcache_ext.server.control import ControlHandlers  # noqa: E402
+from bsrkv.lmcache_ext.server.lookup import LookupHandlers  # noqa: E402
+from bsrkv.lmcache_ext.server.retrieve import RetrieveHandlers  # noqa: E402
+from bsrkv.lmcache_ext.server.tempokv import TempoKVHandlers  # noqa: E402
+from bsrkv.trace.spans import shutdown_server_tracer  # noqa: E402
 
 
 class BsrServerModule(TempoKVHandlers, LookupHandlers, RetrieveHandlers, ControlHandlers):
