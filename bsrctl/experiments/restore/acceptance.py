@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from bsrctl.evidence import guards
 from bsrctl.evidence.verdict import Check, Point, Verdict, check
 from bsrctl.stack.contracts.measures import RestoreMeasures, ServingMeasures, StorageMeasures
 from bsrctl.stack.launch.serving.client import NOT_REPORTED
@@ -319,6 +320,8 @@ def judge(m: RestoreMeasures) -> tuple[Check, ...]:
         content,
         post_request_health(m.healthy, m.health_detail),
     ]
+    if isinstance(m, ServingMeasures):  # the storage stack runs no host process
+        checks.append(guards.judge_json(m.guards))
     if m.window_chunks > 0:
         checks.append(
             bounded_restore(
