@@ -180,3 +180,31 @@ def test_the_watch_reads_both_processes_before_and_after(tmp_path: Path) -> None
         {"source": VLLM, "failures": [], "note": ""},
     ]  # fmt: skip
     assert judge_json(got).verdict == Verdict.FAIL
+
+
+def test_reports_without_a_checks_table_list_what_did_not_pass() -> None:
+    from bsrctl.report import soak, tempokv
+    from bsrctl.report.units import guard_lines
+
+    bad = extensions_healthy([GuardDelta.over(LMCACHE, counts(), counts(gate=2))]).to_json()
+    ok = extensions_healthy([GuardDelta.over(LMCACHE, counts(), counts())]).to_json()
+    points = [
+        {"id": "r0000", "params": {"prefix_tokens": 1024}, "verdict": "FAIL", "checks": [bad]},
+        {"id": "r0001", "params": {"prefix_tokens": 1024}, "verdict": "FAIL", "checks": [bad]},
+        {"id": "r0002", "params": {"prefix_tokens": 1024}, "verdict": "PASS", "checks": [ok]},
+    ]
+    want = [
+        "",
+        "## Extension guards",
+        "",
+        "- FAIL (r0000, r0001): extension degraded to stock: LMCache server: "
+        "bsrkv.lmcache_ext.server [tempokv_gate] RuntimeError x2",
+    ]
+    assert guard_lines(points) == want
+    assert guard_lines(points[2:]) == []
+    doc = {"run_id": "br-x", "kind": "soak", "verdict": "FAIL", "complete": True,
+           "started_at": "t0", "salt": "s", "spec_sha256": "0" * 64, "points": points,
+           "summary": {}}  # fmt: skip
+    assert "\n".join(want) in soak.render(doc)
+    doc = {**doc, "kind": "tempokv", "summary": {"experiment": "serving-policies"}}
+    assert "\n".join(want) in tempokv.render(doc)
