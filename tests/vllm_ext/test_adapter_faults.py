@@ -234,3 +234,23 @@ def test_each_hook_that_raises_is_counted_and_changes_nothing(
     named = "; ".join(f"vLLM engine: bsrkv.vllm_ext [{s}] ValueError x{counts[s]}"
                       for s in sorted(sites))  # fmt: skip
     assert verdict_from_trace(before, trace) == ("FAIL", f"extension degraded to stock: {named}")
+
+
+def test_an_engine_that_cannot_say_it_is_idle_still_writes_its_failures(
+    cfg: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The trace goes to disk when the engine goes idle; a vLLM whose ``has_requests`` is
+    gone has it written at that step anyway, the failure counted in the record written."""
+    trace = tmp_path / "t.jsonl"
+    before = process_failures()
+    sched = build(scheduler.RecordingScheduler, cfg, trace, monkeypatch, "record")
+
+    def gone() -> bool:
+        raise AttributeError("'Scheduler' object has no attribute 'has_requests'")
+
+    sched.has_requests = gone
+    sched._bk_idle()
+    assert verdict_from_trace(before, trace) == (
+        "FAIL",
+        "extension degraded to stock: vLLM engine: bsrkv.vllm_ext [record] AttributeError x1",
+    )
