@@ -14,9 +14,6 @@ import pytest
 from lmcache.lmcache_native import Bitmap
 from lmcache.v1.distributed.api import ObjectKey
 
-from bsrctl.evidence.guards import GuardCounts, GuardDelta, extensions_healthy
-from bsrctl.stack.contracts.guards import LMCACHE
-from bsrkv.hostguard import process_failures
 from bsrkv.lmcache_ext.faults.adapter import BsrFaultL2Adapter, BsrFaultL2AdapterConfig
 from bsrkv.lmcache_ext.faults.control import fault_stats, write_control_file
 from bsrkv.lmcache_ext.faults.rules import FaultRule
@@ -262,31 +259,3 @@ def test_close_twice_is_a_no_op(make) -> None:
     assert not adapter._pump_thread.is_alive()
     with pytest.raises(KeyError, match="close-twice"):
         fault_stats("close-twice")  # no longer reachable by name
-
-
-def test_a_failing_pump_pass_reaches_the_harness_by_name(make) -> None:
-    """The pump's guard keeps the pump alive and counts the pass; the server's
-    ``bsr.status`` reports it (``hostguard.process_failures``) and the cell's
-    ``extensions_healthy`` FAILs naming the pump, the exception type and the count."""
-    adapter, _inner = make("pump-fails")
-    before = GuardCounts({(g, s, t): n for g, s, t, n in process_failures()})
-    real, failed = adapter._release_due, threading.Event()
-
-    def once() -> None:  # the pass does its work, then fails, once
-        real()
-        if not failed.is_set():
-            failed.set()
-            raise RuntimeError("pump broke")
-
-    adapter._release_due = once  # type: ignore[method-assign]
-    assert result(adapter, "lookup", submit(adapter, "lookup", keys(1))) == [0]
-    assert failed.wait(3.0)
-    # the pump went on: a later task completes on a later pass
-    assert result(adapter, "lookup", submit(adapter, "lookup", keys(1, "after"))) == [0]
-    after = GuardCounts({(g, s, t): n for g, s, t, n in process_failures()})
-    c = extensions_healthy([GuardDelta.over(LMCACHE, before, after)])
-    assert (c.verdict, c.detail) == (
-        "FAIL",
-        "extension degraded to stock: LMCache server: bsrkv.lmcache_ext.faults "
-        "[pump 'pump-fails'] RuntimeError x1",
-    )

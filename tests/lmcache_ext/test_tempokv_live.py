@@ -25,11 +25,8 @@ from lmcache.v1.distributed.config import (
 from lmcache.v1.distributed.l2_adapters.config import L2AdaptersConfig
 from lmcache.v1.distributed.storage_manager import StorageManager
 
-from bsrctl.evidence.guards import GuardCounts, GuardDelta, extensions_healthy
-from bsrctl.stack.contracts.guards import LMCACHE
 from bsrctl.stack.launch.extensions import odirect_allowed
 from bsrkv.clock import VirtualClock
-from bsrkv.hostguard import process_failures
 from bsrkv.lmcache_ext.faults.adapter import BsrFaultL2AdapterConfig
 from bsrkv.lmcache_ext.storage import LMCacheRestoreStorage
 from bsrkv.lmcache_ext.tempokv_device import LiveObject
@@ -510,33 +507,3 @@ def test_device_progress_pays_the_shaped_l2s_latency_per_op() -> None:
     assert (dev.remaining_bytes(1), dev.remaining_bytes(2)) == (1, 32)
     now[0] = 1.0
     assert dev.remaining_bytes(2) == 16
-
-
-def test_a_failing_loop_pass_reaches_the_harness_by_name(sm) -> None:
-    """TempoKV's loop survives a pass that raises (its guard counts it once); the server's
-    counts carry it to the cell's ``extensions_healthy``, which FAILs naming the loop."""
-    t = live(sm, "immediate", budget_chunks=4)
-    try:
-        before = GuardCounts({(g, s, k): n for g, s, k, n in process_failures()})
-        real, calls = t.step, []
-
-        def once() -> None:
-            real()
-            if not calls:
-                calls.append(1)
-                raise KeyError("renamed")
-
-        t.step = once  # type: ignore[method-assign]
-        until(lambda: calls)
-        a = in_l2(sm, 2, "loop")
-        t.report("A", objects(a))  # the loop still runs: the claim is staged
-        until(lambda: state(t, "A") is ClaimState.STAGEREADY)
-        after = GuardCounts({(g, s, k): n for g, s, k, n in process_failures()})
-    finally:
-        t.close()
-    c = extensions_healthy([GuardDelta.over(LMCACHE, before, after)])
-    assert (c.verdict, c.detail) == (
-        "FAIL",
-        "extension degraded to stock: LMCache server: bsrkv.lmcache_ext.tempokv "
-        "[tempokv_loop] KeyError x1",
-    )

@@ -272,8 +272,8 @@ def judge(m: RestoreMeasures) -> tuple[Check, ...]:
     """Every acceptance check of one point, from its measures; the target's own measures
     pick its oracle and what else it is held to (serving: setup, vLLM's external hits, the
     output, the install read-back, its processes' guard failures: ``extensions_healthy``;
-    storage: the registration digest, c as L1 allocates it, the installed bytes). A point whose prefix never fully reached its tier is judged on
-    that alone (UNKNOWN)."""
+    storage: the registration digest, c as L1 allocates it, the installed bytes). A point
+    whose prefix never fully reached its tier is judged on that alone (UNKNOWN)."""
     tier = m.tier or "L2"
     seeded: list[Check] = []
     external: int | None = None
