@@ -14,6 +14,7 @@ from typing import Any
 
 from bsrctl.errors import BadInput
 from bsrctl.evidence import EvidenceWriter, Point, Verdict
+from bsrctl.evidence.guards import with_guards
 from bsrctl.evidence.verdict import Check, check
 from bsrctl.experiments.restore.acceptance import canonical_output, tier_isolation
 from bsrctl.experiments.run import execute, progress
@@ -21,6 +22,7 @@ from bsrctl.prompts import expected_external_tokens, prompt_ids, tokens_sha256
 from bsrctl.spec_io import load_spec
 from bsrctl.specs import RoundTripSpec
 from bsrctl.stack.contracts.deployment import FOLLOW_UP_MAX_TOKENS, FOLLOW_UP_PROMPT_TOKENS
+from bsrctl.stack.contracts.guards import GuardWatch
 from bsrctl.stack.launch.model import prepare_model
 from bsrctl.stack.launch.serving import Completion, ServingStack, check_ports
 from bsrctl.stack.measure.canonical_outputs import canonical_outputs
@@ -119,7 +121,9 @@ def run_roundtrip(spec_path: Path, out_dir: Path, quiet: bool = False) -> Verdic
         l2 = tuple(t for t in ("fs", "mooncake") if t in spec.tiers)
         mc_before = mooncake_stored_keys(stack) if "mooncake" in l2 else 0
         written: dict[str, int] = {}
+        watch = GuardWatch()
         for tier in ["cold", *spec.tiers]:
+            watch.start(client)
             if tier != "cold":
                 say(f"reload from {tier}")
             before = stack.tier_reads()
@@ -133,7 +137,7 @@ def run_roundtrip(spec_path: Path, out_dir: Path, quiet: bool = False) -> Verdic
             point = tier_point(
                 tier, comp, canonical, expected, spec.prompt_tokens, reads, l1_before
             )
-            w.add_point(point)
+            w.add_point(with_guards(point, watch.end(client)))
             if tier == "cold" and l2:  # an L1 emptied before the write-through loses it
                 chunk = spec.stack.lmcache.chunk_size
                 written = wait_written_through(stack, ids, chunk, l2, 30.0, mc_before)

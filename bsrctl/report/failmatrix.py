@@ -27,6 +27,7 @@ CHECK_ORDER = (
     "post_request_health",
     "bounded_time",
     "processes_accounted",
+    "extensions_healthy",
 )
 
 

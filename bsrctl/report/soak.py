@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from bsrctl.report.units import header, table
+from bsrctl.report.units import guard_lines, header, table
 
 
 def render(doc: dict[str, Any]) -> str:
@@ -42,6 +42,7 @@ def render(doc: dict[str, Any]) -> str:
         lines += ["", "## Requests by prefix", ""]
         rows = [[str(n), v, str(k)] for (n, v), k in sorted(by.items())]
         lines += table(["prefix_tokens", "verdict", "requests"], rows)
+        lines += guard_lines(points)
     if s.get("quiesced") is not None:
         q = s["quiesced"]
         lines += ["", f"After the quiesce: {q}; pool peak {s.get('pool_peak_max_bytes')} B, "

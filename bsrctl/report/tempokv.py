@@ -7,6 +7,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from bsrctl.report.units import guard_lines
+
 UNEXPECTED = "unexpected pass"
 
 
@@ -26,7 +28,9 @@ def render(doc: dict[str, Any]) -> str:
     else:
         body = f"No figure: the run did not finish ({summary.get('aborted', 'no summary')})."
     checks = summary.get("checks", [])
-    return head + body + _deviations(checks) + _checks(checks)
+    guards = guard_lines(doc.get("points", []))
+    tail = "\n".join(guards) + "\n" if guards else ""
+    return head + body + tail + _deviations(checks) + _checks(checks)
 
 
 # ---- the policy grid on the serving stack ----------------------------------------------

@@ -97,3 +97,20 @@ def table(head: list[str], rows: list[list[str]]) -> list[str]:
     out = ["| " + " | ".join(head[i] for i in keep) + " |", "|" + "---|" * len(keep)]
     out += ["| " + " | ".join(r[i] for i in keep) + " |" for r in rows]
     return out
+
+
+def guard_lines(points: Iterable[dict[str, Any]]) -> list[str]:
+    """ "## Extension guards": each distinct ``extensions_healthy`` outcome that did not PASS,
+    with the points it holds for (a soak round's requests share theirs); nothing when every
+    point's passed. For reports whose point checks have no table of their own."""
+    by: dict[tuple[str, str], list[str]] = {}
+    for p in points:
+        for c in p.get("checks", []):
+            if c["name"] == "extensions_healthy" and c["verdict"] != "PASS":
+                by.setdefault((c["verdict"], c["detail"]), []).append(str(p["id"]))
+    if not by:
+        return []
+    lines = ["", "## Extension guards", ""]
+    for (verdict, detail), ids in by.items():
+        lines.append(f"- {verdict} ({', '.join(ids)}): {detail}")
+    return lines

@@ -8,7 +8,13 @@ count is logged again at the 2nd, 4th, 8th, ... failure of the site (a failing s
 every few milliseconds: the log stays a few lines). ``on_failure`` sees every failure (the
 vLLM adapter writes its ``adapter_error`` trace record there); it is guarded too. Only
 ``Exception`` is caught: KeyboardInterrupt and SystemExit belong to the host. Nothing here
-imports anything of bsrctl or of a host."""
+imports anything of bsrctl or of a host.
+
+Every failure is also counted process-wide by (guard, site, exception type):
+``process_failures()`` is what a host reports to the harness (LMCache's ``bsr.status``,
+vLLM's step trace), so a run whose extension degraded to stock cannot read as measuring the
+extension. Those counts are cumulative over the process and outlive the guard that counted
+them (a reconfigured part's guard is gone, its failures are not)."""
 
 from __future__ import annotations
 
@@ -22,6 +28,17 @@ from typing import Any, ParamSpec, TypeVar
 P = ParamSpec("P")
 T = TypeVar("T")
 OnFailure = Callable[[str, BaseException, int], None]
+Failure = tuple[str, str, str, int]  # guard, site, exception type, count
+
+_PROCESS: Counter[tuple[str, str, str]] = Counter()
+_PROCESS_LOCK = threading.Lock()
+
+
+def process_failures() -> list[Failure]:
+    """Every guard's failures in this process so far, sorted: (guard, site, exception
+    type, count)."""
+    with _PROCESS_LOCK:
+        return sorted((g, s, t, n) for (g, s, t), n in _PROCESS.items())
 
 
 class Guard:
@@ -55,6 +72,8 @@ class Guard:
                 kind = (site, type(exc).__name__)
                 first = kind not in self._seen
                 self._seen.add(kind)
+            with _PROCESS_LOCK:
+                _PROCESS[(self.name, *kind)] += 1
             if first:
                 self.log.error("%s: %s failed, degraded to stock: %r", self.name, site, exc,
                                exc_info=(type(exc), exc, exc.__traceback__))  # fmt: skip

@@ -52,6 +52,9 @@ def test_every_policy_on_the_serving_stack(tmp_path: Path, bsrctl) -> None:
         checks = {c["name"]: c["verdict"] for c in p["checks"]}
         assert checks["canonical_output"] == "PASS", (p["id"], p["checks"])
         assert checks["protected_within_budget"] == "PASS", (p["id"], p["checks"])
+        # both processes' guards read over the cell, and none counted a failure
+        assert checks["extensions_healthy"] == "PASS", (p["id"], p["checks"])
+        assert [g["source"] for g in p["measures"]["guards"]] == ["LMCache server", "vLLM engine"]
         m = p["measures"]
         assert m["canonical"] == m["requests"] == N and len(m["ttfts_s"]) == N
         good = sum(t <= 2.0 for t in m["ttfts_s"])

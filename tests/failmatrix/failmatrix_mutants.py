@@ -22,6 +22,9 @@ Mutations (each breaks one rule of the protocol):
 - ``skip_force_local``: a failed restore sets no force-local marker.
 - ``ghost_hits``: a probe that finds nothing advertises every whole chunk of the prompt
   (a stale index that outlived its tiers).
+- ``guard_failure_once``: the books after the next BSR restore raise once they are kept
+  (an extension's own part failing inside the server: its guard counts it, the restore's
+  answer stands; ``extensions_healthy`` must name it). Spent at its first use.
 """
 
 from __future__ import annotations
@@ -60,6 +63,7 @@ MUTATIONS = (
     "partial_lookup",
     "skip_force_local",
     "ghost_hits",
+    "guard_failure_once",
 )
 
 
@@ -120,6 +124,9 @@ class MutantBsrServerModule(BsrServerModule):
         super()._after_restore(key, outcome, t0)
         if not outcome.ok and outcome.windows_done:
             self._partial[key.request_id] = outcome.windows_done * self.window_chunks
+        if "guard_failure_once" in self.mutations:
+            self.mutations = self.mutations - {"guard_failure_once"}
+            raise RuntimeError("mutant: the books after a restore raised")
 
     @request_handler(HandlerType.BLOCKING, requires_client_affinity=True)
     def retrieve(

@@ -62,6 +62,7 @@ def test_rig_is_fair_unmutated_cell_passes(rig: ServingRig) -> None:
     set_mutations(rig, [])
     point = rig.run_cell(cell(rig, "window-timeout"))
     assert point.verdict == Verdict.PASS, [c for c in point.checks if c.verdict != "PASS"]
+    assert [c.name for c in point.checks][-1] == "extensions_healthy"  # read, and none failed
     assert point.measures["cached_tokens"] == 0
     assert point.measures["recovered_delta"] >= 1
 
@@ -77,6 +78,36 @@ def test_cell_fails_against_a_broken_restore(rig: ServingRig, cid: str) -> None:
     failed = {c.name: c.detail for c in point.checks if c.verdict == Verdict.FAIL}
     assert point.verdict == Verdict.FAIL
     assert must_fail in failed, {c.name: (c.verdict, c.detail) for c in point.checks}
+    # the fault and the broken restore are not the extension failing: no guard counted
+    assert "extensions_healthy" not in failed, failed
+
+
+def test_a_guard_failure_in_the_server_fails_the_cell_by_name(rig: ServingRig) -> None:
+    """The books after the cell's restore raise once inside the LMCache server (the module's
+    guard keeps the restore's answer): every other check of the fair cell still PASSes,
+    and the verdict FAILs on ``extensions_healthy`` alone, naming the site."""
+    set_mutations(rig, [])
+    try:
+        point = rig.run_cell(
+            cell(rig, "window-timeout"),
+            after_seed=lambda: set_mutations(rig, ["guard_failure_once"]),
+        )
+    finally:
+        set_mutations(rig, [])
+    not_passing = {c.name: c.detail for c in point.checks if c.verdict != Verdict.PASS}
+    assert point.verdict == Verdict.FAIL
+    assert not_passing == {
+        "extensions_healthy": "extension degraded to stock: LMCache server: "
+        "bsrkv.lmcache_ext.server [restore_books] RuntimeError x1"
+    }
+    assert point.measures["guards"] == [
+        {
+            "source": "LMCache server",
+            "failures": [{"guard": "bsrkv.lmcache_ext.server", "site": "restore_books",
+                          "type": "RuntimeError", "count": 1}],
+            "note": "",
+        }
+    ]  # fmt: skip
 
 
 # the cells of more than one request (failmatrix.scenarios): unmutated, each PASSes with
@@ -95,6 +126,7 @@ def test_multi_request_cell_passes(rig: ServingRig, cid: str) -> None:
     by = {c.name: c for c in point.checks}
     assert point.verdict == Verdict.PASS, {n: (c.verdict, c.detail) for n, c in by.items()}
     assert by[SCENARIOS[cid]].verdict == Verdict.PASS
+    assert by["extensions_healthy"].detail == "no guard failure in LMCache server"
     m = point.measures
     if cid == "concurrent-restores":  # 16 at once; B = 4 chunks of 256 KiB is the bound
         rows = m["per_request"]

@@ -15,6 +15,7 @@ from bsrctl.experiments.failmatrix import load_matrix, serving
 from bsrctl.experiments.failmatrix.injectors import Injector, L1Exhausted
 from bsrctl.experiments.failmatrix.serving import ServingRig, fault_placed_checks
 from bsrctl.prompts import tokens_sha256
+from bsrkv.lmcache_ext.protocol import GuardFailure
 
 MATRICES = Path(__file__).parents[2] / "matrices"
 
@@ -36,6 +37,19 @@ class Recorder(Injector):
         CALLS.append("recover")
 
 
+class GuardedClient:
+    """The server's bsr.status as far as guard failures go: each read one more failure of
+    the books after a restore (what the cell's reads before and after must see as one)."""
+
+    def __init__(self) -> None:
+        self.reads = 0
+
+    def status(self) -> Any:
+        self.reads += 1
+        row = GuardFailure("bsrkv.lmcache_ext.server", "restore_books", "KeyError", self.reads)
+        return SimpleNamespace(guard_failures=(row,))
+
+
 CALLS: list[str] = []
 SENT: list[tuple[int, int]] = []
 SNAP = {"recovered": 0, "counters": {"lookup_hits": 0}, "outcomes": [], "markers": [],
@@ -50,6 +64,7 @@ class FakeRig(ServingRig):
         self.deployment = SimpleNamespace(kind="serving")  # launched: attached is False
         self._stack = self._client = None
         self.stack = SimpleNamespace(complete=self._complete)
+        self.client = GuardedClient()
         self.snaps = 0
 
     def _complete(self, ids: list[int], max_tokens: int) -> Any:
@@ -118,6 +133,14 @@ def test_the_phases_run_in_order_and_record_the_cell(rig: FakeRig) -> None:
     names = [c.name for c in point.checks]
     assert "fault_injected" not in names and "post_request_health" in names
     assert point.extra == {"fault_notes": {}, "marker_events": []}
+    # the server's guards read before the cell and after it: the one failure in between
+    (c,) = [c for c in point.checks if c.name == "extensions_healthy"]
+    assert (c.verdict, c.detail) == (
+        Verdict.FAIL,
+        "extension degraded to stock: LMCache "
+        "server: bsrkv.lmcache_ext.server [restore_books] KeyError x1",
+    )
+    assert rig.client.reads == 2 and names[-1] == "extensions_healthy"
 
 
 def test_an_unseeded_cell_places_no_fault(rig: FakeRig, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -127,7 +150,13 @@ def test_an_unseeded_cell_places_no_fault(rig: FakeRig, monkeypatch: pytest.Monk
     point = rig.run_cell(cell)
     assert CALLS == ["ensure_up"] and SENT == []
     assert [(c.name, c.verdict, c.detail) for c in point.checks] == [
-        ("setup_seeded", Verdict.UNKNOWN, "setup: fs 3/15 chunks")
+        ("setup_seeded", Verdict.UNKNOWN, "setup: fs 3/15 chunks"),
+        (
+            "extensions_healthy",
+            Verdict.FAIL,
+            "extension degraded to stock: LMCache server: "
+            "bsrkv.lmcache_ext.server [restore_books] KeyError x1",
+        ),
     ]
     assert point.measures["seed"] == short
 

@@ -50,8 +50,8 @@ def test_the_split_leaves_no_field_on_both_targets_and_loses_none() -> None:
     srv, sto = own_names(ServingMeasures), own_names(StorageMeasures)
     assert not srv & sto and not (srv | sto) & common
     # what the one class held before the split: 58 fields, every one kept on a type; since,
-    # storage's byte check and tier integrity (5 fields)
-    assert (len(common), len(srv), len(sto)) == (23, 17, 23)
+    # serving's guard reads (1 field), storage's byte check and tier integrity (5 fields)
+    assert (len(common), len(srv), len(sto)) == (23, 18, 23)
     assert {"output_sha256", "readback", "seed", "ttft_s", "external_hit_tokens"} <= srv
     assert {"verify_ok", "l1_peak_bytes_by_rank", "probe_s", "budget_chunks"} <= sto
     assert BY_STACK_KIND == {
@@ -106,7 +106,7 @@ def _legacy(m: RestoreMeasures) -> dict[str, Any]:
 @pytest.mark.parametrize("m", [serving(), storage()], ids=["serving", "storage"])
 def test_evidence_from_before_the_split_reads_as_its_target(m: RestoreMeasures) -> None:
     doc = _legacy(m)
-    assert len(doc) == 58 and "target" not in doc
+    assert len(doc) == 59 and "target" not in doc
     assert measures_from_json(doc) == m
 
 

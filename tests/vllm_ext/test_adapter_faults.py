@@ -13,6 +13,9 @@ from typing import Any
 
 import pytest
 
+from bsrctl.evidence.guards import GuardCounts, GuardDelta, extensions_healthy
+from bsrctl.stack.contracts.guards import VLLM, vllm_guards
+from bsrkv.hostguard import process_failures
 from bsrkv.tempokv import wire
 from bsrkv.vllm_ext import scheduler
 from tests.vllm_ext.test_async_adapter import (
@@ -28,6 +31,15 @@ from tests.vllm_ext.test_async_adapter import (
 )
 
 DEV_FULL = Path("/dev/full")
+
+
+def verdict_from_trace(before: list, trace: Path) -> tuple[str, str]:
+    """``extensions_healthy`` over the run, as the harness reads it: the trace's last
+    ``guards`` record against the engine process's counts before the scheduler was built
+    (this test process's earlier tests counted too)."""
+    base = GuardCounts({(g, s, t): n for g, s, t, n in before})
+    c = extensions_healthy([GuardDelta.over(VLLM, base, vllm_guards(trace))])
+    return str(c.verdict), c.detail
 
 
 @pytest.fixture(scope="module")
@@ -175,6 +187,7 @@ def test_a_start_that_failed_leaves_the_stock_scheduler(
 
     monkeypatch.setattr(scheduler, "LiveAdapterCore", broken)
     trace = tmp_path / "t.jsonl"
+    before = process_failures()
     sched = build(scheduler.TempoKVScheduler, cfg, trace, monkeypatch, "record")
     assert not sched._tk_on
     assert decisions(sched, False) == want
@@ -183,7 +196,12 @@ def test_a_start_that_failed_leaves_the_stock_scheduler(
     assert [r for r in recs if r["kind"] == "adapter_error"] == [
         {"kind": "adapter_error", "where": "init", "error": "RuntimeError('no core')", "count": 1}
     ]
-    assert {r["kind"] for r in recs} == {"step", "adapter_error"}  # the recorder still ran
+    # the recorder still ran; the engine's guard failures went with its records
+    assert {r["kind"] for r in recs} == {"step", "adapter_error", "guards"}
+    assert verdict_from_trace(before, trace) == (
+        "FAIL",
+        "extension degraded to stock: vLLM engine: bsrkv.vllm_ext [init] RuntimeError x1",
+    )
 
 
 @pytest.mark.parametrize(
@@ -204,9 +222,35 @@ def test_each_hook_that_raises_is_counted_and_changes_nothing(
         raise ValueError(method)
 
     monkeypatch.setattr(scheduler.TempoKVScheduler, method, boom)
-    sched = build(scheduler.TempoKVScheduler, cfg, tmp_path / "t.jsonl", monkeypatch, "record")
+    trace = tmp_path / "t.jsonl"
+    before = process_failures()
+    sched = build(scheduler.TempoKVScheduler, cfg, trace, monkeypatch, "record")
     assert decisions(sched, False) == want
     counts = sched._bk_guard.counts()
     assert counts[site] > 0
     sites = {"schedule", "add_request"} if method == "_tk_view" else {site}
     assert set(counts) == sites
+    # the run's verdict: FAIL, naming each site, its exception type and its exact count
+    named = "; ".join(f"vLLM engine: bsrkv.vllm_ext [{s}] ValueError x{counts[s]}"
+                      for s in sorted(sites))  # fmt: skip
+    assert verdict_from_trace(before, trace) == ("FAIL", f"extension degraded to stock: {named}")
+
+
+def test_an_engine_that_cannot_say_it_is_idle_still_writes_its_failures(
+    cfg: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The trace goes to disk when the engine goes idle; a vLLM whose ``has_requests`` is
+    gone has it written at that step anyway, the failure counted in the record written."""
+    trace = tmp_path / "t.jsonl"
+    before = process_failures()
+    sched = build(scheduler.RecordingScheduler, cfg, trace, monkeypatch, "record")
+
+    def gone() -> bool:
+        raise AttributeError("'Scheduler' object has no attribute 'has_requests'")
+
+    sched.has_requests = gone
+    sched._bk_idle()
+    assert verdict_from_trace(before, trace) == (
+        "FAIL",
+        "extension degraded to stock: vLLM engine: bsrkv.vllm_ext [record] AttributeError x1",
+    )

@@ -280,7 +280,8 @@ def test_the_trace_keeps_each_hits_token_count_and_the_server_gets_the_ids(
     client = Client()
     trace = tmp_path / "t.jsonl"
     sent(_adapter(client, trace), update)
-    (rec,) = [json.loads(x) for x in trace.read_text().splitlines()]
+    recs = [json.loads(x) for x in trace.read_text().splitlines()]
+    (rec,) = [r for r in recs if r["kind"] != "guards"]  # the engine's guard failures
     assert rec["hits"] == {"a": {"tokens": 512, "cache_salt": "salt", "model_name": "tiny",
                                  "world_size": 1}}  # fmt: skip
     assert [json.loads(c.payload)["hits"]["a"]["token_ids"] for c in client.calls] == [

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from bsrctl.evidence import Point
+from bsrctl.evidence.guards import with_guards
 from bsrctl.evidence.verdict import Check, check
 from bsrctl.experiments.failmatrix.background import Background
 from bsrctl.experiments.failmatrix.checks import Observation, serving_checks
@@ -30,6 +31,7 @@ from bsrctl.experiments.failmatrix.rig import Rig
 from bsrctl.experiments.failmatrix.scenarios import FOLLOW_ONS, run_concurrent
 from bsrctl.experiments.failmatrix.spec import FIELD_REPORTS, CellSpec
 from bsrctl.prompts import expected_external_tokens, tokens_sha256
+from bsrctl.stack.contracts.guards import LMCACHE, GuardWatch
 
 L1_FULL_FRACTION = 0.9  # l1_exhausted: L1 counts as exhausted at this usage while held
 
@@ -85,6 +87,15 @@ class ServingRig(Rig):
         if missing:  # an attached deployment: bsrctl kills or restarts nothing by itself
             return unknown_point(self.spec, cell, t_cell, "operator_command", missing)
         self.ensure_up()
+        watch = GuardWatch()  # the server's guard failures over the whole cell
+        watch.start(self.client)
+        point = self._run_cell(cell, t_cell, after_seed)
+        restarted = (LMCACHE,) if cell.fault == "lmcache_killed" else ()
+        return with_guards(point, watch.end(self.client, restarted))
+
+    def _run_cell(
+        self, cell: CellSpec, t_cell: float, after_seed: Callable[[], None] | None
+    ) -> Point:
         if cell.fault == "concurrent_restores":
             return run_concurrent(self, cell, t_cell)
         seeded = self.seed_cell(cell)

@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from bsrctl.evidence import guards
 from bsrctl.evidence.verdict import Check, Point, Verdict, check
 from bsrctl.stack.contracts.measures import RestoreMeasures, ServingMeasures, StorageMeasures
 from bsrctl.stack.launch.serving.client import NOT_REPORTED
@@ -299,9 +300,9 @@ def bounded_restore(
 def judge(m: RestoreMeasures) -> tuple[Check, ...]:
     """Every acceptance check of one point, from its measures; the target's own measures
     pick its oracle and what else it is held to (serving: setup, vLLM's external hits, the
-    output, the install read-back; storage: the registration digest, c as L1 allocates it,
-    the installed bytes). A point whose prefix never fully reached its tier is judged on
-    that alone (UNKNOWN)."""
+    output, the install read-back, its processes' guard failures: ``extensions_healthy``;
+    storage: the registration digest, c as L1 allocates it, the installed bytes). A point
+    whose prefix never fully reached its tier is judged on that alone (UNKNOWN)."""
     tier = m.tier or "L2"
     seeded: list[Check] = []
     external: int | None = None
@@ -355,6 +356,8 @@ def judge(m: RestoreMeasures) -> tuple[Check, ...]:
         content,
         post_request_health(m.healthy, m.health_detail),
     ]
+    if isinstance(m, ServingMeasures):  # the storage stack runs no host process
+        checks.append(guards.judge_json(m.guards))
     if m.window_chunks > 0:
         checks.append(
             bounded_restore(

@@ -22,9 +22,15 @@ from typing import Any
 
 from bsrctl.errors import BadInput
 from bsrctl.evidence import EvidenceWriter, Point, Verdict
+from bsrctl.evidence.guards import with_guards
 from bsrctl.evidence.verdict import Check, check
 from bsrctl.experiments.failmatrix.background import Background
-from bsrctl.experiments.failmatrix.injectors import INJECTORS, Injector, clear_rules
+from bsrctl.experiments.failmatrix.injectors import (
+    INJECTORS,
+    Injector,
+    LmcacheKilled,
+    clear_rules,
+)
 from bsrctl.experiments.failmatrix.rig import FORGET_WAIT_S, HEALTH_TOKENS, Rig
 from bsrctl.experiments.run import execute, progress
 from bsrctl.experiments.soak.checker import (
@@ -41,6 +47,7 @@ from bsrctl.prompts import tokens_sha256
 from bsrctl.specs import resolve_registration, stack_selection
 from bsrctl.stack.contracts.bsr_client import outcomes_since
 from bsrctl.stack.contracts.deployment import Deployment
+from bsrctl.stack.contracts.guards import LMCACHE, GuardWatch
 from bsrctl.stack.launch.extensions import ServerModule
 from bsrctl.stack.launch.model import prepare_model
 from bsrctl.stack.launch.process import pids_alive
@@ -194,6 +201,8 @@ class _Soak:
     def _round(self, w: EvidenceWriter, rnd: int, fault: ScheduledFault | None, rng: Any) -> None:
         rig, spec = self.rig, self.spec
         assert rig is not None and rig.client is not None
+        watch = GuardWatch()  # the server's guard failures over the round
+        watch.start(rig.client)
         clear_rules(rig.stack)
         rig.client.forget(wait_s=FORGET_WAIT_S)
         rig.stack.forget_local()
@@ -212,10 +221,12 @@ class _Soak:
             self._recover(inj)
         after = rig.client.status().recent_outcomes
         failed = [o for o in outcomes_since(before, after) if not o.ok]
+        restarted = (LMCACHE,) if isinstance(inj, LmcacheKilled) else ()
+        guards = watch.end(rig.client, restarted)
         for i, p, req, answer in got:
             sent = self._sent(base + i, rnd, p, req.sent_s, answer, fault, failed)
             self.sent.append(sent)
-            w.add_point(self._point(sent))
+            w.add_point(with_guards(self._point(sent), guards))
         t = time.monotonic() - self.t0
         # the round's own high-water mark: read and restarted at once (bsr.reset_peak)
         self.samples.append((t, rig.client.reset_peak().before.restore_pool_peak_bytes))

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from bsrctl.evidence import EvidenceWriter, Verdict
+from bsrctl.evidence.guards import with_guards
 from bsrctl.evidence.verdict import Point, check
 from bsrctl.experiments.run import Progress
 from bsrctl.experiments.tempokv import calls, flash
@@ -43,6 +44,7 @@ from bsrctl.prompts import prompt_ids
 from bsrctl.specs import StackSpec, resolve_registration
 from bsrctl.stack.contracts.bsr_client import BsrModuleClient
 from bsrctl.stack.contracts.deployment import Deployment
+from bsrctl.stack.contracts.guards import GuardWatch
 from bsrctl.stack.launch import profile
 from bsrctl.stack.launch.extensions import (
     L1Options,
@@ -69,6 +71,7 @@ from bsrkv.tempokv.live import AdapterSettings
 from bsrkv.tempokv.ttu import CostModel
 
 MIB = 1 << 20
+TRACE = "adapter-trace.jsonl"  # the vLLM adapter's step trace, in the run folder
 LIVE_POLICIES_EXCLUDED = {"oracle": "needs the run's future: simulation only"}
 # The server module's config: whole-plan restores (W = 0), the default timeouts; TempoKV's
 # own settings go over tempokv.configure per policy.
@@ -159,7 +162,7 @@ def deployment_for(
     device = None if tier else L2Device(run.l2_bandwidth_mib_s * MIB, run.l2_latency_s, odirect)
     # vLLM's scheduling as the spec's device resolves it: the adapter's class matches it
     async_on = profile.async_scheduling(stack)
-    trace = str(run_dir / "adapter-trace.jsonl")
+    trace = str(run_dir / TRACE)
     tk = TempoKVLaunch(adapter, trace_path=trace, async_scheduling=async_on)
     tempokv = (tk if launch is None else launch(tk)) if with_adapter else None
 
@@ -246,7 +249,7 @@ def run_serving(
                 f"MiB·s/req p95={m['p95_ttft_s']:.3f}s {m['output_tok_s']:.1f} tok/s "
                 f"canonical={m['canonical']}")  # fmt: skip
     rows = {p: pool(runs[p]) for p in policies}
-    trace = read_trace(writer.run_dir / "adapter-trace.jsonl")
+    trace = read_trace(writer.run_dir / TRACE)
     engines = [r for r in trace if r.get("kind") == "engine"]
     summary = {
         "experiment": "serving-policies",
@@ -287,18 +290,21 @@ def _policy_once(
     else:
         client.forget(wait_s=30.0)
         stack.forget_local()
+    watch = GuardWatch(writer.run_dir / TRACE)  # LMCache's and vLLM's guards over the cell
+    watch.start(client)
     calls.configure(client, calls.tempo_config(spec, policy))
     results = _arrivals(stack, reqs, run)
     time.sleep(0.3)  # the last retrieve's release reaches the controller
     status = calls.status(client)
     calls.configure(client, None)
+    guards = watch.end(client)
     tier = None
     if run.fast_tier is not None:
         tier = {"cleared": cleared, **flash.cell_delta(before, flash.counters(stack))}
     if status is None:
         raise RuntimeError(f"tempokv.status after {policy}: TempoKV is off")
     return _measure(policy, rep, results, canonical, status, budget, writer, seeds,
-                    run.slo_ttft_s, tier)  # fmt: skip
+                    run.slo_ttft_s, tier, guards)  # fmt: skip
 
 
 def _arrivals(stack: ServingStack, reqs: list[list[int]], run: ServingRun) -> list[Any]:
@@ -337,9 +343,11 @@ def _measure(
     seeds: list[bool],
     slo_ttft_s: float | None = None,
     tier: dict[str, Any] | None = None,
+    guards: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """One policy's measures and checks as a point; ``tier``: the flash tier's cell (what
-    clearing left, the cgroup and throttle counters before and after)."""
+    clearing left, the cgroup and throttle counters before and after); ``guards``: the
+    processes' guard failures over the cell (``extensions_healthy``)."""
     done = [r for r in results if r is not None]
     ttfts = [r.first_token_s - r.sent_s for r in done]
     makespan = max(r.done_s for r in done) - min(r.sent_s for r in done) if done else math.nan
@@ -397,20 +405,23 @@ def _measure(
         check("seeded", all(seeds) or None, f"documents fully in L2: {seeds}"),
     )
     writer.add_point(
-        Point(
-            id=f"serving/r{rep}/{policy}",
-            params={"policy": policy, "repeat": rep, "requests": n},
-            measures=measures,
-            checks=checks,
-            extra={
-                "extra": {
-                    "claims": raw["claims"],
-                    "ttr": raw["ttr"],
-                    "stages": raw["stages"],
-                    "observed_stock_reads": raw["observed_stock_reads"],
-                    **({"fast_tier": tier} if tier else {}),
-                }
-            },
+        with_guards(
+            Point(
+                id=f"serving/r{rep}/{policy}",
+                params={"policy": policy, "repeat": rep, "requests": n},
+                measures=measures,
+                checks=checks,
+                extra={
+                    "extra": {
+                        "claims": raw["claims"],
+                        "ttr": raw["ttr"],
+                        "stages": raw["stages"],
+                        "observed_stock_reads": raw["observed_stock_reads"],
+                        **({"fast_tier": tier} if tier else {}),
+                    }
+                },
+            ),
+            guards,
         )  # fmt: skip
     )
     return measures

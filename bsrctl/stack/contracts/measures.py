@@ -114,6 +114,9 @@ class ServingMeasures(RestoreMeasures):
     seed_chunks_expected: int | None = None
     seed_chunks_held: int | None = None
     seed: SeedRecord | None = None
+    # the guard failures of the deployment's processes over the point
+    # (``bsrctl.evidence.guards.GuardDelta.to_json`` each; None: not read)
+    guards: tuple[dict[str, Any], ...] | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -168,6 +171,7 @@ _TUPLES = frozenset({
     "registration_tensors_expected",
     "registration_tensors_live",
     "registration_tensors_stored",
+    "guards",
 })  # fmt: skip
 
 

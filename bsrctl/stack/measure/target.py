@@ -21,6 +21,7 @@ from bsrctl.stack.contracts.deployment import (
     Deployment,
     OnDeployment,
 )
+from bsrctl.stack.contracts.guards import GuardWatch
 from bsrctl.stack.contracts.measures import SeedRecord, ServingMeasures, exact_div
 from bsrctl.stack.contracts.readback import readback_measures
 from bsrctl.stack.contracts.target import Prompt
@@ -183,6 +184,8 @@ class RunningTarget(OnDeployment):
         st, c = self.stack, self.client
         tokens = prompt.tokens
         ids = prompt_ids(prompt.salt, tokens, self.vocab)
+        watch = GuardWatch()  # the whole point: seeding, restore, follow-up
+        watch.start(c)
         if cold:
             self.on_phase("seed")
         seed = self._seed(ids) if cold else self.seeded.get(prompt)
@@ -223,6 +226,7 @@ class RunningTarget(OnDeployment):
             m["seed"] = seed
         self.on_phase("check")
         healthy, detail = self._health(ids)
+        m["guards"] = tuple(watch.end(c))
         return ServingMeasures(**m, healthy=healthy, health_detail=detail)
 
     def _measures(

@@ -119,10 +119,25 @@ class LastProbe(Reply):
     chunks: int  # complete advertised prefix
 
 
+class GuardFailure(Reply):
+    """Failures of one site of a guard in the server process (``bsrkv.hostguard``), by
+    exception type: cumulative since the process started."""
+
+    WHAT: ClassVar[str] = "bsr.status guard failure"
+
+    guard: str  # the guard's name: the module whose part degraded to stock
+    site: str
+    type: str  # the exception's class name
+    count: int
+
+
 class StatusReply(Reply):
-    """``bsr.status`` (also under ``"bsr"`` in the server's HTTP ``/status``)."""
+    """``bsr.status`` (also under ``"bsr"`` in the server's HTTP ``/status``).
+    ``guard_failures``: every guard's failures in the server process (None: a module that
+    does not report them, which a reader must take as not read, never as none)."""
 
     WHAT: ClassVar[str] = "bsr.status"
+    OPTIONAL: ClassVar[frozenset[str]] = frozenset({"guard_failures"})
 
     config: dict[str, Any]  # the module's config (ServerModuleConfig's fields)
     effective_window_chunks: int  # W in effect (0 when degraded)
@@ -139,6 +154,7 @@ class StatusReply(Reply):
     peak: PeakReply
     recent_outcomes: tuple[RestoreOutcomeSummary, ...]
     schema: str = SCHEMA  # required on the wire all the same
+    guard_failures: tuple[GuardFailure, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.schema != SCHEMA:

@@ -32,7 +32,7 @@ from bsrkv.trace.timeline import CLIENT_REQUEST, CLIENT_TTFT
 ENDPOINT_ENV = "BSRCTL_OTLP_ENDPOINT"  # OTLP/gRPC target of the launched processes
 _lock = threading.Lock()
 _remote: dict[str, Any] = {}
-GUARD = Guard("bsrctl.trace", logging.getLogger("bsrctl.trace"))  # the server's spans
+GUARD = Guard("bsrkv.trace.spans", logging.getLogger("bsrctl.trace"))  # the server's spans
 
 
 def new_request_id() -> str:

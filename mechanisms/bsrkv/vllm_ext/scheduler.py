@@ -111,8 +111,15 @@ class StepRecorder:
         return result
 
     def _bk_idle(self) -> None:
-        """The engine has nothing left to run: the trace goes to disk now."""
-        if not self.has_requests():  # type: ignore[attr-defined]
+        """The engine has nothing left to run: the trace goes to disk now. A vLLM that
+        cannot say (``has_requests`` failing) has it written at every step: its ``guards``
+        record must reach the harness whatever the engine's state."""
+        try:
+            idle = not self.has_requests()  # type: ignore[attr-defined]
+        except Exception as exc:
+            self._bk_guard.failed("record", exc)  # counted first: the record carries it
+            idle = True
+        if idle:
             self._bk_trace.flush()
 
 

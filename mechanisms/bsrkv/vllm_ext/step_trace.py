@@ -11,7 +11,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from bsrkv.hostguard import Guard
+from bsrkv.hostguard import Failure, Guard, process_failures
 
 TRACE_BATCH = 4096  # records kept before a write while the engine stays busy
 # what runs before a scheduler has its own guard (and tests' bare traces)
@@ -25,12 +25,18 @@ class StepTrace:
     ``TRACE_BATCH`` records, and at exit: the engine loop pays no JSON and no write per
     step while it serves. A run reads the trace once its requests are done (the engine
     idle: everything written). A trace that cannot be opened or written (a full disk) is
-    dropped whole at its first failure, counted on the guard: the engine goes on."""
+    dropped whole at its first failure, counted on the guard: the engine goes on.
+
+    Each write also carries the engine process's guard failures (``hostguard
+    .process_failures``) as a ``guards`` record, at the first write and whenever they
+    changed since: what the harness reads to judge whether the adapter ran at all (a
+    trace without one was never written, not "no failure")."""
 
     def __init__(self, path: Path | None, guard: Guard | None = None) -> None:
         self._guard = guard if guard is not None else GUARD
         self._file: Any = None
         self._pending: list[dict[str, Any]] = []
+        self._guards: list[Failure] | None = None  # the failures last written
         if path is not None:
             self._file = self._guard.call("trace", path.open, "a")
             if self._file is not None:
@@ -46,7 +52,14 @@ class StepTrace:
 
     def flush(self) -> None:
         f = self._file
-        if f is None or not self._pending:
+        if f is None:
+            return
+        failures = process_failures()
+        if failures != self._guards:
+            self._guards = failures
+            rows = [{"guard": g, "site": s, "type": t, "count": n} for g, s, t, n in failures]
+            self._pending.append({"kind": "guards", "failures": rows})
+        if not self._pending:
             return
         batch, self._pending = self._pending, []
         try:

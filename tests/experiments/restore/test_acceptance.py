@@ -19,6 +19,9 @@ from bsrctl.stack.contracts.measures import (
 SHA_A = "a" * 64
 SHA_B = "b" * 64
 C = 262_144
+CLEAN = {"source": "LMCache server", "failures": [], "note": ""}
+STOCK_BOOKS = {"guard": "bsrkv.lmcache_ext.server", "site": "stock_books", "type": "KeyError",
+               "count": 3}  # fmt: skip
 
 
 def serving_measures(**over: object) -> ServingMeasures:
@@ -38,6 +41,7 @@ def serving_measures(**over: object) -> ServingMeasures:
         "canonical_sha256": SHA_A,
         "healthy": True,
         "health_detail": "follow-up returned 4/4 tokens",
+        "guards": (CLEAN,),
         "restore_pool_peak_bytes": 4 * C,
         "rws_bound_bytes": 4 * C,
         "bytes_restored": 16 * C,
@@ -58,6 +62,7 @@ def test_a_clean_serving_point_passes_every_check_in_order() -> None:
         "registration_identity",
         "canonical_output",
         "post_request_health",
+        "extensions_healthy",
         "bounded_restore",
     ]
     assert {c.verdict for c in checks} == {Verdict.PASS}
@@ -71,7 +76,9 @@ def test_w0_has_no_bounded_restore_check() -> None:
 def test_missing_evidence_is_unknown_never_pass() -> None:
     checks = acc.judge(ServingMeasures(4096, 4, C))
     assert {c.verdict for c in checks} == {Verdict.UNKNOWN}
-    assert all("not measured" in c.detail or "health" in c.detail for c in checks)
+    assert all(
+        "not measured" in c.detail or "health" in c.detail or "not read" in c.detail for c in checks
+    )
     assert {c.verdict for c in acc.judge(StorageMeasures(4096, 0, C))} == {Verdict.UNKNOWN}
     with pytest.raises(TypeError, match="names no target: make ServingMeasures or Storage"):
         RestoreMeasures(4096, 4, C)  # only a target's own measures are judged
@@ -109,6 +116,14 @@ def test_missing_evidence_is_unknown_never_pass() -> None:
         ({"restore_pool_peak_bytes": 4 * C + 1}, "bounded_restore", Verdict.FAIL,
          f"peak {4 * C + 1} B > W*c + aux = {4 * C} B (W = 4)"),
         ({"restore_pool_peak_bytes": 0}, "bounded_restore", Verdict.UNKNOWN, "gauge saw nothing"),
+        # an extension that degraded to stock; counts never read
+        ({"guards": ({**CLEAN, "failures": [STOCK_BOOKS]},)}, "extensions_healthy",
+         Verdict.FAIL, "LMCache server: bsrkv.lmcache_ext.server [stock_books] KeyError x3"),
+        ({"guards": None}, "extensions_healthy", Verdict.UNKNOWN,
+         "guard failures not read at this point"),
+        ({"guards": ({**CLEAN, "failures": None, "note": "bsr.status failed: gone"},)},
+         "extensions_healthy", Verdict.UNKNOWN,
+         "guard failures not read: LMCache server (bsr.status failed: gone)"),
     ],
 )  # fmt: skip
 def test_each_check_fails_or_is_unknown_with_its_reason(
@@ -151,7 +166,7 @@ def test_bounded_restore_pure_function_edges() -> None:
 def test_a_seeded_point_checks_the_seed_first() -> None:
     checks = acc.judge(serving_measures(seed_chunks_expected=16, seed_chunks_held=16))
     assert [c.name for c in checks][:2] == ["setup_seeded", "cached_token_accounting"]
-    assert len(checks) == 7 and {c.verdict for c in checks} == {Verdict.PASS}
+    assert len(checks) == 8 and {c.verdict for c in checks} == {Verdict.PASS}
     assert checks[0].detail == "setup: fs held 16/16 whole chunks of the prompt"
 
 

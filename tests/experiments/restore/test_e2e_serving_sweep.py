@@ -37,6 +37,8 @@ def test_every_point_passes_with_exact_counts(sweep) -> None:
         m = p["measures"]
         n = m["tokens"]
         assert p["verdict"] == "PASS", p["checks"]
+        (g,) = [c for c in p["checks"] if c["name"] == "extensions_healthy"]  # read, none
+        assert g["detail"] == "no guard failure in LMCache server"
         assert m["cached_tokens"] == m["external_hit_tokens"] == n - 1  # vLLM computes the last
         assert m["output_sha256"] == m["canonical_sha256"]
         assert m["l1_bytes_before_restore"] == 0

@@ -15,12 +15,36 @@ import pytest
 from bsr_inprocess import C_BYTES, CHUNK, TOKEN, authed
 from test_tempokv_handlers import configure, hit, key, states, turn_on, until, update
 
+from bsrctl.evidence.guards import GuardDelta, extensions_healthy
 from bsrctl.prompts import prompt_ids
+from bsrctl.stack.contracts.guards import LMCACHE, lmcache_guards
 from bsrkv.lmcache_ext.protocol import FailedReply, StatusReply
 from bsrkv.tempokv import wire
 from bsrkv.trace import spans
 
 N_CHUNKS = 4
+
+
+class Direct:
+    """The harness's bsr.* client, as far as reading guard failures goes: the handler's
+    own JSON, read back as the client reads it."""
+
+    def __init__(self, module: Any) -> None:
+        self.module = module
+
+    def status(self) -> StatusReply:
+        return StatusReply.from_json(json.loads(self.module.bsr_status(b"")))
+
+
+def judged(module: Any, before: Any) -> tuple[str, str]:
+    """``extensions_healthy`` over what the server's guards counted since ``before``."""
+    delta = GuardDelta.over(LMCACHE, before, lmcache_guards(Direct(module)))
+    c = extensions_healthy([delta])
+    return str(c.verdict), c.detail
+
+
+def degraded(*named: str) -> tuple[str, str]:
+    return "FAIL", "extension degraded to stock: " + "; ".join(f"{LMCACHE}: {n}" for n in named)
 
 
 def boom(*_a: Any, **_k: Any) -> Any:
@@ -87,12 +111,16 @@ def test_a_failing_tempokv_hook_leaves_lmcaches_own_answer(
                 raise RuntimeError("injected")
 
         monkeypatch.setattr(tempo, target, fault)
+        before = lmcache_guards(Direct(server.module))
         if target == "observe_stock":  # only an unclaimed lookup reads L2 itself
             got = module_answer(server, tokens, "unclaimed")
         else:
             got = module_answer(server, tokens, "r")
         assert got == want
         assert server.module._guard.counts() == {site: 1}
+        assert judged(server.module, before) == degraded(
+            f"bsrkv.lmcache_ext.server [{site}] RuntimeError x1"
+        )
     finally:
         configure(server, None)
 
@@ -118,10 +146,19 @@ def test_the_stock_retrieve_and_store_keep_lmcaches_answer(
     monkeypatch.setenv(spans.ENDPOINT_ENV, "unix:///nowhere")
     monkeypatch.setitem(spans._remote, "tracer", Raising())
     k = key([1] * CHUNK, "rq")
+    before = lmcache_guards(Direct(mod))
     assert mod.retrieve(k, 0, [[0]], b"", 0) == (b"event", True)
     assert mod.store(k, 0, [[0]], b"") == (b"stored", True)
     assert mod._guard.counts() == {"tempokv_retrieved": 1, "stock_release": 1,
                                    "stock_books": 1, "clear_marker": 1}  # fmt: skip
+    # every site, sorted, and the spans' guard beside the module's (the retrieve's span)
+    assert judged(mod, before) == degraded(
+        "bsrkv.lmcache_ext.server [clear_marker] RuntimeError x1",
+        "bsrkv.lmcache_ext.server [stock_books] RuntimeError x1",
+        "bsrkv.lmcache_ext.server [stock_release] RuntimeError x1",
+        "bsrkv.lmcache_ext.server [tempokv_retrieved] RuntimeError x1",
+        "bsrkv.trace.spans [span] RuntimeError x1",
+    )
 
 
 class Raising:

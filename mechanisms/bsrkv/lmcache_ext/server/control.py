@@ -14,10 +14,12 @@ import json
 import time
 from typing import Any
 
+from bsrkv.hostguard import process_failures
 from bsrkv.lmcache_ext import extensions
 from bsrkv.lmcache_ext.protocol import (
     ConfigureReply,
     ForgetReply,
+    GuardFailure,
     HoldsReply,
     PeakReply,
     RegistrationReply,
@@ -88,6 +90,7 @@ class ControlHandlers(ModuleState):
             tracked_requests=modes,
             peak=self.peak(),
             recent_outcomes=outcomes,
+            guard_failures=tuple(GuardFailure(*f) for f in process_failures()),
         )
 
     @handler("bsr.status")
