@@ -57,15 +57,17 @@ test: venv
 
 # `make test` draws the same Hypothesis examples on every machine (tests/conftest.py, profile
 # "same"); this explores: the property tests alone, random seeds, ten times the examples,
-# round after round for FUZZ_MINUTES, one core. A failure stops it and prints the falsifying
-# example (pin it as an @example beside the fix); .hypothesis/fuzz replays it next time.
+# round after round for FUZZ_MINUTES, one core (FUZZ_ARGS: more pytest arguments). A failure
+# stops it and prints the falsifying example (pin it as an @example beside the fix);
+# .hypothesis/fuzz replays it first next time.
 FUZZ_MINUTES ?= 15
+FUZZ_ARGS ?=
 fuzz: venv
 	@end=$$((SECONDS + 60 * $(FUZZ_MINUTES))); round=0; \
 	while [ $$SECONDS -lt $$end ]; do \
 	  round=$$((round + 1)); echo "fuzz round $$round ($$((end - SECONDS)) s left)"; \
 	  timeout $$((end - SECONDS)) $(PYTEST) -q -p no:cacheprovider --hypothesis-profile=fuzz \
-	    -m "not e2e and not mooncake and not process"; \
+	    -m "not e2e and not mooncake and not process" $(FUZZ_ARGS); \
 	  rc=$$?; [ $$rc -eq 124 ] && break; [ $$rc -eq 0 ] || exit $$rc; \
 	done; echo "fuzz: $$round round(s), no counterexample"
 
