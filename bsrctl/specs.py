@@ -220,7 +220,7 @@ class StackSpec(Strict):
         if self.device == "cpu" and self.vllm.async_scheduling:
             raise ValueError(
                 "stack.vllm.async_scheduling: true on device cpu: vLLM's CPU platform turns it "
-                "off (vllm/platforms/cpu.py:331); leave it unset there"
+                "off (CpuPlatform.check_and_update_config); leave it unset there"
             )
         return self
 

@@ -14,6 +14,10 @@ Without xdist the lock is never contended.
 
 Reference vLLMs (canonical outputs) come from one pool for the session
 (``bsrctl.stack.measure.reference_pool``): one per launch, stopped by PID when the session ends.
+
+Hypothesis runs derandomized (profile ``same``: the same examples on every machine, no example
+database); ``make fuzz`` loads ``fuzz`` (random seeds, FUZZ_FACTOR times the examples, the
+property tests only). SIGTERM ends a session as ^C does, so every fixture is torn down.
 """
 
 from __future__ import annotations
@@ -21,13 +25,18 @@ from __future__ import annotations
 import fcntl
 import os
 import shutil
+import signal
 import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis.database import DirectoryBasedExampleDatabase
+from hypothesis.internal.detection import is_hypothesis_test
 
 from bsrctl.stack.launch.shm_ledger import LEDGER_ENV
 from bsrctl.stack.measure.reference_pool import POOL_ENV, close_pool
@@ -61,7 +70,72 @@ def lock_mode(item: pytest.Item) -> int | None:
     return None
 
 
+# A test's own @settings(max_examples=...) inherits the rest from the profile loaded when its
+# module is imported: "same" (pytest_configure), or --hypothesis-profile's (loaded after it,
+# before collection imports the modules).
+# No deadline and no too_slow check in either: a verdict never depends on the machine's speed.
+SAME = settings(
+    derandomize=True, database=None, deadline=None, print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow],
+)  # fmt: skip
+settings.register_profile("same", SAME)
+# Failures found are kept (and replayed first by the next fuzz run) until pinned as @example.
+FUZZ_DB = Path(__file__).resolve().parents[1] / ".hypothesis" / "fuzz"
+settings.register_profile(
+    "fuzz", SAME, derandomize=False, database=DirectoryBasedExampleDatabase(FUZZ_DB)
+)
+FUZZ_FACTOR = 10  # fuzz: each property test runs this many times its own example count
+
+
+def randomized(items: list[pytest.Item]) -> list[str]:
+    """Property tests whose own @settings undo the derandomized profile (derandomize=False,
+    a database): they would draw other examples on another machine or run."""
+    out = []
+    for item in items:
+        fn = getattr(item, "obj", None)
+        if fn is None or not is_hypothesis_test(fn):
+            continue
+        own = fn._hypothesis_internal_use_settings
+        if not own.derandomize or own.database is not None:
+            out.append(item.nodeid)
+    return out
+
+
+def fuzz_only(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The fuzz profile: the property tests alone, FUZZ_FACTOR times their examples."""
+    keep = [i for i in items if is_hypothesis_test(getattr(i, "obj", None))]
+    config.hook.pytest_deselected(items=[i for i in items if i not in keep])
+    items[:] = keep
+    for fn in {id(i.obj): i.obj for i in keep}.values():  # type: ignore[attr-defined]
+        own = fn._hypothesis_internal_use_settings  # once per function, not per parameter
+        fn._hypothesis_internal_use_settings = settings(
+            own, max_examples=own.max_examples * FUZZ_FACTOR
+        )
+
+
+_TERMINATING: list[int] = []
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    """SIGTERM (a CI cancel, `timeout`, a supervisor) ends the session as ^C does: pytest
+    then runs every fixture's teardown, which stops its processes by PID; without this the
+    interpreter dies at once and leaves them running (they are in sessions of their own).
+    A second SIGTERM during that teardown is ignored (SIGKILL still ends it)."""
+    if _TERMINATING:
+        return
+    _TERMINATING.append(signum)
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+@pytest.hookimpl(tryfirst=True)  # before Hypothesis's plugin loads --hypothesis-profile
 def pytest_configure(config: pytest.Config) -> None:
+    # here, not at import: a module that imports this one (`from conftest import`) would
+    # load it again after --hypothesis-profile's
+    settings.load_profile("same")
+    try:
+        signal.signal(signal.SIGTERM, _interrupt)
+    except ValueError:  # not the main thread: whoever embeds pytest owns the signals
+        pass
     if not hasattr(config, "workerinput"):  # the controller: one lock file for its workers
         fd, path = tempfile.mkstemp(prefix="bsrctl-shm-", suffix=".lock")
         os.close(fd)
@@ -116,7 +190,14 @@ def rank(item: pytest.Item) -> int:
     return 2 if lock_mode(item) is None else 4
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if settings.get_current_profile_name() == "fuzz":
+        fuzz_only(config, items)
+    elif bad := randomized(items):
+        raise pytest.UsageError(
+            f"{bad}: drop derandomize= and database= from their @settings (the suite's "
+            "profile derandomizes, tests/conftest.py; `make fuzz` explores)"
+        )
     # stable, the same on every worker: by rank, then a work unit's items together at its
     # last item's place (serially too: law and sweep run last in their package, so their
     # kept deployment, package-scoped, is not held while registration's own stack runs)

@@ -16,6 +16,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 WORKFLOWS = ROOT / ".github" / "workflows"
 FILES = ["ci.yml", "nightly-gpu.yml"]
+FILES.append("nightly-fuzz.yml")  # `make fuzz`, nightly on a CPU runner
 
 
 def actionlint() -> str:
@@ -146,3 +147,26 @@ def merge_step() -> dict:
     (step,) = [s for s in load("nightly-gpu.yml")["jobs"]["merge"]["steps"]
                if s.get("name") == "Fleet report, gated"]  # fmt: skip
     return step
+
+
+def test_nightly_fuzz_runs_make_fuzz_on_a_cpu_runner_with_cis_wheel_index() -> None:
+    doc = load("nightly-fuzz.yml")
+    assert "schedule" in doc["on"]
+    ((name, job),) = doc["jobs"].items()
+    assert name == "fuzz" and "self-hosted" not in str(job["runs-on"])
+    (fuzz,) = [s for s in job["steps"] if s.get("name") == "Fuzz"]
+    assert fuzz["run"] == 'make fuzz FUZZ_MINUTES="$MINUTES"'
+    assert "fuzz:" in (ROOT / "Makefile").read_text()
+    # the CPU wheels' index is read from ci.yml, where it lives, and ci.yml has it
+    (index,) = [s for s in job["steps"] if "PIP_EXTRA_INDEX_URL" in str(s.get("run", ""))]
+    run = subprocess.run(
+        ["bash", "-c", index["run"].replace('"$GITHUB_ENV"', "/dev/stdout")],
+        cwd=ROOT, capture_output=True, text=True, timeout=10,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    assert (
+        run.stdout
+        == f"PIP_EXTRA_INDEX_URL={load('ci.yml')['jobs']['test']['env']['PIP_EXTRA_INDEX_URL']}\n"
+    )
+    (up,) = [s for s in job["steps"] if str(s.get("uses", "")).startswith("actions/upload")]
+    assert up["if"] == "failure()" and up["with"]["path"] == ".hypothesis/fuzz"

@@ -4,19 +4,41 @@ by PID."""
 from __future__ import annotations
 
 import os
+import socket
+import subprocess
+import sys
 
 import pytest
 
 from bsrctl.errors import StackFailed
-from bsrctl.stack.launch.netns import NetNamespace, ensure_ready, namespace_support
+from bsrctl.stack.launch.netns import (
+    NetNamespace,
+    ensure_ready,
+    namespace_support,
+    nsenter_prefix,
+)
 from bsrctl.stack.launch.process import pids_alive
 from bsrctl.stack.launch.serving.mooncake import mooncake_binaries, start
 
 pytestmark = pytest.mark.mooncake
 
 
-def test_namespace_support_reports_ok_here(netns_support):
-    assert namespace_support().ok is True
+def test_the_namespace_is_private_with_its_own_loopback(netns):
+    # what namespace_support promised, observed in the namespace the stack runs in: only lo,
+    # up with 127.0.0.1, and the host's 127.0.0.1 unreachable from inside (a listener here
+    # refuses nothing there: nothing is there)
+    assert namespace_support().detail == "unshare -n + nsenter work; lo up in a private namespace"
+    inside = nsenter_prefix(netns.pid)
+    links = subprocess.run([*inside, "ip", "-o", "link", "show"], capture_output=True,
+                           text=True, timeout=10, check=True).stdout  # fmt: skip
+    assert [line.split(":")[1].strip() for line in links.splitlines()] == ["lo"]
+    with socket.create_server(("127.0.0.1", 0)) as host_listener:
+        port = host_listener.getsockname()[1]
+        probe = f"import socket; socket.create_connection(('127.0.0.1', {port}), timeout=5)"
+        res = subprocess.run([*inside, sys.executable, "-c", probe], capture_output=True,
+                             text=True, timeout=30)  # fmt: skip
+        socket.create_connection(("127.0.0.1", port), timeout=5).close()  # open on the host
+    assert res.returncode == 1 and "ConnectionRefusedError" in res.stderr, res.stderr
 
 
 def test_parts_run_inside_the_namespace_only(mooncake, netns):

@@ -129,7 +129,7 @@ def test_the_gpus_are_one_per_rank() -> None:
         ),
         ("device: cuda\n  vllm: {gpus: [1, 1]}", "stack.vllm.gpus: Value error, 2 GPU(s)"),
         ("vllm: {gpus: [0]}", "stack.vllm.gpus names GPUs but stack.device is cpu"),
-        ("vllm: {async_scheduling: true}", "vllm/platforms/cpu.py:331"),
+        ("vllm: {async_scheduling: true}", "async_scheduling: true on device cpu"),
         ("device: tpu", "stack.device: Input should be 'cpu' or 'cuda'"),
     ],
 )

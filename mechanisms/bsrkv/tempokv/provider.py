@@ -260,7 +260,9 @@ class StagingProvider:
             if self.tier.is_resident(obj.object_id):
                 continue
             op_id = self._object_op.get(obj.object_id)
-            if op_id is None:
+            if op_id is None or not self._ops[op_id].running:
+                # a queued staging op may wait for room this read's own bytes hold (its
+                # request's load stalls the engine that would free it): read it on demand
                 to_read.append(obj)
             else:
                 read.pending_ops.add(op_id)
