@@ -89,14 +89,16 @@ FUZZ_FACTOR = 10  # fuzz: each property test runs this many times its own exampl
 
 def randomized(items: list[pytest.Item]) -> list[str]:
     """Property tests whose own @settings undo the derandomized profile (derandomize=False,
-    a database): they would draw other examples on another machine or run."""
+    a database: they would draw other examples on another machine or run; a deadline, or a
+    health-check list without too_slow: their verdict would depend on the machine's speed)."""
     out = []
     for item in items:
         fn = getattr(item, "obj", None)
         if fn is None or not is_hypothesis_test(fn):
             continue
         own = fn._hypothesis_internal_use_settings
-        if not own.derandomize or own.database is not None:
+        timed = own.deadline is not None or HealthCheck.too_slow not in own.suppress_health_check
+        if not own.derandomize or own.database is not None or timed:
             out.append(item.nodeid)
     return out
 
@@ -195,8 +197,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         fuzz_only(config, items)
     elif bad := randomized(items):
         raise pytest.UsageError(
-            f"{bad}: drop derandomize= and database= from their @settings (the suite's "
-            "profile derandomizes, tests/conftest.py; `make fuzz` explores)"
+            f"{bad}: drop derandomize=, database= and deadline= from their @settings and keep "
+            "HealthCheck.too_slow in a suppress_health_check of their own (the suite's profile "
+            "derandomizes and never times, tests/conftest.py; `make fuzz` explores)"
         )
     # stable, the same on every worker: by rank, then a work unit's items together at its
     # last item's place (serially too: law and sweep run last in their package, so their

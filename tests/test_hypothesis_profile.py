@@ -1,6 +1,7 @@
 """The suite's Hypothesis profile (tests/conftest.py): a property test draws the same examples
 on every run and machine, its own @settings(max_examples=...) included; one whose @settings
-re-randomize (derandomize=False, a database) is named, and stops collection under `make test`."""
+re-randomize (derandomize=False, a database) or time it (a deadline, a health-check list without
+too_slow) is named, and stops collection under `make test`."""
 
 from __future__ import annotations
 
@@ -8,12 +9,14 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.database import InMemoryExampleDatabase
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from conftest import randomized  # noqa: E402
+
+FIXTURE, SLOW = HealthCheck.function_scoped_fixture, HealthCheck.too_slow
 
 
 def drawn(test_settings: settings) -> list[tuple[int, str]]:
@@ -57,5 +60,9 @@ def test_a_test_whose_settings_re_randomize_is_named() -> None:
         fake_item("c::random", settings(derandomize=False)),
         fake_item("d::database", settings(database=InMemoryExampleDatabase())),
         SimpleNamespace(nodeid="e::not_a_property", obj=lambda: None),
+        fake_item("f::deadline", settings(deadline=200)),
+        fake_item("g::own_checks", settings(suppress_health_check=[FIXTURE])),
+        fake_item("h::own_checks_kept", settings(suppress_health_check=[FIXTURE, SLOW])),
     ]
-    assert randomized(items) == ["c::random", "d::database"]  # type: ignore[arg-type]
+    named = ["c::random", "d::database", "f::deadline", "g::own_checks"]
+    assert randomized(items) == named  # type: ignore[arg-type]

@@ -98,7 +98,9 @@ def test_a_failed_mlock_leaves_nothing_of_it_locked(region: int) -> None:
 
 
 @settings(
-    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 @given(
     budget_pages=st.integers(1, PAGES),

@@ -386,8 +386,11 @@ def test_tp2_release_waits_for_every_rank(sm) -> None:
         t.close()
 
 
-@settings(max_examples=25, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])  # fmt: skip
+@settings(
+    max_examples=25,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 @given(
     st.lists(
         st.tuples(
