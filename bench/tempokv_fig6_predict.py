@@ -21,14 +21,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-import yaml
 from fig6 import dax, device
 from fig6.predict import CPU_ENGINE, predict, prediction_lines
-from pydantic import ValidationError
 
 from bsrctl.errors import StackFailed
-from bsrctl.spec_io import describe_error
-from bsrctl.tempokv.spec import TempoKVSpec
 
 MIB = 1 << 20
 
@@ -70,23 +66,10 @@ def main() -> int:
         ap.error("--staging-mib-s and --demand-mib-s: give both, each > 0")
     if ns.seeds < 1:
         ap.error(f"--seeds {ns.seeds}: give 1 or more")
-    args = list(ns.args)
-    path = Path(args.pop(0)) if args and args[0].endswith(".yaml") else dax.SPEC
-    try:
-        rates = [float(a) for a in args] or list(dax.RATES)
-    except ValueError:
-        ap.error(f"RATES {args}: give numbers (requests per second)")
-    if any(r <= 0 for r in rates):
-        ap.error(f"RATES {rates}: each must be > 0")
-    try:
-        spec = TempoKVSpec.model_validate(yaml.safe_load(path.read_text()))
-    except ValidationError as e:
-        print(f"error: {describe_error(TempoKVSpec, e)}", file=sys.stderr)
-        return 2
-    if spec.serving is None or spec.serving.fast_tier is None:
-        print("error: serving.fast_tier: the prediction is the flash tier's; give its spec",
-              file=sys.stderr)  # fmt: skip
-        return 2
+    read = dax.flash_spec_and_rates(ap, ns.args, "the prediction")
+    if isinstance(read, int):
+        return read
+    path, spec, rates = read
     if given[0]:
         staging, demand = ns.staging_mib_s * MIB, ns.demand_mib_s * MIB
     elif ns.fio is not None:

@@ -30,15 +30,11 @@ import statistics
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
-import yaml
 from fig6 import dax
 from fig6.headroom import Interval, idle_while_waiting
-from pydantic import ValidationError
 
 from bsrctl.experiments.tempokv.cells import simulate_policy
-from bsrctl.spec_io import describe_error
 from bsrctl.tempokv.sim.models import ModelProfile, make_profile
 from bsrctl.tempokv.sim.run import SimResult
 from bsrctl.tempokv.spec import DeviceSpec, OutputSpec, TempoKVSpec
@@ -251,23 +247,10 @@ def main() -> int:
     for flag in ("gpu_kv_gib", "retrieval_gib_s"):
         if getattr(ns, flag) is not None and getattr(ns, flag) <= 0:
             ap.error(f"--{flag.replace('_', '-')} {getattr(ns, flag)}: give a number > 0")
-    args = list(ns.args)
-    path = Path(args.pop(0)) if args and args[0].endswith(".yaml") else dax.SPEC
-    try:
-        rates = [float(a) for a in args] or list(dax.RATES)
-    except ValueError:
-        ap.error(f"RATES {args}: give numbers (requests per second)")
-    if any(r <= 0 for r in rates):
-        ap.error(f"RATES {rates}: each must be > 0")
-    try:
-        spec = TempoKVSpec.model_validate(yaml.safe_load(path.read_text()))
-    except ValidationError as e:
-        print(f"error: {describe_error(TempoKVSpec, e)}", file=sys.stderr)
-        return 2
-    if spec.serving is None or spec.serving.fast_tier is None:
-        print("error: serving.fast_tier: the regime is the flash tier's; give its spec "
-              f"(e.g. {dax.SPEC.name})", file=sys.stderr)  # fmt: skip
-        return 2
+    read = dax.flash_spec_and_rates(ap, ns.args, "the regime")
+    if isinstance(read, int):
+        return read
+    path, spec, rates = read
     seeds = [spec.seed + i for i in range(ns.seeds)]
     print(
         f"{path.name} at the paper's scale (tokens x{TOKENS_PER_SPEC_TOKEN}, MiB -> GiB), "

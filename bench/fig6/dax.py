@@ -7,15 +7,21 @@ magnitudes beside ours."""
 
 from __future__ import annotations
 
+import argparse
 import os
 import statistics
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import yaml
+from pydantic import ValidationError
+
 from bsrctl.evidence.verdict import Check
 from bsrctl.experiments.tempokv import flash
 from bsrctl.experiments.tempokv.expectations import ordering_claim
+from bsrctl.spec_io import describe_error
 from bsrctl.stats import decisive_repeats
 from bsrctl.tempokv.spec import TempoKVSpec
 from fig6.cells import DAX_BASE, Cells, ratio
@@ -30,6 +36,32 @@ RATES = (0.2, 0.5, 1.0, 2.0, 4.0)  # §5.3: r from 0.2 to 4 requests/s
 # by up to 27.8% on NarrativeQA. The corresponding improvements on LooGLE reach 32.4% and
 # 15.5%": as ratios tempokv/lmcache-dax, the best over the rates
 PAPER = {"NarrativeQA": (1.278, 0.520), "LooGLE": (1.155, 0.676)}  # (tput, p95)
+
+
+def flash_spec_and_rates(
+    ap: argparse.ArgumentParser, args: Sequence[str], what: str
+) -> tuple[Path, TempoKVSpec, list[float]] | int:
+    """``[SPEC.yaml] [RATES…]`` of a flash-tier bench (default: this spec, §5.3's rates): the
+    spec's path, the spec and the rates, or 2 after one line naming the field (``what``: the
+    bench's word for what needs the flash tier)."""
+    rest = list(args)
+    path = Path(rest.pop(0)) if rest and rest[0].endswith(".yaml") else SPEC
+    try:
+        rates = [float(a) for a in rest] or list(RATES)
+    except ValueError:
+        ap.error(f"RATES {rest}: give numbers (requests per second)")
+    if any(r <= 0 for r in rates):
+        ap.error(f"RATES {rates}: each must be > 0")
+    try:
+        spec = TempoKVSpec.model_validate(yaml.safe_load(path.read_text()))
+    except ValidationError as e:
+        print(f"error: {describe_error(TempoKVSpec, e)}", file=sys.stderr)
+        return 2
+    if spec.serving is None or spec.serving.fast_tier is None:
+        print(f"error: serving.fast_tier: {what} is the flash tier's; give its spec "
+              f"(e.g. {SPEC.name})", file=sys.stderr)  # fmt: skip
+        return 2
+    return path, spec, rates
 
 
 def paper_line() -> str:
