@@ -269,11 +269,13 @@ def doctor(
     else:
         stack = guarded(lambda: load_stack_section(spec)[0]) if spec is not None else None
         rows = diagnose(model=model, stack=stack, where=str(spec))
-    for row in rows:
+    for row in rows:  # one line a row at any width (soft_wrap): a log or grep reads it whole
         mark = "[green]ok[/green]" if row.ok else "[red]!![/red]"
-        out.print(f"{mark} {escape(row.name)}: {escape(row.value)}", highlight=False)
+        out.print(
+            f"{mark} {escape(row.name)}: {escape(row.value)}", highlight=False, soft_wrap=True
+        )
         if not row.ok and row.fix:  # escaped: fixes name extras such as '.[gpu]'
-            out.print(f"   fix: {escape(row.fix)}", highlight=False)
+            out.print(f"   fix: {escape(row.fix)}", highlight=False, soft_wrap=True)
     raise typer.Exit(0 if all(r.ok or not r.required for r in rows) else 3)
 
 

@@ -12,9 +12,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 import bsrctl
+from bsrctl import cli_evidence
 from bsrctl.cli import app
 from bsrctl.stack.doctor.surface import surface_findings
 from bsrkv.hostsurface.check import check
@@ -37,9 +39,12 @@ def _import(module: str, first: Path) -> subprocess.CompletedProcess[str]:
     )  # fmt: skip
 
 
-def test_doctor_names_the_missing_attribute_and_exits_3(tmp_path: Path) -> None:
+def test_doctor_names_the_missing_attribute_and_exits_3(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     side = fake_tree("vllm", tmp_path / "side", "0.99.0", WAITING)
-    res = CliRunner().invoke(app, ["doctor", "--vllm-from", str(side)], env={"COLUMNS": "1000"})
+    monkeypatch.setattr(cli_evidence.out, "width", 40)  # a row stays one line at any width
+    res = CliRunner().invoke(app, ["doctor", "--vllm-from", str(side)])
     assert res.exit_code == 3, res.output
     lines = res.output.splitlines()
     assert lines[:2] == [
