@@ -27,7 +27,7 @@ from bsrctl.stack.launch.extensions import TempoKVLaunch
 from bsrkv.hostguard import Guard
 from bsrkv.tempokv import wire
 from bsrkv.tempokv.live import AdapterSettings, LiveAdapterCore
-from bsrkv.vllm_ext import scheduler
+from bsrkv.vllm_ext import recorder, scheduler
 from bsrkv.vllm_ext.scheduler import TempoKVAdapter
 from bsrkv.vllm_ext.step_trace import StepTrace
 from bsrkv.vllm_ext.transport import RecordTransport, ServerModuleTransport
@@ -241,17 +241,17 @@ def test_the_adapter_settings_travel_as_the_launch_wrote_them(monkeypatch) -> No
                                kv_bytes_per_token=1024)  # fmt: skip
     launch = TempoKVLaunch(settings, trace_path="/tmp/t.jsonl", transport="record")
     monkeypatch.setenv(scheduler.ENV, launch.vllm_env()[scheduler.ENV])
-    assert scheduler._config() == wire.AdapterEnv(settings, "record", "/tmp/t.jsonl")
+    assert recorder.adapter_env() == wire.AdapterEnv(settings, "record", "/tmp/t.jsonl")
     raw = json.loads(launch.vllm_env()[scheduler.ENV])
     raw["adapter"]["chunk_token"] = raw["adapter"].pop("chunk_tokens")
     monkeypatch.setenv(scheduler.ENV, json.dumps(raw))
     with pytest.raises(wire.WireError) as err:
-        scheduler._config()
+        recorder.adapter_env()
     assert str(err.value) == (
         "BSRCTL_TEMPOKV.adapter: missing keys ['chunk_tokens'], unexpected keys ['chunk_token']"
     )
     monkeypatch.delenv(scheduler.ENV)
-    assert scheduler._config() == wire.AdapterEnv(None, "record", None)  # the recorder alone
+    assert recorder.adapter_env() == wire.AdapterEnv(None, "record", None)  # the recorder alone
 
 
 def test_a_mutating_send_carries_the_control_token(monkeypatch) -> None:

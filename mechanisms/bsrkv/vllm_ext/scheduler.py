@@ -37,14 +37,10 @@ scheduler, whose only step in flight is the one just scheduled.
 
 from __future__ import annotations
 
-import json
-import logging
-import os
 import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 from bsrkv.hostsurface import require
@@ -56,71 +52,15 @@ from vllm.v1.core.sched.async_scheduler import AsyncScheduler  # noqa: E402
 from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
 from vllm.v1.request import RequestStatus  # noqa: E402
 
-from bsrkv.hostguard import Guard  # noqa: E402
 from bsrkv.tempokv import wire  # noqa: E402
 from bsrkv.tempokv.live import LiveAdapterCore, LiveRunning, LiveView, LiveWaiting  # noqa: E402
-from bsrkv.vllm_ext.step_trace import GUARD, StepTrace, traced  # noqa: E402
+from bsrkv.vllm_ext.recorder import ENV, StepRecorder, adapter_env  # noqa: E402
+from bsrkv.vllm_ext.step_trace import traced  # noqa: E402
 from bsrkv.vllm_ext.transport import Pending, RecordTransport, ServerModuleTransport, Transport  # noqa: E402
 
-ENV = "BSRCTL_TEMPOKV"
 UPDATE_METHOD = wire.UPDATE
 SCHEDULED_KEPT = 16  # steps kept until their output (vLLM keeps at most 2 in flight)
 UNACKED_KEPT = 1024  # arrival claims awaiting their reply (a server that never answers)
-
-
-def _config() -> wire.AdapterEnv:
-    """``BSRCTL_TEMPOKV`` (unset: no adapter, no trace)."""
-    raw = os.environ.get(ENV, "")
-    if not raw:
-        return wire.AdapterEnv(None, "record", None)
-    return wire.AdapterEnv.from_json(json.loads(raw))
-
-
-class StepRecorder:
-    """Passive: records each step's decision (request order and tokens). The adapter-off
-    side of the on/off test runs the stock scheduler with only this. Everything of it runs
-    under the scheduler's guard (``bsrkv.hostguard``): vLLM's own work is never inside."""
-
-    _bk_trace: StepTrace = StepTrace(None)  # until __init__ set the real one
-    _bk_guard: Guard = GUARD
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)  # type: ignore[call-arg]
-        self._bk_guard = Guard("bsrkv.vllm_ext", logging.getLogger("bsrkv.vllm_ext"))
-        path = _config().trace_path  # a bad $BSRCTL_TEMPOKV: refused at start, naming it
-        self._bk_trace = StepTrace(Path(path) if path else None, self._bk_guard)
-
-    def _bk_record(self, out: Any) -> None:
-        self._bk_trace.write(
-            {
-                "kind": "step",
-                "scheduled": dict(out.num_scheduled_tokens),
-                "new": [r.req_id for r in out.scheduled_new_reqs],
-                "finished": sorted(out.finished_req_ids),
-            }
-        )
-
-    def schedule(self, *args: Any, **kwargs: Any) -> Any:
-        out = super().schedule(*args, **kwargs)  # type: ignore[misc]
-        self._bk_guard.call("record", self._bk_record, out)
-        return out
-
-    def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
-        result = super().update_from_output(scheduler_output, model_runner_output)  # type: ignore[misc]
-        self._bk_guard.call("record", self._bk_idle)
-        return result
-
-    def _bk_idle(self) -> None:
-        """The engine has nothing left to run: the trace goes to disk now. A vLLM that
-        cannot say (``has_requests`` failing) has it written at every step: its ``guards``
-        record must reach the harness whatever the engine's state."""
-        try:
-            idle = not self.has_requests()  # type: ignore[attr-defined]
-        except Exception as exc:
-            self._bk_guard.failed("record", exc)  # counted first: the record carries it
-            idle = True
-        if idle:
-            self._bk_trace.flush()
 
 
 class TempoKVAdapter(StepRecorder):
@@ -135,7 +75,7 @@ class TempoKVAdapter(StepRecorder):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        cfg = _config()
+        cfg = adapter_env()
         if cfg.adapter is None:
             raise ValueError(f"{ENV}.adapter is null: the TempoKV scheduler needs its settings")
         self._bk_guard.on_failure = self._tk_fail
