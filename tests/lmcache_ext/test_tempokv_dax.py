@@ -26,9 +26,10 @@ from lmcache.v1.distributed.storage_manager import StorageManager
 
 from bsrkv.clock import VirtualClock
 from bsrkv.lmcache_ext.storage import LMCacheRestoreStorage
+from bsrkv.lmcache_ext.tempokv_config import LiveConfig
 from bsrkv.lmcache_ext.tempokv_dax import DaxStagingDevice
 from bsrkv.lmcache_ext.tempokv_device import LiveObject
-from bsrkv.lmcache_ext.tempokv_live import LiveConfig, LiveTempo
+from bsrkv.lmcache_ext.tempokv_live import LiveTempo
 from bsrkv.restore.types import RowId
 from bsrkv.tempokv.claims import ClaimState
 from bsrkv.tempokv.controller import RetrievalGrant

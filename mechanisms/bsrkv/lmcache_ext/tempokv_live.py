@@ -29,17 +29,17 @@ import logging
 import threading
 from collections import deque
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from bsrkv.clock import WallClock
 from bsrkv.hostguard import Guard
+from bsrkv.lmcache_ext.tempokv_config import LiveConfig
 from bsrkv.lmcache_ext.tempokv_device import LiveObject, LmcStagingDevice
 from bsrkv.lmcache_ext.tempokv_provider import LiveStagingProvider, Samples, StockRead
 from bsrkv.tempokv.claims import ClaimState
 from bsrkv.tempokv.controller import Controller, RetrievalGrant
 from bsrkv.tempokv.kv import Manifest
-from bsrkv.tempokv.policies import CAUSAL_POLICIES, Policy, Timed, make_policy
+from bsrkv.tempokv.policies import Policy, Timed, make_policy
 from bsrkv.tempokv.ttr import RateMeter
 
 # loop pass: due timers, pin sync and the protected-bytes sample; prefetch polling too, but
@@ -48,37 +48,6 @@ LOOP_S = 0.005
 # An observed stock read whose prefetch was never reported done nor its session ended is
 # ended after this long (vLLM's mq timeout is 60 s: no lookup it waits on lasts longer).
 STOCK_READ_MAX_S = 60.0
-
-
-@dataclass(frozen=True, slots=True)
-class LiveConfig:
-    policy: str = "tempokv"
-    capacity_bytes: int = 64 << 20  # the fast tier the provider models (L1's room for it)
-    budget_bytes: int = 32 << 20  # protected-capacity budget
-    concurrency: int = 1
-    prior_bytes_s: float = 64 << 20  # calibrated staging rate (the shaped L2's)
-    prior_latency_s: float = 0.0  # the shaped L2's per-op latency (the progress estimate)
-    static_rate_bytes_s: float | None = None  # TempoKV-Static (default: the prior)
-    tick_s: float = 0.05
-    chunk_tokens: int = 256
-    tier: str = "l2"  # "dax": L1 is the flash tier's arena, staging is mlock (tempokv_dax)
-
-    @classmethod
-    def from_json(cls, raw: Mapping[str, Any]) -> LiveConfig:
-        unknown = sorted(set(raw) - set(cls.__dataclass_fields__))
-        if unknown:
-            raise ValueError(
-                f"tempokv config: unknown fields {unknown};"
-                f" known: {sorted(cls.__dataclass_fields__)}"
-            )
-        cfg = cls(**raw)
-        if cfg.policy not in CAUSAL_POLICIES and not cfg.policy.startswith("queue-"):
-            raise ValueError(
-                f"tempokv config.policy: {cfg.policy!r};"
-                f" live policies: {', '.join(CAUSAL_POLICIES)}"
-                " (the oracle needs the run's future: simulation only)"
-            )
-        return cfg
 
 
 class LiveTempo:

@@ -36,8 +36,9 @@ from lmcache.v1.multiprocess.custom_types import IPCCacheServerKey
 from bsrkv.lmcache_ext.mp_storage import ServerRestoreStorage
 from bsrkv.lmcache_ext.server.guard import handler, mutating
 from bsrkv.lmcache_ext.server.state import Mode, ModuleState, log
+from bsrkv.lmcache_ext.tempokv_config import LiveConfig
 from bsrkv.lmcache_ext.tempokv_device import LiveObject
-from bsrkv.lmcache_ext.tempokv_live import LiveConfig, LiveTempo
+from bsrkv.lmcache_ext.tempokv_live import LiveTempo
 from bsrkv.tempokv import wire
 from bsrkv.tempokv.controller import RetrievalGrant
 from bsrkv.trace.spans import server_event_span, server_span
