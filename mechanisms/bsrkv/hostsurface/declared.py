@@ -81,6 +81,19 @@ LOOKUP = "lmcache.v1.multiprocess.modules.lookup"
 SCHEDULER = "vllm.v1.core.sched.scheduler"
 HANDLER = "lmcache.v1.multiprocess.request_handler"
 
+# What each of bsrkv's L2 adapters imports to register itself with LMCache (one file each).
+_L2_ADAPTER = (
+    "lmcache.lmcache_native:Bitmap",
+    "lmcache.logging:init_logger",
+    "lmcache.v1.distributed.api:ObjectKey",
+    "lmcache.v1.distributed.internal_api:L2StoreResult",
+    "lmcache.v1.distributed.l2_adapters.base:L2AdapterInterface",
+    "lmcache.v1.distributed.l2_adapters.base:L2TaskId",
+    "lmcache.v1.distributed.l2_adapters.config:L2AdapterConfigBase",
+    "lmcache.v1.distributed.l2_adapters.config:register_l2_adapter_type",
+    "lmcache.v1.distributed.l2_adapters.factory:register_l2_adapter_factory",
+    "lmcache.v1.distributed.l2_adapters.fs_l2_adapter:_object_key_to_filename",
+)
 USES: dict[str, tuple[str, ...]] = {
     "bsrctl.registration.dsv4_vllm": (
         "vllm.config:ModelConfig",
@@ -179,33 +192,15 @@ USES: dict[str, tuple[str, ...]] = {
         "lmcache.v1.distributed.storage_manager:StorageManager",
     ),
     "bsrkv.lmcache_ext.adapters.fs": (
-        "lmcache.lmcache_native:Bitmap",
-        "lmcache.logging:init_logger",
-        "lmcache.v1.distributed.api:ObjectKey",
-        "lmcache.v1.distributed.internal_api:L2StoreResult",
-        "lmcache.v1.distributed.l2_adapters.base:L2AdapterInterface",
-        "lmcache.v1.distributed.l2_adapters.base:L2TaskId",
-        "lmcache.v1.distributed.l2_adapters.config:L2AdapterConfigBase",
-        "lmcache.v1.distributed.l2_adapters.config:register_l2_adapter_type",
-        "lmcache.v1.distributed.l2_adapters.factory:register_l2_adapter_factory",
+        *_L2_ADAPTER,
         "lmcache.v1.distributed.l2_adapters.fs_l2_adapter:FSL2Adapter",
-        "lmcache.v1.distributed.l2_adapters.fs_l2_adapter:_object_key_to_filename",
     ),
     "bsrkv.lmcache_ext.adapters.fs_config": (
         "lmcache.v1.distributed.l2_adapters.fs_l2_adapter:FSL2AdapterConfig",
     ),
     "bsrkv.lmcache_ext.adapters.mooncake": (
-        "lmcache.lmcache_native:Bitmap",
-        "lmcache.logging:init_logger",
-        "lmcache.v1.distributed.api:ObjectKey",
-        "lmcache.v1.distributed.internal_api:L2StoreResult",
-        "lmcache.v1.distributed.l2_adapters.base:L2AdapterInterface",
-        "lmcache.v1.distributed.l2_adapters.base:L2TaskId",
-        "lmcache.v1.distributed.l2_adapters.config:L2AdapterConfigBase",
-        "lmcache.v1.distributed.l2_adapters.config:register_l2_adapter_type",
-        "lmcache.v1.distributed.l2_adapters.factory:register_l2_adapter_factory",
+        *_L2_ADAPTER,
         "lmcache.v1.distributed.l2_adapters.fs_l2_adapter:_FILE_EXT",
-        "lmcache.v1.distributed.l2_adapters.fs_l2_adapter:_object_key_to_filename",
         "lmcache.v1.platform:create_event_notifier",
     ),
     "bsrkv.lmcache_ext.faults.adapter": (
