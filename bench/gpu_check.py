@@ -33,7 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bsrkv.registration import dsv4_flash_mtp_off  # noqa: E402  (standard library only)
+from bsrctl.registration.dsv4 import dsv4_flash_mtp_off  # noqa: E402  (standard library only)
 
 PAPER_C = 16_408_576  # B per chunk per rank, the paper's MTP-off registration
 PAPER_SIZES = (32768, 65536, 131072, 262144, 393216, 524032)  # its E1 sweep, tokens

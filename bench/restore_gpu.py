@@ -33,7 +33,7 @@ from collections.abc import Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from bsrkv.registration import dsv4_flash_mtp_off
+from bsrctl.registration.dsv4 import dsv4_flash_mtp_off
 from bsrkv.restore import (
     BoundedRestorer,
     RestoreConfig,

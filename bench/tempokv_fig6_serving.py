@@ -110,8 +110,8 @@ from bsrctl.stack.contracts.bsr_client import outcomes_since
 from bsrctl.stack.contracts.deployment import Deployment
 from bsrctl.stack.launch.extensions import TempoKVLaunch, odirect_allowed
 from bsrctl.tempokv.spec import TempoKVSpec
-from bsrkv.trace.collect import read_spans
-from bsrkv.trace.timeline import spans_of
+from bsrctl.trace.collect import read_spans
+from bsrctl.trace.timeline import spans_of
 
 __all__ = ["Cell", "Spread", "claim_checks", "claims", "last_line", "ratio", "spread", "table"]
 

@@ -9,11 +9,12 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from bsrctl.errors import BadInput
+from bsrctl.registration.dsv4 import dsv4_flash_mtp_off
+from bsrctl.registration.tiny import TinyModelRecipe, tiny_llama_cpu
 from bsrctl.spec_io import ByteSize, Strict, describe_error, read_yaml
-from bsrkv.registration import Registration, dsv4_flash_mtp_off, tiny_llama_cpu
-from bsrkv.registration.tiny import TinyModelRecipe
+from bsrctl.trace.spec import TraceSpec
+from bsrkv.registration import Registration
 from bsrkv.settings import RestoreSettings, RestoreTuning
-from bsrkv.trace.spec import TraceSpec
 
 # vLLM --dtype when the spec sets none (bsrctl.stack.launch.profile reads it): the CPU stack's
 # numerics are float32 (greedy outputs identical across processes: CPU stack facts); on CUDA vLLM

@@ -133,6 +133,24 @@ BREAKS = [
         {"restore-core-pure", "tempokv-no-stack"},
         "bsrkv.restore.plan -> lmcache",
     ),
+    (  # the server's spans serving OTLP themselves: LMCache's process would hold a receiver
+        "mechanisms/bsrkv/trace/spans.py",
+        "import grpc",
+        {"mechanisms-emit-spans"},
+        "bsrkv.trace.spans -> grpc",
+    ),
+    (  # or the receiver's OTLP/HTTP server
+        "mechanisms/bsrkv/trace/spans.py",
+        "import http.server",
+        {"mechanisms-emit-spans"},
+        "bsrkv.trace.spans -> http",
+    ),
+    (  # the mechanisms reaching for the harness's collector (as the client's spans once did)
+        "mechanisms/bsrkv/trace/spans.py",
+        "from bsrctl.trace.collect import COLLECTOR",
+        {"mechanisms-standalone", "mechanisms-emit-spans"},
+        "bsrkv.trace.spans -> bsrctl.trace.collect",
+    ),
     (
         "mechanisms/bsrkv/restore/admission.py",
         "from bsrkv.hostguard import Guard",

@@ -6,16 +6,9 @@ import dataclasses
 
 import pytest
 
-from bsrkv.registration import (
-    PAPER_BYTES_PER_CHUNK,
-    PAPER_NUM_TENSORS,
-    TINY_LLAMA_BYTES_PER_CHUNK,
-    GroupSpec,
-    Registration,
-    TensorSpec,
-    dsv4_flash_mtp_off,
-    tiny_llama_cpu,
-)
+from bsrctl.registration.dsv4 import PAPER_BYTES_PER_CHUNK, PAPER_NUM_TENSORS, dsv4_flash_mtp_off
+from bsrctl.registration.tiny import TINY_LLAMA_BYTES_PER_CHUNK, tiny_llama_cpu
+from bsrkv.registration import GroupSpec, Registration, TensorSpec
 
 
 def test_the_papers_geometry_sums_to_its_c() -> None:
@@ -72,7 +65,7 @@ def test_a_groups_sliding_window_is_not_bsrs_window() -> None:
 
 
 def test_tiny_llama_cpu_is_the_recipes_geometry() -> None:
-    from bsrkv.registration.tiny import TinyModelRecipe
+    from bsrctl.registration.tiny import TinyModelRecipe
 
     r = TinyModelRecipe()
     for tp in (1, 2):

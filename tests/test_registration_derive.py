@@ -15,9 +15,11 @@ from hypothesis import strategies as st
 from bsrctl.errors import BadInput
 from bsrctl.registration import declared
 from bsrctl.registration.derive import derive, derive_from_folder
+from bsrctl.registration.dsv4 import dsv4_flash_mtp_off
+from bsrctl.registration.tiny import tiny_llama_cpu
 from bsrctl.specs import TargetSpec
 from bsrctl.stack.launch.tinymodel import TINY_QWEN3, TinyModelRecipe
-from bsrkv.registration import dsv4_flash_mtp_off, first_difference, tiny_llama_cpu
+from bsrkv.registration import first_difference
 
 LADDERS = Path(__file__).parents[1] / "ladders"
 

@@ -11,7 +11,7 @@ import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from bsrkv.trace.timeline import CLIENT_REQUEST, Span, by_request
+from bsrctl.trace.timeline import CLIENT_REQUEST, Span, by_request
 from fig6.cells import Cells
 
 RETRIEVE, STAGE = "bsr.stock_retrieve", "tempokv.stage"

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from bsrctl.experiments.tempokv.pooled import quantile
-from bsrkv.trace.timeline import (
+from bsrctl.trace.timeline import (
     CLIENT_REQUEST,
     CLIENT_TTFT,
     Span,

@@ -17,7 +17,7 @@ from bsrctl.evidence import EvidenceWriter, Verdict, merge
 from bsrctl.evidence.manifest import write_manifest
 from bsrctl.experiments.console import RunConsole, progress
 from bsrctl.report import write_summary
-from bsrkv.trace.collect import COLLECTOR
+from bsrctl.trace.collect import COLLECTOR
 
 Progress = Callable[[str], None]
 __all__ = ["Interrupted", "Progress", "RunConsole", "execute", "progress", "sigterm_interrupts"]

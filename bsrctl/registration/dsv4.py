@@ -42,6 +42,9 @@ latents with the indexer keys, the r = 4 and the r = 128 compressor states. The 
 of the compressed group is 256 tokens (the FlashMLA and indexer backends' only kernel block
 size, sparse_mla.py:60-61, indexer.py:355-357), so LMCache's chunk must be a multiple of it
 (kv_layer_groups.py:724-760).
+
+``dsv4_flash_mtp_off`` beside it is the BSR paper's registration of the same model: its
+tensor count and bytes per chunk, with illustrative shapes.
 """
 
 from __future__ import annotations
@@ -147,3 +150,36 @@ def derive_dsv4(
     return Registration(
         prefix, tensors, groups, tp_size, chunk_tokens, engine_groups=VLLM_KV_CACHE_GROUPS
     )
+
+
+# ---- the paper's geometry ------------------------------------------------------------
+
+PAPER_BYTES_PER_CHUNK = 16_408_576  # DeepSeek-V4-Flash MTP-off, 256-token chunks, per rank
+PAPER_NUM_TENSORS = 167
+
+
+def dsv4_flash_mtp_off(tp_size: int = 2, chunk_tokens: int = 256) -> Registration:
+    """The paper's figure: 167 tensors, 16,408,576 bytes per 256-token chunk per rank. It is
+    the paper's number (storage-stack runs at paper geometry, the report's "paper's figure"
+    line), not what vLLM 0.32 registers for DeepSeek-V4-Flash (``registration: auto``,
+    ``derive_dsv4`` above: also 167 tensors, other shapes and bytes).
+
+    The paper gives the tensor count and c, not the shapes; these are illustrative shapes
+    chosen to sum exactly (so W = 32 gives 500.75 MiB per rank per window, and a 1024-chunk
+    whole plan 16,802,381,824 bytes, the paper's measured 256K L1 peak):
+      43 layers x kv latent (T, 512) bf16 + rope key (T, 64) bf16        group 0 attention
+      40 layers x indexer key (T, 128) fp8 (as uint8) + scale (T,) f32    group 1 indexer
+      1 x aux state (T, 4640) bf16                                         group 2 aux
+    with T = 256 tokens per chunk. ``chunk_tokens`` other than 256 scales every T.
+    """
+    t = chunk_tokens
+    tensors: list[TensorSpec] = []
+    for i in range(43):
+        tensors.append(TensorSpec(f"layers.{i}.attn.kv_latent", (t, 512), "bfloat16", 0))
+        tensors.append(TensorSpec(f"layers.{i}.attn.k_rope", (t, 64), "bfloat16", 0))
+    for i in range(3, 43):
+        tensors.append(TensorSpec(f"layers.{i}.attn.indexer_k", (t, 128), "uint8", 1))
+        tensors.append(TensorSpec(f"layers.{i}.attn.indexer_k_scale", (t,), "float32", 1))
+    tensors.append(TensorSpec("aux.hc_state", (t, 4640), "bfloat16", 2))
+    groups = (GroupSpec(0, "attention"), GroupSpec(1, "indexer"), GroupSpec(2, "aux"))
+    return Registration("deepseek-v4-flash-mtp-off", tuple(tensors), groups, tp_size, chunk_tokens)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bsrkv.registration import PAPER_BYTES_PER_CHUNK, PAPER_NUM_TENSORS
+from bsrctl.registration.dsv4 import PAPER_BYTES_PER_CHUNK, PAPER_NUM_TENSORS
 
 
 def chunk_line(doc: dict[str, Any]) -> str | None:

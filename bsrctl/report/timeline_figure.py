@@ -10,7 +10,7 @@ from typing import Any
 
 from bsrctl.report.figures import Plot, new_fig, svg
 from bsrctl.trace.restores import measured_restores
-from bsrkv.trace.timeline import slowest, spans_of
+from bsrctl.trace.timeline import slowest, spans_of
 
 COLOURS = {"bsrctl": "#1565c0", "bsrctl.server": "#2e7d32", "lmcache": "#6a1b9a",
            "vllm": "#ef6c00", "": "#bdbdbd"}  # fmt: skip

@@ -8,9 +8,9 @@ import json
 from pathlib import Path
 
 from bsrctl.errors import BadInput
+from bsrctl.trace.collect import SPANS, read_spans
 from bsrctl.trace.restores import measured_restores
-from bsrkv.trace.collect import SPANS, read_spans
-from bsrkv.trace.timeline import by_request, critical_path, render, slowest, spans_of
+from bsrctl.trace.timeline import by_request, critical_path, render, slowest, spans_of
 
 
 def timeline_text(run_dir: Path, request: str | None = None, top: int = 3) -> str:

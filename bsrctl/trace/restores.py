@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bsrkv.trace.timeline import Span, by_request
+from bsrctl.trace.timeline import Span, by_request
 
 RESTORE_KINDS = ("sweep", "law", "ladder")
 RESTORE_SPANS = ("bsr.restore", "bsr.stock_retrieve")  # the server module's, W > 0 and W = 0

@@ -241,7 +241,7 @@ def test_a_bad_workload_flag_exits_2_naming_the_field(monkeypatch, capsys) -> No
 def test_where_ttft_went_is_per_arm_over_the_streamed_requests(tmp_path: Path) -> None:
     import json
 
-    from bsrkv.trace.timeline import spans_of
+    from bsrctl.trace.timeline import spans_of
 
     for arm, pid in (("lmcache", 100), ("tempokv", 200)):
         (tmp_path / f"r0-{arm}" / "stack").mkdir(parents=True)

@@ -22,7 +22,7 @@ from fig6.cells import Cell, claim_checks, last_line  # noqa: E402
 from fig6.timeline import draw  # noqa: E402
 from fig6.where import Row, rows_of, timeline_lines  # noqa: E402
 
-from bsrkv.trace.timeline import spans_of  # noqa: E402
+from bsrctl.trace.timeline import spans_of  # noqa: E402
 
 ARMS = ("lmcache-dax", "tempokv")
 

@@ -14,7 +14,7 @@ from fig6.headroom import (
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bsrkv.trace.timeline import Span, spans_of
+from bsrctl.trace.timeline import Span, spans_of
 
 
 def test_intervals_merge_and_measure() -> None:

@@ -24,8 +24,8 @@ from bandwidth.common import (
 from bandwidth.mooncake import ENTRY, read_worker, worker_argv
 from bandwidth.summary import checksum_ratio, fio_ratio, last_line, no_checksum_label
 
+from bsrctl.registration.dsv4 import dsv4_flash_mtp_off
 from bsrctl.stats import paired_ratio_ci
-from bsrkv.registration import dsv4_flash_mtp_off
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 

@@ -14,8 +14,8 @@ from bsrctl.evidence.verdict import Verdict
 from bsrctl.experiments.failmatrix import load_matrix, run_matrix, run_storage_cell
 from bsrctl.experiments.failmatrix import storage as storage_cells
 from bsrctl.registration import declared
+from bsrctl.registration.tiny import tiny_llama_cpu
 from bsrctl.report.failmatrix import render
-from bsrkv.registration import tiny_llama_cpu
 
 from .storage_mutants import close_leaked, mutant_stack
 

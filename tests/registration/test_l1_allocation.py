@@ -16,7 +16,8 @@ import pytest
 from bsrctl.experiments.restore import acceptance as acc
 from bsrctl.registration import declared
 from bsrctl.registration.l1 import allocation_unit
-from bsrkv.registration import GroupSpec, Registration, TensorSpec, tiny_llama_cpu
+from bsrctl.registration.tiny import tiny_llama_cpu
+from bsrkv.registration import GroupSpec, Registration, TensorSpec
 
 os.environ.setdefault("LMCACHE_LOG_LEVEL", "WARNING")
 

@@ -11,7 +11,7 @@ import pytest
 
 from bsrctl.report.timeline_figure import timeline_plots
 from bsrctl.trace.restores import measured_restores
-from bsrkv.trace.timeline import spans_of
+from bsrctl.trace.timeline import spans_of
 
 pytest.importorskip("matplotlib")
 MS = 1_000_000

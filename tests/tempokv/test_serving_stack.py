@@ -15,6 +15,7 @@ from pydantic import ValidationError
 
 from bsrctl.experiments.tempokv import calls, serving
 from bsrctl.experiments.tempokv.serving import MIB, deployment_for, engine_cpus_default
+from bsrctl.registration.tiny import TinyModelRecipe
 from bsrctl.specs import LmcacheSpec, StackSpec, VllmSpec
 from bsrctl.stack.launch.extensions import (
     L1Options,
@@ -27,7 +28,6 @@ from bsrctl.stack.launch.fast_tier import FastTierConfig
 from bsrctl.stack.launch.process import Supervised
 from bsrctl.stack.launch.serving import ServingStack
 from bsrctl.tempokv.spec import ServingRun, TempoKVSpec, load
-from bsrkv.registration.tiny import TinyModelRecipe
 from bsrkv.settings import RestoreSettings, RestoreTuning
 from bsrkv.tempokv import wire
 from bsrkv.tempokv.live import AdapterSettings

@@ -12,9 +12,9 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
-from bsrkv.trace.collect import Collector
-from bsrkv.trace.receiver import OtlpReceiver
-from bsrkv.trace.spec import TraceSpec
+from bsrctl.trace.collect import Collector
+from bsrctl.trace.receiver import OtlpReceiver
+from bsrctl.trace.spec import TraceSpec
 
 
 def _export(exporter, service: str = "svc") -> None:

@@ -59,3 +59,17 @@ def test_a_restore_made_later_keeps_its_own_times(monkeypatch) -> None:
     got = {s.name: (s.start_time, s.end_time) for s in exporter.get_finished_spans()}
     assert got["bsr.restore"] == (1_000_000_000_000, 1_000_010_000_000)
     assert max(end for _start, end in got.values()) == 1_000_010_000_000
+
+
+def test_the_server_exporter_batches_at_the_delay_its_environment_names(monkeypatch) -> None:
+    """The delay has one home, the harness's collector: the server module's exporter reads
+    it from OTEL_BSP_SCHEDULE_DELAY, which the harness sets for every launched process."""
+    monkeypatch.setenv(spans.ENDPOINT_ENV, "unix:///nowhere")
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "100")
+    spans.shutdown_server_tracer()
+    try:
+        assert spans.tracer_records(spans.server_tracer())
+        (bsp,) = spans._remote["provider"]._active_span_processor._span_processors
+        assert bsp._batch_processor._schedule_delay_millis == 100
+    finally:
+        spans.shutdown_server_tracer()

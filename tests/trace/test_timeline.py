@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from bsrkv.trace.timeline import (
+from bsrctl.trace.timeline import (
     chrome_trace,
     critical_path,
     phase_totals,

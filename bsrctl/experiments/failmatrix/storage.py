@@ -35,8 +35,8 @@ from bsrctl.stack.storage import (
     restore_with_fault,
 )
 from bsrctl.stack.storage.target import StorageTarget
+from bsrctl.trace.collect import COLLECTOR
 from bsrkv.settings import RestoreSettings
-from bsrkv.trace.collect import COLLECTOR
 
 SHM = Path("/dev/shm")
 LEFTOVER_WAIT_S = 5.0  # how long a thread or child of a closed stack may take to end

@@ -142,9 +142,9 @@ def _cuda(stack: StackSpec) -> DeviceProfile:
     # VLLM_BATCH_INVARIANT where vLLM 0.32 makes it hold (stack/launch/batch_invariance.py), served
     # and reference alike; deciding it reads the model's config.json (quantization, sparse MLA)
     if v.batch_invariant is not False:
+        from bsrctl.registration.tiny import TinyModelRecipe
         from bsrctl.specs import model_config
         from bsrctl.stack.launch.batch_invariance import batch_invariance
-        from bsrkv.registration.tiny import TinyModelRecipe
 
         cfg = TinyModelRecipe().hf_config() if v.model == "tiny" else model_config(v)
         bi = batch_invariance("cuda", v.batch_invariant, v.dtype, v.kv_cache_dtype, cfg)

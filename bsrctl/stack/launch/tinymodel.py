@@ -18,8 +18,8 @@ from pathlib import Path
 
 from bsrctl.errors import BadInput
 
-# The recipes are pure geometry (bsrkv.registration.tiny); this module builds from them.
-from bsrkv.registration.tiny import RECIPE_VERSION, TINY_QWEN3, TinyModelRecipe  # noqa: F401
+# The recipes are pure geometry (bsrctl.registration.tiny); this module builds from them.
+from bsrctl.registration.tiny import RECIPE_VERSION, TINY_QWEN3, TinyModelRecipe  # noqa: F401
 
 MANIFEST = "model.sha256.json"
 WORDS = (

@@ -30,6 +30,8 @@ from bsrctl.stack.storage.config import (
 from bsrctl.stack.storage.destinations import PoolDestination
 from bsrctl.stack.storage.ranks import L1HighWater, PerRankStorage
 from bsrctl.stack.storage.seeding import PrefixSeeding
+from bsrctl.trace.collect import COLLECTOR
+from bsrctl.trace.spans import trace_local_restore
 from bsrkv.restore import (
     BoundedRestorer,
     ForceLocalMarkers,
@@ -41,8 +43,7 @@ from bsrkv.restore import (
     RowId,
     RowKeys,
 )
-from bsrkv.trace.collect import COLLECTOR
-from bsrkv.trace.spans import Stopwatch, trace_local_restore
+from bsrkv.trace.spans import Stopwatch
 
 
 @dataclass(frozen=True)

@@ -18,9 +18,9 @@ from bsrctl.specs import TargetSpec
 from bsrctl.stack.contracts.measures import StorageMeasures, exact_div
 from bsrctl.stack.contracts.target import Prompt
 from bsrctl.stack.measure.machine import l1_fits
+from bsrctl.trace.collect import COLLECTOR
 from bsrkv.registration import Registration
 from bsrkv.settings import RestoreSettings
-from bsrkv.trace.collect import COLLECTOR
 
 if TYPE_CHECKING:  # LMCache is imported when a stack is deployed, not with the target
     from bsrctl.stack.storage import StorageStack, StorageStackFactory

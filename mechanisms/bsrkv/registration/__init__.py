@@ -9,7 +9,7 @@ one rank is one storage object. From it follow:
 - RWS accounting of the paper (Eq. 4): ``window_bytes(W) = W * c`` per rank, and the bound
   ``rws_bound_bytes(W, unit) = W * c_allocated + aux_bytes``, where ``c_allocated`` is what a
   chunk occupies in the restore pool: each group's object rounded up to LMCache's L1
-  allocation unit (``bsrctl.registration.l1`` reads it from the allocator), ``c`` when
+  allocation unit (read from LMCache's allocator by whoever plans the restore), ``c`` when
   every group's bytes are a multiple of it (``unit = 1`` is the logical c).
 - ``digest()``: sha256 over the tensor list, chunk size and TP size, the "registration
   identity" an acceptance check compares between what was stored and what is restored.
@@ -186,62 +186,3 @@ def first_difference(expected: tuple[str, ...], other: tuple[str, ...], what: st
     if len(expected) != len(other):
         return f"{what} has {len(other)} tensors, expected {len(expected)}"
     return None
-
-
-# ---- factories ----------------------------------------------------------------------------
-
-PAPER_BYTES_PER_CHUNK = 16_408_576  # DeepSeek-V4-Flash MTP-off, 256-token chunks, per rank
-PAPER_NUM_TENSORS = 167
-
-
-def dsv4_flash_mtp_off(tp_size: int = 2, chunk_tokens: int = 256) -> Registration:
-    """The paper's figure: 167 tensors, 16,408,576 bytes per 256-token chunk per rank. It is
-    the paper's number (storage-stack runs at paper geometry, the report's "paper's figure"
-    line), not what vLLM 0.32 registers for DeepSeek-V4-Flash (``registration: auto``,
-    ``bsrctl.registration.dsv4``: also 167 tensors, other shapes and bytes).
-
-    The paper gives the tensor count and c, not the shapes; these are illustrative shapes
-    chosen to sum exactly (so W = 32 gives 500.75 MiB per rank per window, and a 1024-chunk
-    whole plan 16,802,381,824 bytes, the paper's measured 256K L1 peak):
-      43 layers x kv latent (T, 512) bf16 + rope key (T, 64) bf16        group 0 attention
-      40 layers x indexer key (T, 128) fp8 (as uint8) + scale (T,) f32    group 1 indexer
-      1 x aux state (T, 4640) bf16                                         group 2 aux
-    with T = 256 tokens per chunk. ``chunk_tokens`` other than 256 scales every T.
-    """
-    t = chunk_tokens
-    tensors: list[TensorSpec] = []
-    for i in range(43):
-        tensors.append(TensorSpec(f"layers.{i}.attn.kv_latent", (t, 512), "bfloat16", 0))
-        tensors.append(TensorSpec(f"layers.{i}.attn.k_rope", (t, 64), "bfloat16", 0))
-    for i in range(3, 43):
-        tensors.append(TensorSpec(f"layers.{i}.attn.indexer_k", (t, 128), "uint8", 1))
-        tensors.append(TensorSpec(f"layers.{i}.attn.indexer_k_scale", (t,), "float32", 1))
-    tensors.append(TensorSpec("aux.hc_state", (t, 4640), "bfloat16", 2))
-    groups = (GroupSpec(0, "attention"), GroupSpec(1, "indexer"), GroupSpec(2, "aux"))
-    return Registration("deepseek-v4-flash-mtp-off", tuple(tensors), groups, tp_size, chunk_tokens)
-
-
-TINY_LLAMA_BYTES_PER_CHUNK = 262_144  # measured on the CPU serving stack
-
-
-def tiny_llama_cpu(chunk_tokens: int = 256, tp_size: int = 1) -> Registration:
-    """The tiny CPU Llama of the serving stack (``TinyModelRecipe``'s geometry: 2 layers,
-    2 KV heads, head dim 32), float32.
-
-    vLLM registers one KV tensor per layer, (K/V, tokens, kv heads, head dim); LMCache
-    stores a chunk as one object (KV_2LTD: (2, layers, tokens, heads*dim)) of the same
-    bytes: 2 * 2 * 256 * 2 * 32 * 4 = 262,144 B per 256-token chunk, as measured.
-    With TP = 2 each rank holds one KV head.
-    """
-    from bsrkv.registration.tiny import TinyModelRecipe
-
-    r = TinyModelRecipe()
-    heads = r.num_key_value_heads // tp_size
-    shape = (2, chunk_tokens, heads, r.head_dim)
-    tensors = tuple(
-        TensorSpec(f"model.layers.{i}.self_attn.attn", shape, "float32", 0)
-        for i in range(r.num_hidden_layers)
-    )
-    return Registration(
-        "tiny-llama-cpu", tensors, (GroupSpec(0, "attention"),), tp_size, chunk_tokens
-    )

@@ -1,9 +1,3 @@
-"""Per-request timelines on OpenTelemetry: bsrctl's OTLP receiver and collector
-(``collect``), its own spans (``spans``), spans to Chrome trace events and critical paths
-(``timeline``), and the stack spec's ``trace`` field (``spec``).
-
-Importing this package imports no OpenTelemetry SDK: only what uses it does."""
-
-from bsrkv.trace.spec import TraceSpec
-
-__all__ = ["TraceSpec"]
+"""The spans bsrkv's own code emits inside LMCache and vLLM, and their OTLP exporter
+(``spans``). Collecting them, the run's timeline and the stack spec's ``trace`` field belong
+to the harness that launches the hosts."""

@@ -1,20 +1,20 @@
-"""bsrctl's own spans, through the OpenTelemetry API: the client's request and first token,
-the server module's probe and retrieve, each restore window's phases.
+"""The spans bsrkv's own code emits inside the hosts, through the OpenTelemetry API: the
+server module's probe and retrieve, each restore window's phases, TempoKV's staging; and
+the exporter that ships them.
 
-In bsrctl's process the tracer is the collector's (``COLLECTOR.tracer``); in the LMCache
-server, where the module runs, it is a provider of its own exporting to the receiver named
-by ``BSRCTL_OTLP_ENDPOINT`` (set by bsrctl when it launches the server), never LMCache's
-global one. Without either, the tracer is the API's no-op one.
+In the LMCache server the tracer is a provider of the module's own exporting over OTLP/gRPC
+to the endpoint named by ``BSRCTL_OTLP_ENDPOINT`` (set by whoever launches the server),
+never LMCache's global one; its batch delay is the SDK's ``OTEL_BSP_SCHEDULE_DELAY``.
+Without an endpoint the tracer is the API's no-op one.
 
-In the server a span never decides anything: a tracer that cannot be made (its exporter
-fails to load), started or ended only loses its spans (``server_span``, ``server_tracer``:
-counted on ``GUARD``, logged once); the block's own exceptions pass through untouched."""
+A span never decides anything: a tracer that cannot be made (its exporter fails to load),
+started or ended only loses its spans (``server_span``, ``server_tracer``: counted on
+``GUARD``, logged once); the block's own exceptions pass through untouched."""
 
 from __future__ import annotations
 
 import logging
 import os
-import secrets
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -22,12 +22,9 @@ from contextlib import contextmanager
 from typing import Any
 
 from opentelemetry import trace
-from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from bsrkv.hostguard import Guard
 from bsrkv.restore.types import RestoreOutcome, WindowTiming
-from bsrkv.trace.collect import BSP_DELAY_MS, COLLECTOR
-from bsrkv.trace.timeline import CLIENT_REQUEST, CLIENT_TTFT
 
 ENDPOINT_ENV = "BSRCTL_OTLP_ENDPOINT"  # OTLP/gRPC target of the launched processes
 _lock = threading.Lock()
@@ -35,39 +32,9 @@ _remote: dict[str, Any] = {}
 GUARD = Guard("bsrkv.trace.spans", logging.getLogger("bsrctl.trace"))  # the server's spans
 
 
-def new_request_id() -> str:
-    """The id the client sends as ``X-Request-Id`` (``timeline.REQUEST_ID`` finds it)."""
-    return f"bsrq-{secrets.token_hex(8)}"
-
-
-@contextmanager
-def client_request(request_id: str) -> Iterator[tuple[dict[str, str], Any]]:
-    """The client's span around one request: yields the headers to send (the request id,
-    and ``traceparent`` when traced: vLLM's span joins this trace) and the span."""
-    tracer = COLLECTOR.tracer("bsrctl.client")
-    headers = {"X-Request-Id": request_id}
-    with tracer.start_as_current_span(
-        CLIENT_REQUEST, attributes={"request_id": request_id}
-    ) as span:
-        if span.is_recording():
-            TraceContextTextMapPropagator().inject(headers)
-        yield headers, span
-
-
-def first_token(span: Any, request_id: str, sent_ns: int, at_ns: int) -> None:
-    """The client's TTFT as a child span: send to the first streamed token."""
-    if not span.is_recording():
-        return
-    tracer = COLLECTOR.tracer("bsrctl.client")
-    ctx = trace.set_span_in_context(span)
-    tracer.start_span(
-        CLIENT_TTFT, context=ctx, start_time=sent_ns, attributes={"request_id": request_id}
-    ).end(end_time=at_ns)
-
-
 def server_tracer() -> Any:
     """The server module's tracer (in the LMCache process): its own provider exporting
-    over OTLP/gRPC to ``$BSRCTL_OTLP_ENDPOINT``; no-op when bsrctl set none, or when the
+    over OTLP/gRPC to ``$BSRCTL_OTLP_ENDPOINT``; no-op when none is set, or when the
     provider cannot be made (counted once: the no-op one stays)."""
     endpoint = os.environ.get(ENDPOINT_ENV)
     if not endpoint:
@@ -86,11 +53,9 @@ def _made_tracer(endpoint: str) -> Any:  # holds _lock
 
     res = Resource.create({"service.name": "bsrctl.server", "process.pid": os.getpid()})
     provider = TracerProvider(resource=res)
+    # the batch delay: $OTEL_BSP_SCHEDULE_DELAY (the SDK reads it), as LMCache's exporter
     provider.add_span_processor(
-        BatchSpanProcessor(
-            OTLPSpanExporter(endpoint=endpoint, insecure=True),
-            schedule_delay_millis=BSP_DELAY_MS,
-        )
+        BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint, insecure=True))
     )
     _remote["provider"] = provider
     return provider.get_tracer("bsrkv.lmcache_ext.server")
@@ -192,31 +157,6 @@ def trace_restore(
         end_time=end_ns
     )
     window_spans(tracer, request_id, anchor, outcome.timings, {"rank": rank})
-
-
-def trace_local_restore(
-    tracer: Any,
-    request_id: str,
-    probe_start_ns: int,
-    anchor: Stopwatch,
-    outcome: RestoreOutcome,
-    end_ns: int,
-) -> None:
-    """An in-process restore (the storage stack): ``bsr.probe`` from ``probe_start_ns`` to
-    the restore's start, ``bsr.restore`` from ``anchor`` to ``end_ns`` and its windows'
-    phases, on bsrctl's own tracer (a no-op one when nothing collects)."""
-    if not tracer_records(tracer):
-        return
-    base = {"request_id": request_id}
-    tracer.start_span("bsr.probe", start_time=probe_start_ns, attributes=base).end(
-        end_time=max(probe_start_ns, anchor.unix_t0_ns)
-    )
-    attrs = {**base, "ok": outcome.ok, "windows_done": outcome.windows_done,
-             "failure": outcome.failure.name}  # fmt: skip
-    tracer.start_span("bsr.restore", start_time=anchor.unix_t0_ns, attributes=attrs).end(
-        end_time=end_ns
-    )
-    window_spans(tracer, request_id, anchor, outcome.timings)
 
 
 def tracer_records(tracer: Any) -> bool:

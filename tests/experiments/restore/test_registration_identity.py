@@ -12,6 +12,7 @@ import yaml
 
 from bsrctl.evidence import Verdict, load_evidence
 from bsrctl.experiments.restore import acceptance as acc
+from bsrctl.registration.tiny import tiny_llama_cpu
 from bsrkv.lmcache_ext.protocol import (
     LiveEngineGroup,
     LiveGroup,
@@ -20,7 +21,6 @@ from bsrkv.lmcache_ext.protocol import (
     RegistrationReply,
 )
 from bsrkv.lmcache_ext.server.layout import live_registrations
-from bsrkv.registration import tiny_llama_cpu
 
 from .conftest import SMALL
 

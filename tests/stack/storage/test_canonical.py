@@ -9,8 +9,8 @@ import pytest
 
 pytest.importorskip("lmcache")
 
+from bsrctl.registration.tiny import tiny_llama_cpu  # noqa: E402
 from bsrctl.stack.storage import CanonicalKV  # noqa: E402
-from bsrkv.registration import tiny_llama_cpu  # noqa: E402
 
 
 def test_chunk_hashes_are_prefix_chained_and_salted() -> None:

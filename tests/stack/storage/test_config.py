@@ -9,8 +9,8 @@ import pytest
 pytest.importorskip("lmcache")
 
 from bsrctl.errors import BadInput  # noqa: E402
+from bsrctl.registration.tiny import tiny_llama_cpu  # noqa: E402
 from bsrctl.stack.storage import FAULT_KINDS, FaultSpec, StorageStackConfig  # noqa: E402
-from bsrkv.registration import tiny_llama_cpu  # noqa: E402
 
 
 def test_unknown_values_are_bad_input(tmp_path: Path) -> None:

@@ -15,9 +15,9 @@ from hypothesis import strategies as st
 
 pytest.importorskip("lmcache")
 
+from bsrctl.registration.tiny import tiny_llama_cpu  # noqa: E402
 from bsrctl.stack.storage import CanonicalKV, InjectedInstallError, PoolDestination  # noqa: E402
 from bsrctl.stack.storage.faults import FailingInstall  # noqa: E402
-from bsrkv.registration import tiny_llama_cpu  # noqa: E402
 from bsrkv.restore import RestoreRequest, RowId, RowKeys, Window  # noqa: E402
 
 REG = tiny_llama_cpu()

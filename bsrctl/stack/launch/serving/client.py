@@ -15,7 +15,7 @@ from bsrctl.specs import StackSpec
 from bsrctl.stack.launch.netns import NetNamespace, maybe_inside
 from bsrctl.stack.launch.process import Supervised
 from bsrctl.stack.launch.serving.commands import MQ_TIMEOUT_S
-from bsrkv.trace.spans import client_request, first_token, new_request_id
+from bsrctl.trace.spans import client_request, first_token, new_request_id
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from bsrctl.specs import LmcacheSpec, StackSpec
 from bsrctl.stack.launch.profile import profile_of
+from bsrctl.trace.collect import BSP_DELAY_MS
 from bsrkv.control_token import CONTROL_TOKEN_ENV
 
 if TYPE_CHECKING:
@@ -263,14 +264,14 @@ def with_tracing(launch: Launch, endpoint: str | None) -> Launch:
     bus on with only the span subscribers (``--enable-tracing``, ``--otlp-endpoint``:
     lmcache/v1/mp_observability/config.py:157-171; metrics stay off, logging subscribers
     too, as with ``--disable-observability``). The server module exports its own spans to
-    ``$BSRCTL_OTLP_ENDPOINT``. Every batch processor exports after 100 ms, not 5 s."""
+    ``$BSRCTL_OTLP_ENDPOINT``. Every batch processor exports after ``BSP_DELAY_MS``, not 5 s."""
     if endpoint is None:
         return launch
     env = {
         **launch.env,
         "OTEL_SERVICE_NAME": launch.name,
         "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "grpc",
-        "OTEL_BSP_SCHEDULE_DELAY": "100",
+        "OTEL_BSP_SCHEDULE_DELAY": str(BSP_DELAY_MS),  # the server module's exporter too
         "BSRCTL_OTLP_ENDPOINT": endpoint,
     }
     argv = list(launch.argv)

@@ -28,8 +28,8 @@ from bsrctl.stack.launch.serving.state import start_times, write_state
 from bsrctl.stack.launch.serving.vllm_cache import vllm_cache_root
 from bsrctl.stack.launch.twohost import TwoHosts, start_two_hosts
 from bsrctl.stack.launch.versions import dist_version
+from bsrctl.trace.collect import COLLECTOR, Endpoints
 from bsrkv.control_token import new_token
-from bsrkv.trace.collect import COLLECTOR, Endpoints
 
 # a port picked free (spec port 0) can be bound by another process on the host before vLLM
 # binds it (parallel stacks): vLLM then exits with this, and is started on a new pick

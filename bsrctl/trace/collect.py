@@ -21,14 +21,15 @@ from typing import IO, Any
 
 from opentelemetry import trace
 
-from bsrkv.trace.spec import TraceSpec
+from bsrctl.trace.spec import TraceSpec
 
 SpanRecord = dict[str, Any]
 
 SPANS = "spans.jsonl"
 TIMELINE = "timeline.json"
 # What the launched processes' batch span processors wait before exporting (SDK default
-# 5000 ms): spans reach the run folder while it is open, not after the stack is gone.
+# 5000 ms; OTEL_BSP_SCHEDULE_DELAY in their environment, the server module's included):
+# spans reach the run folder while it is open, not after the stack is gone.
 BSP_DELAY_MS = 100
 QUIET_S = 3 * BSP_DELAY_MS / 1000  # the run's last spans have arrived once this is quiet
 SETTLE_MAX_S = 3.0  # ... or after this, whatever is still in flight
@@ -60,7 +61,7 @@ class Collector:
         off. Pair every non-None answer with ``release``."""
         if spec is None or not spec.enabled:
             return None
-        from bsrkv.trace.receiver import Forwarder, OtlpReceiver
+        from bsrctl.trace.receiver import Forwarder, OtlpReceiver
 
         with self._lock:
             if self._receiver is None:
@@ -179,7 +180,7 @@ def _own_provider(http_endpoint: str) -> Any:
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
-    from bsrkv.trace.receiver import pid_attr
+    from bsrctl.trace.receiver import pid_attr
 
     provider = TracerProvider(resource=Resource.create({"service.name": "bsrctl", **pid_attr()}))
     exporter = OTLPSpanExporter(endpoint=http_endpoint, timeout=5)
@@ -196,7 +197,7 @@ def read_spans(run_dir: Path) -> list[SpanRecord]:
 
 def write_timeline(run_dir: Path) -> Path | None:
     """timeline.json (Chrome trace events) from the run's spans.jsonl; None without spans."""
-    from bsrkv.trace.timeline import chrome_trace
+    from bsrctl.trace.timeline import chrome_trace
 
     spans = read_spans(run_dir)
     if not spans:

@@ -1,4 +1,5 @@
-"""The tiny models' recipes: their geometry, pure (no torch, no transformers).
+"""The tiny models' recipes: their geometry, pure (no torch, no transformers), and the tiny
+Llama's registration (``tiny_llama_cpu``).
 
 ``bsrctl.stack.launch.tinymodel`` builds a model folder from a recipe; ``registration: auto`` and
 ``tiny_llama_cpu`` read the same recipe, so the geometry has one home.
@@ -9,6 +10,8 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import asdict, dataclass
+
+from bsrkv.registration import GroupSpec, Registration, TensorSpec
 
 RECIPE_VERSION = 1
 
@@ -76,3 +79,27 @@ TINY_QWEN3 = TinyModelRecipe(
     family="qwen3",
     explicit_head_dim=64,
 )
+
+
+TINY_LLAMA_BYTES_PER_CHUNK = 262_144  # measured on the CPU serving stack
+
+
+def tiny_llama_cpu(chunk_tokens: int = 256, tp_size: int = 1) -> Registration:
+    """The tiny CPU Llama of the serving stack (``TinyModelRecipe``'s geometry: 2 layers,
+    2 KV heads, head dim 32), float32.
+
+    vLLM registers one KV tensor per layer, (K/V, tokens, kv heads, head dim); LMCache
+    stores a chunk as one object (KV_2LTD: (2, layers, tokens, heads*dim)) of the same
+    bytes: 2 * 2 * 256 * 2 * 32 * 4 = 262,144 B per 256-token chunk, as measured.
+    With TP = 2 each rank holds one KV head.
+    """
+    r = TinyModelRecipe()
+    heads = r.num_key_value_heads // tp_size
+    shape = (2, chunk_tokens, heads, r.head_dim)
+    tensors = tuple(
+        TensorSpec(f"model.layers.{i}.self_attn.attn", shape, "float32", 0)
+        for i in range(r.num_hidden_layers)
+    )
+    return Registration(
+        "tiny-llama-cpu", tensors, (GroupSpec(0, "attention"),), tp_size, chunk_tokens
+    )
