@@ -106,13 +106,13 @@ def test_tempokv_rejects_unavailable_stacks(
     tmp_path: Path, ladder: str, stack: str, field: str
 ) -> None:
     pytest.importorskip("bsrctl.experiments.tempokv")
-    path = Path(__file__).parents[1] / "ladders" / ladder
+    path = Path(__file__).parents[2] / "ladders" / ladder
     code, out = run("tempokv", str(path), "--stack", stack, "--out", str(tmp_path))
     assert_bad_input(code, out, field)
 
 
 def test_soak_bad_spec_and_bad_duration(tmp_path: Path) -> None:
-    shipped = Path(__file__).parents[1] / "matrices" / "soak-cpu.yaml"
+    shipped = Path(__file__).parents[2] / "matrices" / "soak-cpu.yaml"
     code, out = run("soak", str(shipped), "--duration", "0", "--out", str(tmp_path / "r"))
     assert_bad_input(code, out, "--duration: 0 s", "e.g. 180")
     text = shipped.read_text().replace("concurrency: 3", "concurency: 3")

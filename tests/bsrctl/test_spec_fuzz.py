@@ -24,7 +24,7 @@ from typer.testing import CliRunner
 from bsrctl.cli import app
 from bsrctl.errors import BadInput
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _experiment(command: str) -> Callable[[Path], Any]:

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from bsrctl.cli import app
 
-SMOKE = Path(__file__).parents[1] / "ladders" / "cpu-smoke.yaml"
+SMOKE = Path(__file__).parents[2] / "ladders" / "cpu-smoke.yaml"
 
 
 class Boom(Exception):

@@ -16,7 +16,7 @@ from bsrctl.cli import app
 from bsrctl.stack.attach.stack import host_port, server_module_line
 from bsrkv.settings import RestoreSettings
 
-SMOKE = Path(__file__).parents[2] / "ladders" / "cpu-smoke.yaml"
+SMOKE = Path(__file__).parents[3] / "ladders" / "cpu-smoke.yaml"
 runner = CliRunner()
 
 

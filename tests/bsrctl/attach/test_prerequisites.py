@@ -22,7 +22,7 @@ from fake_deployment import (  # noqa: E402
 from bsrctl.cli import app  # noqa: E402
 from bsrctl.stack.attach import prerequisites as pre  # noqa: E402
 
-SMOKE = Path(__file__).parents[2] / "ladders" / "cpu-smoke.yaml"
+SMOKE = Path(__file__).parents[3] / "ladders" / "cpu-smoke.yaml"
 HEAD = "stack failed: attach: the deployment misses {n} prerequisite(s); nothing was measured:"
 
 

@@ -4,6 +4,6 @@ their tests import the scripts' packages (``fig6``, ``bandwidth``) the same way.
 import sys
 from pathlib import Path
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
+BENCH = Path(__file__).resolve().parents[3] / "bench"
 if str(BENCH) not in sys.path:
     sys.path.insert(0, str(BENCH))

@@ -12,7 +12,7 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
+BENCH = Path(__file__).resolve().parents[3] / "bench"
 _path = BENCH / "tempokv_fig6_serving.py"
 _spec = importlib.util.spec_from_file_location("tempokv_fig6_serving", _path)
 assert _spec is not None and _spec.loader is not None

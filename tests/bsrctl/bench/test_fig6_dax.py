@@ -8,7 +8,7 @@ import importlib.util
 import sys
 from pathlib import Path
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
+BENCH = Path(__file__).resolve().parents[3] / "bench"
 _spec = importlib.util.spec_from_file_location(
     "tempokv_fig6_dax", BENCH / "tempokv_fig6_serving.py"
 )

@@ -73,7 +73,7 @@ def test_the_engine_scale_scales_every_step_cost() -> None:
 
 
 def test_bad_input_exits_2_naming_it(monkeypatch, capsys) -> None:
-    fs = Path(__file__).resolve().parents[2] / "ladders" / "tempokv-serving.yaml"
+    fs = Path(__file__).resolve().parents[3] / "ladders" / "tempokv-serving.yaml"
     monkeypatch.setattr(sys, "argv", ["regime", str(fs)])
     assert regime.main() == 2
     assert capsys.readouterr().err.startswith("error: serving.fast_tier: the regime is the flash")

@@ -11,7 +11,7 @@ from pathlib import Path
 import gpu_check
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 BENCH = ROOT / "bench"
 
 GIB = 1 << 30

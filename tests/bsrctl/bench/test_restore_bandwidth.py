@@ -27,7 +27,7 @@ from bandwidth.summary import checksum_ratio, fio_ratio, last_line, no_checksum_
 from bsrctl.stats import paired_ratio_ci
 from bsrkv.registration import dsv4_flash_mtp_off
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
+BENCH = Path(__file__).resolve().parents[3] / "bench"
 
 WINDOW = {"fetch_s": 0.01, "wait_s": 0.002, "install_s": 0.0005, "sync_s": 0.0001,
           "admit_wait_s": 0.0}  # fmt: skip

@@ -16,7 +16,7 @@ from bsrctl.cli import app
 from bsrctl.evidence.schema import validate_evidence
 from bsrctl.evidence.table import evidence_frame, load_frame, measure_columns, write_frame
 
-FIXTURE = Path(__file__).resolve().parents[1] / "data" / "evidence" / "sweep-storage.json"
+FIXTURE = Path(__file__).resolve().parents[2] / "data" / "evidence" / "sweep-storage.json"
 RUN_ID = "br-e1-d2dd255f623b"
 HEAD = [
     "run_id", "kind", "spec_sha256", "spec_name", "stack_kind", "started_at", "finished_at",

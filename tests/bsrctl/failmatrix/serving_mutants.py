@@ -15,7 +15,7 @@ import failmatrix_mutants
 
 from bsrctl.experiments.failmatrix import ServerModule, ServingRig
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 MUTANT_SERVER = ServerModule(
     module_path=failmatrix_mutants.MODULE_PATH,
     config={"mutations": []},  # none: it behaves exactly like the real module

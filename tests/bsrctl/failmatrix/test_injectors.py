@@ -21,7 +21,7 @@ from bsrctl.experiments.failmatrix.injectors import (
 )
 from bsrctl.stack.measure.tiers import chunk_hashes_hex
 
-MATRICES = Path(__file__).parents[2] / "matrices"
+MATRICES = Path(__file__).parents[3] / "matrices"
 
 
 def fake_stack(tmp_path: Path):

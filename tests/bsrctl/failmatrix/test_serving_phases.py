@@ -17,7 +17,7 @@ from bsrctl.experiments.failmatrix.serving import ServingRig, fault_placed_check
 from bsrctl.prompts import tokens_sha256
 from bsrkv.lmcache_ext.protocol import GuardFailure
 
-MATRICES = Path(__file__).parents[2] / "matrices"
+MATRICES = Path(__file__).parents[3] / "matrices"
 
 
 class Recorder(Injector):

@@ -9,7 +9,7 @@ import pytest
 from bsrctl.errors import BadInput
 from bsrctl.experiments.failmatrix import FAULTS, load_matrix, run_matrix
 
-MATRICES = Path(__file__).parents[2] / "matrices"
+MATRICES = Path(__file__).parents[3] / "matrices"
 
 BASE = """\
 stack:

@@ -20,7 +20,7 @@ from bsrkv.registration import tiny_llama_cpu
 from .storage_mutants import close_leaked, mutant_stack
 
 os.environ.setdefault("LMCACHE_LOG_LEVEL", "WARNING")
-MATRICES = Path(__file__).parents[2] / "matrices"
+MATRICES = Path(__file__).parents[3] / "matrices"
 
 EXTRA = """\
   - id: storage-window-timeout

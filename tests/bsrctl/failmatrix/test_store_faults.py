@@ -16,7 +16,7 @@ from bsrctl.experiments.failmatrix.store_faults import (
     store_checks,
 )
 
-MATRICES = Path(__file__).parents[2] / "matrices"
+MATRICES = Path(__file__).parents[3] / "matrices"
 
 
 def _cell(cid: str):

@@ -14,7 +14,7 @@ import pytest
 
 pytestmark = pytest.mark.process
 pytest.importorskip("lmcache")
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SPEC = (ROOT / "tests" / "data" / "small-storage-stack.yaml").read_text().format(
     tp=1, root="unused", salt="t-fleet"
 ) + "sweep:\n  sizes_tokens: [2048]\n  window_chunks: 2\n  whole_plan_contrast: false\n"

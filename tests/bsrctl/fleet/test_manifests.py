@@ -16,7 +16,7 @@ from bsrctl.fleet.nodes import load_nodes
 from bsrctl.specs import StackSpec
 
 kubernetes = pytest.importorskip("kubernetes")  # the dev extra
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 LABELS = {"app.kubernetes.io/name": "bsrctl", "app.kubernetes.io/component": "qualification"}
 
 

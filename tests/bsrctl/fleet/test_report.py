@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from bsrctl.cli import app
 from bsrctl.fleet.report import CUTOFF, fleet_report, robust_scores
 
-FIXTURE = Path(__file__).resolve().parents[1] / "data" / "evidence" / "sweep-storage.json"
+FIXTURE = Path(__file__).resolve().parents[2] / "data" / "evidence" / "sweep-storage.json"
 BASE = json.loads(FIXTURE.read_text())
 POINT = "n4096-w4"
 

@@ -21,7 +21,7 @@ from bsrctl.cli import app
 from bsrctl.stack.doctor.surface import surface_findings
 from bsrkv.hostsurface.check import check
 from bsrkv.hostsurface.declared import DECLARED
-from tests.hostsurface.fake_tree import fake_tree
+from tests.bsrkv.hostsurface.fake_tree import fake_tree
 
 WT = Path(bsrctl.__file__).resolve().parent.parent
 SCHED = "vllm.v1.core.sched.scheduler"

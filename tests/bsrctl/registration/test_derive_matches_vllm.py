@@ -19,7 +19,7 @@ from bsrctl.registration import derive  # noqa: E402
 from bsrctl.registration.from_vllm import layer_specs, vllm_registration  # noqa: E402
 from bsrkv.registration.tiny import TINY_QWEN3, TinyModelRecipe  # noqa: E402
 
-DATA = Path(__file__).resolve().parents[1] / "data" / "registration"
+DATA = Path(__file__).resolve().parents[2] / "data" / "registration"
 CONFIGS = ["gqa-llama", "deepseek-v2-lite", "gemma2-sliding", "mistral-sliding"]
 
 

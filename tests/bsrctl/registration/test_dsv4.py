@@ -19,7 +19,7 @@ from bsrctl.registration import dsv4
 from bsrctl.specs import TargetSpec, VllmSpec
 from bsrctl.stack.launch.serving.commands import vllm_command
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 CONFIG = ROOT / "ladders" / "models" / "DeepSeek-V4-Flash" / "config.json"
 CFG = json.loads(CONFIG.read_text())
 

@@ -20,7 +20,7 @@ from bsrkv.registration import GroupSpec, Registration, TensorSpec, tiny_llama_c
 
 os.environ.setdefault("LMCACHE_LOG_LEVEL", "WARNING")
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 UNALIGNED = ROOT / "ladders" / "registrations" / "unaligned-two-group.yaml"
 UNIT = 4096
 

@@ -19,7 +19,7 @@ from bsrctl.specs import TargetSpec
 from bsrctl.stack.launch.tinymodel import TINY_QWEN3, TinyModelRecipe
 from bsrkv.registration import dsv4_flash_mtp_off, first_difference, tiny_llama_cpu
 
-LADDERS = Path(__file__).parents[1] / "ladders"
+LADDERS = Path(__file__).parents[3] / "ladders"
 
 # The fields of the published config.json files that the derivation reads.
 LLAMA_31_8B = {
@@ -342,7 +342,8 @@ def test_a_declared_registration_is_the_one_written(tensors, chunk, tp) -> None:
 
 
 def test_deepseek_v4_under_auto_is_vllms_caches() -> None:
-    """auto derives DSV4 (bsrctl.registration.dsv4; tests/registration/test_dsv4.py pins it)."""
+    """auto derives DSV4 (bsrctl.registration.dsv4; tests/bsrctl/registration/test_dsv4.py
+    pins it)."""
     cfg = json.loads((LADDERS / "models" / "DeepSeek-V4-Flash" / "config.json").read_text())
     reg = derive(cfg, tp_size=2, name="DeepSeek-V4-Flash")
     assert (reg.num_tensors, reg.bytes_per_chunk, reg.engine_groups) == (167, 83_436_096, 5)

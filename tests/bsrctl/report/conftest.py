@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 os.environ.setdefault("LMCACHE_LOG_LEVEL", "WARNING")
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 DATA = ROOT / "tests" / "data"
 SMALL = (DATA / "small-storage-stack.yaml").read_text() + (DATA / "small-sections.yaml").read_text()

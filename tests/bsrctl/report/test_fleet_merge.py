@@ -16,7 +16,7 @@ import pytest
 from tests.test_workflows import merge_step
 
 pytestmark = pytest.mark.process
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 BASE = json.loads((ROOT / "tests" / "data" / "evidence" / "sweep-storage.json").read_text())
 STORAGE = {"GATE_FAIL_ON": "restore_pool_peak_bytes:0 restore_s:25"}  # no TTFT without vLLM
 NODES = "fleet: f\nimage: i\nresults: {pvc: r}\nnodes:\n" + "".join(

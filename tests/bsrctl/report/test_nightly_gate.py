@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 pytestmark = pytest.mark.process
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 GATE = ROOT / ".github" / "scripts" / "nightly-gate.sh"
 STORAGE = {"GATE_FAIL_ON": "restore_pool_peak_bytes:0 restore_s:25"}  # no TTFT without vLLM
 

@@ -16,7 +16,7 @@ from bsrctl.evidence import Verdict, load_evidence
 
 pytest.importorskip("lmcache")
 
-SPEC = (Path(__file__).resolve().parents[1] / "data" / "small-storage-stack.yaml").read_text()
+SPEC = (Path(__file__).resolve().parents[2] / "data" / "small-storage-stack.yaml").read_text()
 SPEC += """\
 sweep:
   sizes_tokens: [4096, 8192]

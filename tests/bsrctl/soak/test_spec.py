@@ -12,7 +12,7 @@ from bsrctl.errors import BadInput
 from bsrctl.experiments.soak.run import run_soak
 from bsrctl.experiments.soak.spec import SOAK_FAULTS, load_soak
 
-SHIPPED = Path(__file__).parents[2] / "matrices" / "soak-cpu.yaml"
+SHIPPED = Path(__file__).parents[3] / "matrices" / "soak-cpu.yaml"
 
 
 def test_the_shipped_soak_draws_from_every_repeatable_fault() -> None:

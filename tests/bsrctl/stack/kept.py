@@ -2,7 +2,7 @@
 ``LaunchedDeployment`` does), every later run's ``up`` sets its W, B and timeouts over
 bsr.configure, as an attached run does; a run's ``down`` stops nothing, ``close`` stops
 everything by PID. The test suite shares one between the e2e modules that only need a
-running stack (tests/experiments/restore/conftest.py); each run's evidence is that of a
+running stack (tests/bsrctl/experiments/restore/conftest.py); each run's evidence is that of a
 launched run with one deployment (``ups`` counts the run's own, ``settings`` are the run's).
 """
 

@@ -24,7 +24,7 @@ from bsrctl.stack.launch.serving.commands import Slots, lmcache_launch, vllm_lau
 from bsrkv.lmcache_ext.faults.control import write_control_file
 from bsrkv.tempokv.live import AdapterSettings
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 class Resp:

@@ -13,7 +13,7 @@ from bsrctl.errors import BadInput
 from bsrctl.specs import StackSpec
 from bsrctl.stack.contracts.deployment import module_settings
 from bsrkv.settings import RestoreSettings
-from tests.stack.kept import KeptDeployment
+from tests.bsrctl.stack.kept import KeptDeployment
 
 L1 = 8 << 20
 

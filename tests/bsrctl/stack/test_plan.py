@@ -40,7 +40,7 @@ from bsrkv.settings import RestoreTuning
 # the launched server module's control token: in LMCache's environment, never its argv
 TOKEN = {"BSRCTL_CONTROL_TOKEN": "<control-token>"}
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 PY = sys.executable
 API = [PY, "-m", "vllm.entrypoints.openai.api_server"]
 LMCACHE = str(VENV_BIN / "lmcache")

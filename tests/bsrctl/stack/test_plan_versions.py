@@ -15,7 +15,7 @@ from bsrctl.cli import app
 from bsrctl.stack.launch.plan import plan_spec
 from bsrctl.stack.launch.versions import vllm_defaults
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 OFF = "--no-enable-extensible-kv-cache"
 
 

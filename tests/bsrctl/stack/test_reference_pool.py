@@ -17,7 +17,7 @@ from bsrctl.stack.launch.process import Supervised, free_port, http_ok, pids_ali
 from bsrctl.stack.launch.serving.state import start_times, write_state
 from bsrctl.stack.measure import reference_pool as rp
 
-SMOKE = Path(__file__).parents[2] / "ladders" / "cpu-smoke.yaml"
+SMOKE = Path(__file__).parents[3] / "ladders" / "cpu-smoke.yaml"
 
 # A stand-in reference: answers GET /health with 200 on the port it is given.
 HEALTH = """

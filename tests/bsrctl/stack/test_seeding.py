@@ -141,7 +141,7 @@ def test_the_failmatrix_rig_records_every_tier(deployment, tmp_path) -> None:
 
     from bsrctl.experiments.failmatrix import ServingRig, load_matrix
 
-    spec, _ = load_matrix(Path(__file__).parents[2] / "matrices" / "cpu.yaml")
+    spec, _ = load_matrix(Path(__file__).parents[3] / "matrices" / "cpu.yaml")
     rig = ServingRig(spec, tmp_path, lambda _: None)
     rig.stack.dir.mkdir(parents=True)
     dep = deployment([{"fs": 15}, {"fs": 15}])

@@ -26,7 +26,7 @@ from bsrctl.experiments.tempokv.expectations import (
 from bsrctl.experiments.tempokv.grid import grid_checks
 from bsrctl.tempokv.spec import Expectation, PolicyAcceptance, load
 
-LADDERS = Path(__file__).resolve().parents[2] / "ladders"
+LADDERS = Path(__file__).resolve().parents[3] / "ladders"
 
 
 @pytest.mark.parametrize(

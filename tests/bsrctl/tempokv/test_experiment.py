@@ -8,7 +8,7 @@ from bsrctl.errors import BadInput
 from bsrctl.evidence import Verdict
 from bsrctl.experiments.tempokv import run_tempokv
 
-LADDERS = Path(__file__).resolve().parents[2] / "ladders"
+LADDERS = Path(__file__).resolve().parents[3] / "ladders"
 
 
 def _spec(tmp_path: Path, **experiment) -> Path:

@@ -38,7 +38,7 @@ STEP = CostModel(step_base_s=0.01, token_s=0.0, attn_pair_s=0.0, decode_ctx_toke
 MODEL = ModelProfile("flat", GIB // 256, STEP)
 DEVICE = DeviceConfig(8 * GIB, contention=0.0, concurrency=1, retrieval_bytes_s=16 * GIB)
 CONTROL = ControlConfig(tick_s=0.0, output_limit_tokens=10, output_prior_tokens=(10,))
-LADDERS = Path(__file__).resolve().parents[2] / "ladders"
+LADDERS = Path(__file__).resolve().parents[3] / "ladders"
 
 
 def req(name: str, arrival_s: float, chunks: int, output: int) -> Request:

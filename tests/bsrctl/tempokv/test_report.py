@@ -12,7 +12,7 @@ from bsrctl.evidence import load_evidence
 from bsrctl.experiments.tempokv import run_tempokv
 from bsrctl.report.tempokv import render
 
-LADDERS = Path(__file__).resolve().parents[2] / "ladders"
+LADDERS = Path(__file__).resolve().parents[3] / "ladders"
 
 
 def _tiny_grid(tmp_path: Path) -> Path:

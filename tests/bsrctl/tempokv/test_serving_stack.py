@@ -32,7 +32,7 @@ from bsrkv.settings import RestoreSettings, RestoreTuning
 from bsrkv.tempokv import wire
 from bsrkv.tempokv.live import AdapterSettings
 
-ALL = sorted((Path(__file__).resolve().parents[2] / "ladders").glob("tempokv-*.yaml"))
+ALL = sorted((Path(__file__).resolve().parents[3] / "ladders").glob("tempokv-*.yaml"))
 FLASH = [p for p in ALL if load(p)[0].serving.fast_tier is not None]
 LADDERS = [p for p in ALL if p not in FLASH]  # the specs from before the flash tier
 

@@ -17,7 +17,7 @@ from bsrctl.tempokv.spec import load
 from bsrkv.tempokv.controller import Controller
 from bsrkv.tempokv.live import LiveAdapterCore, LiveView, Update
 
-FIG4 = Path(__file__).resolve().parents[2] / "ladders" / "tempokv-fig4.yaml"
+FIG4 = Path(__file__).resolve().parents[3] / "ladders" / "tempokv-fig4.yaml"
 
 
 def _record(mp: pytest.MonkeyPatch) -> tuple[list[SimRuntime], list[tuple[Any, ...]], list]:

@@ -14,7 +14,7 @@ from typing import Any
 
 HERE = Path(__file__).parent
 SCRIPT = HERE / "operator_stack.py"
-SMOKE = HERE.parents[1] / "ladders" / "cpu-smoke.yaml"
+SMOKE = HERE.parents[2] / "ladders" / "cpu-smoke.yaml"
 MARK = "BSRCTL_OPERATOR_DEPLOYMENT"
 RUN_MARK = "BSRCTL_ATTACH_TEST_RUN"
 TOKEN_ENV = "BSRCTL_ATTACH_TOKEN"  # bsrctl's side: the variable stack.attach names

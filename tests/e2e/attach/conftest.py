@@ -1,6 +1,6 @@
 """One operator deployment (vLLM + LMCache with the BSR module, started by
 ``operator_stack.py``'s own command lines) shared by every attach e2e test of
-tests/attach, and stopped when they are done."""
+tests/e2e/attach, and stopped when they are done."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from attach_support import Deployment, operator  # noqa: E402
 from operator_stack import shm_segments  # noqa: E402
 
 
-@pytest.fixture(scope="package")  # stopped once tests/attach is done, not held all session
+@pytest.fixture(scope="package")  # stopped once tests/e2e/attach is done, not held all session
 def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
     try:
         import bsrkv.lmcache_ext.server  # noqa: F401

@@ -47,7 +47,7 @@ def http_ok(url: str) -> bool:
         return False
 
 
-ATTACH_DOC = Path(__file__).parents[2] / "docs" / "attach.md"
+ATTACH_DOC = Path(__file__).parents[3] / "docs" / "attach.md"
 
 
 def readme_block(name: str) -> list[str]:

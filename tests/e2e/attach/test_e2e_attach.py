@@ -1,7 +1,7 @@
 """`kind: attach` against an operator's deployment (``operator_stack.py``: docs/attach.md's command
 lines, LMCache's stock `fs` L2): the shipped ``ladders/attach.yaml`` sweep gives the launched
 run's exact peaks, cached tokens and verdicts (those of
-tests/experiments/restore/test_e2e_serving_sweep.py, same sections), bsrctl starts and stops
+tests/e2e/serving/test_e2e_serving_sweep.py, same sections), bsrctl starts and stops
 none of the operator's processes and leaves none of its own; an LMCache without the BSR module
 is exit 3 with the --server-module line to add; the failure cells run on docs/attach.md's
 fault-adapter variant (the operator restarts LMCache with it); the same deployment's vLLM

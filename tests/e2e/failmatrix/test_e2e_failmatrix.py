@@ -12,11 +12,10 @@ import pytest
 from bsrctl.evidence.verdict import Verdict
 from bsrctl.experiments.failmatrix import ServingRig, load_matrix
 from bsrctl.stack.launch.process import pids_alive
-
-from .serving_mutants import MUTANT_SERVER, set_mutations
+from tests.bsrctl.failmatrix.serving_mutants import MUTANT_SERVER, set_mutations
 
 pytestmark = pytest.mark.e2e
-MATRICES = Path(__file__).parents[2] / "matrices"
+MATRICES = Path(__file__).parents[3] / "matrices"
 
 # cell -> (mutations, a check that must FAIL)
 BREAKS = {
@@ -143,7 +142,7 @@ def test_multi_request_cell_passes(rig: ServingRig, cid: str) -> None:
 
 
 # The soak (bsrctl soak) on this module's deployment: its spec's stack and settings are the
-# matrix's (tests/soak/test_spec.py), so it shares the deployment instead of starting one.
+# matrix's (tests/bsrctl/soak/test_spec.py), so it shares the deployment instead of starting one.
 SOAK = MATRICES / "soak-cpu.yaml"
 
 

@@ -16,7 +16,7 @@ from bsrctl.stack.launch.process import pids_alive
 from bsrctl.stack.launch.twohost import SERVING_ADDR, STORAGE_ADDR
 
 pytestmark = [pytest.mark.e2e, pytest.mark.mooncake]
-MATRIX = Path(__file__).parents[2] / "matrices" / "cpu-two-hosts.yaml"
+MATRIX = Path(__file__).parents[3] / "matrices" / "cpu-two-hosts.yaml"
 
 
 def host_ip(*args: str) -> str:

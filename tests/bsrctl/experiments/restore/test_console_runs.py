@@ -17,7 +17,7 @@ pytestmark = pytest.mark.process  # runs bsrctl (or a browser) as a process: not
 
 pytest.importorskip("lmcache")
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]
 IDS = [f"n{n}-w{w}" for n in (1024, 2048, 4096) for w in (2, 0)]
 
 

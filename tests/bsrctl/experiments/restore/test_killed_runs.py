@@ -18,7 +18,7 @@ pytestmark = pytest.mark.process  # runs bsrctl (or a browser) as a process: not
 
 pytest.importorskip("lmcache")
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]
 DRIVER = Path(__file__).with_name("hang_driver.py")
 
 

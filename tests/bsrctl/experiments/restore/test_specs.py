@@ -11,7 +11,7 @@ from bsrctl.errors import BadInput
 from bsrctl.experiments.restore.spec import load_experiment
 from bsrctl.spec_io import parse_bytes
 
-LADDERS = Path(__file__).parents[3] / "ladders"
+LADDERS = Path(__file__).parents[4] / "ladders"
 
 
 def bad(tmp_path: Path, text: str, command: str = "sweep", stack: str = "storage") -> str:
@@ -198,7 +198,8 @@ def test_an_override_that_leaves_the_stack_incoherent_names_it(tmp_path: Path) -
 
 
 def test_a_ladder_whose_aux_exceeds_l1_names_aux_bytes(tmp_path: Path) -> None:
-    """W = 0 has no window to name (found by tests/test_spec_fuzz.py: max() of no windows)."""
+    """W = 0 has no window to name (found by tests/bsrctl/test_spec_fuzz.py: max() of no
+    windows)."""
     text = (LADDERS / "cpu-e1.yaml").read_text().replace("aux_bytes: 0", "aux_bytes: 1" + "0" * 30)
     p = tmp_path / "s.yaml"
     p.write_text(text)

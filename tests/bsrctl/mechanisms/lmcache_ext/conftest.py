@@ -20,7 +20,8 @@ from bsrctl.stack.launch.netns import NetNamespace, namespace_support, start_net
 from bsrctl.stack.launch.process import pids_alive, stop_pids
 from bsrctl.stack.launch.serving.mooncake import MooncakeStack, start_mooncake
 
-HERE = Path(__file__).parent
+# lmcext_kv and the adapter driver are bsrkv's own test helpers (tests/bsrkv/lmcache_ext)
+HERE = Path(__file__).resolve().parents[3] / "bsrkv" / "lmcache_ext"
 if str(HERE) not in sys.path:  # --import-mode=importlib: make lmcext_kv importable
     sys.path.insert(0, str(HERE))
 

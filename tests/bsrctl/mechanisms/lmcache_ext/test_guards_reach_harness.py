@@ -8,12 +8,12 @@ from __future__ import annotations
 import threading
 
 import test_fault_adapter_unit as fault_unit
-import test_tempokv_live as tempo_live
 
 from bsrctl.evidence.guards import GuardCounts, GuardDelta, extensions_healthy
 from bsrctl.stack.contracts.guards import LMCACHE
 from bsrkv.hostguard import process_failures
 from bsrkv.tempokv.claims import ClaimState
+from tests.bsrctl.mechanisms.lmcache_ext import test_tempokv_live as tempo_live
 
 make, sm = fault_unit.make, tempo_live.sm  # their fixtures
 keys, result, submit = fault_unit.keys, fault_unit.result, fault_unit.submit

@@ -4,7 +4,7 @@ Every figure is exact (bytes, chunks, tokens), measured from the L1 allocator; n
 
 Geometry: TP = 2, two groups, 16-token chunks, one 4 KiB object per (chunk, rank, group)
 (16 x 64 float32), so c = 8192 B per rank and L1 allocations (4 KiB-aligned) are exact.
-(The pure-core tests, which need no LMCache, are in tests/restore.)
+(The pure-core tests, which need no LMCache, are in tests/bsrkv/restore.)
 """
 
 from __future__ import annotations

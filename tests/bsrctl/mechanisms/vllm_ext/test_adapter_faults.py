@@ -18,7 +18,7 @@ from bsrctl.stack.contracts.guards import VLLM, vllm_guards
 from bsrkv.hostguard import process_failures
 from bsrkv.tempokv import wire
 from bsrkv.vllm_ext import scheduler
-from tests.vllm_ext.test_async_adapter import (
+from tests.bsrctl.mechanisms.vllm_ext.test_async_adapter import (
     ADAPTER,
     BLOCK,
     Books,

@@ -13,7 +13,6 @@ from typing import Any
 
 import pytest
 from bsr_inprocess import C_BYTES, CHUNK, TOKEN, authed
-from test_tempokv_handlers import configure, hit, key, states, turn_on, until, update
 
 from bsrctl.evidence.guards import GuardDelta, extensions_healthy
 from bsrctl.prompts import prompt_ids
@@ -21,6 +20,15 @@ from bsrctl.stack.contracts.guards import LMCACHE, lmcache_guards
 from bsrkv.lmcache_ext.protocol import FailedReply, StatusReply
 from bsrkv.tempokv import wire
 from bsrkv.trace import spans
+from tests.bsrctl.mechanisms.lmcache_ext.server.test_tempokv_handlers import (
+    configure,
+    hit,
+    key,
+    states,
+    turn_on,
+    until,
+    update,
+)
 
 N_CHUNKS = 4
 

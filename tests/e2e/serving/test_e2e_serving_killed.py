@@ -18,9 +18,14 @@ from pathlib import Path
 import pytest
 
 from bsrctl.stack.launch.process import pids_alive
+from tests.bsrctl.experiments.restore.test_killed_runs import (
+    DRIVER,
+    ROOT,
+    hang_after_points,
+    wait_points,
+)
 
 from .e2e_support import SMOKE, launched_pids, require_server_module
-from .test_killed_runs import DRIVER, ROOT, hang_after_points, wait_points
 
 pytestmark = pytest.mark.e2e
 # cpu-smoke's sweep: 2 sizes, at W = 2 and W = 0
