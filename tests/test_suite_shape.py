@@ -64,9 +64,9 @@ def test_every_module_that_diffs_all_of_dev_shm_runs_alone() -> None:
     assert not any(e.startswith("tests/e2e/attach/") for e in conf.EXCLUSIVE)
 
 
-# The layout: tests of the mechanisms distribution (tests/bsrkv, bsrkv alone: `pytest
-# tests/bsrkv` needs no bsrctl), of the harness (tests/bsrctl), every e2e module in tests/e2e;
-# only the project-wide files at the top.
+# The layout: tests of the mechanisms distribution (tests/bsrkv: they import nothing of the
+# harness), of the harness (tests/bsrctl), every e2e module in tests/e2e; only the
+# project-wide files at the top (docs/architecture/testing.md).
 PROJECT_WIDE = {
     "conftest.py",
     "test_distributions.py",
