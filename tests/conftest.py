@@ -1,7 +1,7 @@
 """How the suite runs two at a time (``make test`` from 2 cores up: pytest-xdist ``-n 2``).
 
 Work units (``scope_of``): every module is one, so its module-scoped deployment lives on one
-worker; ``tests/attach`` (one package-scoped operator deployment), the two two-host modules,
+worker; ``tests/e2e/attach`` (one package-scoped operator deployment), the two two-host modules,
 law + sweep (one kept deployment) and the modules with exclusive tests are one each. A unit
 goes to one worker whole; the units run in ``rank`` order.
 
@@ -47,17 +47,17 @@ HEAVY_MARKERS = ("e2e", "mooncake", "process")
 EXCLUSIVE = (
     "tests/e2e/test_roundtrip.py::test_demo_",  # no new unmapped segment after the run
     "tests/e2e/test_stack_cli.py::",  # the same, across `stack up` and `stack down`
-    "tests/experiments/restore/test_e2e_serving_killed.py::",  # leaks until doctor
+    "tests/e2e/serving/test_e2e_serving_killed.py::",  # leaks until doctor
 )
-GROUPS = {"tests/attach/": "attach", "tests/failmatrix/test_e2e_two_hosts.py": "two-hosts"}
+GROUPS = {"tests/e2e/attach/": "attach", "tests/e2e/failmatrix/test_e2e_two_hosts.py": "two-hosts"}
 GROUPS["tests/e2e/test_roundtrip_two_hosts.py"] = "two-hosts"  # one veth pair at a time
 # The modules with exclusive tests, one unit: one worker runs them while the other runs the
 # unit tests (which take no lock), so no heavy module waits on them (``rank``).
 for _p in EXCLUSIVE:
     GROUPS[_p.split("::")[0]] = "exclusive"
-# One kept deployment (tests/experiments/restore/conftest.py::smoke_stack) for both modules.
+# One kept deployment (tests/e2e/serving/conftest.py::smoke_stack) for both modules.
 for _m in ("law", "sweep"):
-    GROUPS[f"tests/experiments/restore/test_e2e_serving_{_m}.py"] = "smoke-stack"
+    GROUPS[f"tests/e2e/serving/test_e2e_serving_{_m}.py"] = "smoke-stack"
 
 
 def lock_mode(item: pytest.Item) -> int | None:

@@ -1,6 +1,6 @@
 """The docs a newcomer reads: a README under 10 KB that starts with the two commands, pages
 whose relative links resolve, no issue numbers, no citation of a document the project does
-not hold, and the attach page's command lines in the form tests/attach starts them."""
+not hold, and the attach page's command lines in the form tests/e2e/attach starts them."""
 
 from __future__ import annotations
 
@@ -58,7 +58,7 @@ def test_no_citation_of_a_document_the_project_does_not_hold() -> None:
 
 
 def _operator_stack():
-    path = ROOT / "tests" / "attach" / "operator_stack.py"
+    path = ROOT / "tests" / "e2e" / "attach" / "operator_stack.py"
     spec = importlib.util.spec_from_file_location("operator_stack_docs", path)
     assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)

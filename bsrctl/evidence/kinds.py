@@ -28,6 +28,6 @@ KINDS: dict[KindName, Kind] = {
     "bench": Kind("bench"),
     "soak": Kind("soak"),
 }
-# The Literal is what the schema's model and a type checker read; tests/evidence checks
+# The Literal is what the schema's model and a type checker read; tests/bsrctl/evidence checks
 # that the table lists the same kinds in the same order.
 NAMES: tuple[KindName, ...] = get_args(KindName)

@@ -1,7 +1,7 @@
 """``registration: auto`` for DeepSeek-V4 (``DeepseekV4ForCausalLM``): the KV cache tensors
 vLLM 0.32 registers per layer, as a pure function of ``config.json`` (plans off a vLLM
 install). ``bsrctl.registration.dsv4_vllm`` computes the same from vLLM's own layer objects;
-tests/registration/test_dsv4_matches_vllm.py checks the two agree to the byte.
+tests/bsrctl/registration/test_dsv4.py checks the two agree to the byte.
 
 vLLM 0.32 on CUDA, default attention backend (FlashMLA sparse on SM90/SM100:
 models/deepseek_v4/nvidia/model.py:1013-1045), per layer ``i`` of ``num_hidden_layers``

@@ -13,7 +13,7 @@ from bsrctl.specs import StackSpec
 from bsrctl.stack.doctor.facts import Gpu, MachineFacts
 
 # Per profile and import package: (distribution, pin), as pyproject.toml's `cpu` and `gpu`
-# extras say (tests/stack/test_doctor_gpu.py holds them equal). The pins are what bsrctl is
+# extras say (tests/bsrctl/stack/test_doctor_facts.py holds them equal). The pins are what bsrctl is
 # tested with, not a gate: another version passes when its surface rows (the names bsrkv and
 # bsrctl use, doctor.surface) are complete. lmcache 0.5.6 is a CUDA 13 build, so is Mooncake's.
 CPU_PINS = {

@@ -5,7 +5,7 @@ name: ``module:Name`` (a module's attribute), ``module:Class.member`` (a class m
 method, property, field, or what a method assigns to ``self``; its bases' count),
 ``module:Class.method(a, b)`` (and parameters it must have, in this order),
 ``module`` (the module itself), ``package:--flag`` (a launch flag). The imports are held
-complete by tests/hostsurface/test_declared.py (it scans bsrkv's and bsrctl's sources);
+complete by tests/bsrctl/hostsurface/test_declared.py (it scans bsrkv's and bsrctl's sources);
 members and flags are declared by hand where a hook reads or overrides them.
 
 ``CONNECTOR_USES`` is what LMCache's own MP connector (the class vLLM's ``LMCacheMPConnector``
