@@ -1,6 +1,6 @@
 """What the install read-back's comparison costs per chunk: two blake2b-128 digests (the
 read-back before this bench) against the direct byte compare it now makes
-(``bsrkv.lmcache_ext.readback.same_bytes``), over LMCache memory objects of one chunk of
+(``bsrkv.lmcache_ext.bsr.readback.same_bytes``), over LMCache memory objects of one chunk of
 the tiny Llama (262,144 B), side by side in rotated rounds.
 
     PYTHONPATH=$PWD .venv/bin/python bench/readback_compare.py [--rounds 9] [--chunks 64]
@@ -26,7 +26,7 @@ from lmcache.v1.memory_management import MemoryObjMetadata, TensorMemoryObj
 
 from bsrctl.experiments.bench import SEED, bench_point, run_bench
 from bsrctl.stats import paired_ratio_ci
-from bsrkv.lmcache_ext.readback import same_bytes
+from bsrkv.lmcache_ext.bsr.readback import same_bytes
 
 
 def memory_obj(raw: torch.Tensor) -> TensorMemoryObj:

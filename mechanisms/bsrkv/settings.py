@@ -45,7 +45,7 @@ class RestoreTuning(BaseModel):
         "xxh3_128", description="the L2 objects' checksum: xxh3_128 or sha256"
     )
     use_odirect: bool = Field(False, description="FS L2 bypasses the page cache (O_DIRECT)")
-    # How a window reaches L1 (bsrkv.lmcache_ext.windows): "direct", staged by the restoring
+    # How a window reaches L1 (bsrkv.lmcache_ext.bsr.windows): "direct", staged by the restoring
     # thread (the L1 and L2 calls LMCache's prefetch controller makes, without its per-window
     # bookkeeping); "prefetch", one LMCache prefetch per window. The whole plan (W = 0) is
     # always LMCache's own prefetch.

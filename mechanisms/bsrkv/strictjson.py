@@ -1,5 +1,5 @@
 """Strict JSON records: the one library behind the ``bsr.*`` replies
-(``lmcache_ext.protocol``) and the ``tempokv.*`` wire (``tempokv.wire``).
+(``lmcache_ext.bsr.protocol``) and the ``tempokv.*`` wire (``tempokv.wire``).
 
 Built on msgspec rather than pydantic: both hosts already bring it (LMCache and vLLM depend
 on it), its ``Struct`` is a frozen record checked in C, so the per-step ``tempokv.update``

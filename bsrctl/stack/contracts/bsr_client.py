@@ -4,10 +4,10 @@ The LMCache server loads ``bsrkv.lmcache_ext.server``; its handlers are reachabl
 through LMCache's own ``server_module_call`` RPC (JSON in, JSON out) on the server's MQ port,
 and its ``status()`` also appears under ``"bsr"`` in LMCache's HTTP ``/status``.
 
-Each method returns the typed reply of ``bsrkv.lmcache_ext.protocol`` (the server builds the
+Each method returns the typed reply of ``bsrkv.lmcache_ext.bsr.protocol`` (the server builds the
 same types): ``peak()`` (the gauge's restore-pool peak per rank, L1 usage), ``reset_peak()``,
 ``status()``, ``markers()``, ``forget(wait_s)`` (empty L1, waiting for write-throughs),
-``configure(window_chunks=...)`` (W at run time, same engines).
+``configure(ConfigureRequest(window_chunks=...))`` (W at run time, same engines).
 
 A mutating call carries the stack's control token (``bsrkv.control_token``: a launched
 stack's own, an attached one's from ``stack.attach.control_token_env``); a refusal raises
@@ -27,8 +27,9 @@ from bsrctl.stack.attach.prerequisites import control_token_refused
 from bsrctl.stack.launch.netns import maybe_inside
 from bsrctl.stack.launch.serving import ServingClient
 from bsrkv.control_token import sealed
-from bsrkv.lmcache_ext.protocol import (
+from bsrkv.lmcache_ext.bsr.protocol import (
     ConfigureReply,
+    ConfigureRequest,
     FailedReply,
     ForgetReply,
     HoldsReply,
@@ -133,10 +134,11 @@ class BsrModuleClient:
                 return out
             time.sleep(0.2)
 
-    def configure(self, **config: Any) -> ConfigureReply:
-        out = self._typed("bsr.configure", ConfigureReply, config)
+    def configure(self, request: ConfigureRequest) -> ConfigureReply:
+        changes = request.changes()
+        out = self._typed("bsr.configure", ConfigureReply, changes)
         if not out.ok:
-            raise StackFailed(f"bsr.configure {config} refused: {out.error}")
+            raise StackFailed(f"bsr.configure {changes} refused: {out.error}")
         return out
 
     def close(self) -> None:

@@ -33,7 +33,7 @@ from typing import Any, Protocol
 
 from bsrctl.errors import StackFailed
 from bsrctl.stack.contracts.bsr_client import BsrModuleClient
-from bsrkv.lmcache_ext.protocol import RegistrationReply
+from bsrkv.lmcache_ext.bsr.protocol import ConfigureRequest, RegistrationReply
 from bsrkv.settings import RestoreSettings
 
 # The module's settings a deployment sets over bsr.configure (and gives back on attach).
@@ -79,15 +79,17 @@ def follow_up(
     return FollowUp(answered and not bad, f"{what}; unhealthy parts: {bad or 'none'}")
 
 
-def module_settings(settings: RestoreSettings) -> dict[str, Any]:
-    """What bsr.configure sets for a deployment with ``settings``: W, B (0 on the whole-plan
-    path) and the restore timeouts."""
+def configure_request(settings: RestoreSettings) -> ConfigureRequest:
+    """The ``bsr.configure`` request of a deployment with ``settings``: W, B (0 on the
+    whole-plan path) and the restore timeouts."""
     w = settings.window_chunks
-    return {
-        "window_chunks": w,
-        "admission_budget_chunks": settings.budget_chunks if w else 0,
-        **{k: getattr(settings, k) for k in TIMEOUTS},
-    }
+    return ConfigureRequest.from_json(
+        {
+            "window_chunks": w,
+            "admission_budget_chunks": settings.budget_chunks if w else 0,
+            **{k: float(getattr(settings, k)) for k in TIMEOUTS},
+        }
+    )
 
 
 def check_module(client: BsrModuleClient) -> RegistrationReply:

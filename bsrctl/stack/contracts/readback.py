@@ -2,7 +2,7 @@
 over the point's BSR restore outcomes (one per rank).
 
 The scratch a read-back holds is outside L1 and outside the restore pool's gauge (one chunk
-per object group per rank, ``bsrkv.lmcache_ext.readback``): it is not inside ``aux`` of
+per object group per rank, ``bsrkv.lmcache_ext.bsr.readback``): it is not inside ``aux`` of
 the bound ``W·c + aux`` and is stated beside it, as ``scratch_bytes``.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from bsrkv.lmcache_ext.protocol import RestoreOutcomeSummary
+from bsrkv.lmcache_ext.bsr.protocol import RestoreOutcomeSummary
 
 SCRATCH_NOTE = "outside L1 and the restore-pool gauge: not in W*c + aux, stated beside it"
 

@@ -16,10 +16,10 @@ from bsrctl.stack.contracts.deployment import (
     FollowUp,
     Say,
     check_module,
+    configure_request,
     follow_up,
-    module_settings,
 )
-from bsrkv.lmcache_ext.protocol import RegistrationReply
+from bsrkv.lmcache_ext.bsr.protocol import ConfigureRequest, RegistrationReply
 from bsrkv.settings import RestoreSettings
 
 
@@ -45,7 +45,8 @@ class AttachedDeployment:
         self.client_timeout_s = client_timeout_s or max(30.0, 2 * self.stack.at.connect_timeout_s)
         self.client: BsrModuleClient | None = None
         self.live: RegistrationReply | None = None
-        self.operator_config: dict[str, Any] = {}  # the module's own, given back at `down`
+        # the module's own W, B, read-back and timeouts, given back at `down`
+        self.operator_config: ConfigureRequest | None = None
         self.ups = 0
 
     def check(self) -> None:
@@ -58,7 +59,8 @@ class AttachedDeployment:
         self.live = check_module(self.client)
         config = self.client.status().config
         keys = ("window_chunks", "admission_budget_chunks", "readback", *TIMEOUTS)
-        self.operator_config = {k: config[k] for k in keys if k in config}
+        own = {k: config[k] for k in keys if k in config}
+        self.operator_config = ConfigureRequest.from_json(own)
 
     @property
     def l1_capacity_bytes(self) -> int | None:
@@ -71,13 +73,14 @@ class AttachedDeployment:
         self.check()
         self.ups += 1
         assert self.client is not None
-        self.client.configure(**module_settings(settings))
+        self.client.configure(configure_request(settings))
 
     def configure(self, window_chunks: int, budget_chunks: int, readback: bool) -> None:
         assert self.client is not None
-        self.client.configure(
+        request = ConfigureRequest(
             window_chunks=window_chunks, admission_budget_chunks=budget_chunks, readback=readback
         )
+        self.client.configure(request)
 
     def reconnect(self) -> BsrModuleClient:
         """A restarted server runs the operator's config: the run's settings again."""
@@ -85,7 +88,7 @@ class AttachedDeployment:
             self.client.close()
         self.client = BsrModuleClient(self.stack, timeout_s=self.client_timeout_s)
         self.stack.bsr = self.client
-        self.client.configure(**module_settings(self.settings))
+        self.client.configure(configure_request(self.settings))
         return self.client
 
     def restart(self, part: str, say: Say) -> None:
@@ -140,9 +143,9 @@ class AttachedDeployment:
     def down(self) -> None:
         """Give the operator's W, B and timeouts back; stop nothing."""
         if self.client is not None:
-            if self.operator_config:
+            if self.operator_config is not None:
                 try:
-                    self.client.configure(**self.operator_config)
+                    self.client.configure(self.operator_config)
                 except (StackFailed, OSError):
                     pass  # the deployment went away: nothing of ours to give back
             self.client.close()

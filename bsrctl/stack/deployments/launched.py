@@ -18,7 +18,7 @@ from bsrctl.stack.contracts.deployment import FollowUp, Say, check_module, follo
 from bsrctl.stack.launch.extensions import LMCacheExtensions, ServerModule, bsr_extensions
 from bsrctl.stack.launch.process import pids_alive
 from bsrctl.stack.launch.serving import ServingStack, check_ports
-from bsrkv.lmcache_ext.protocol import RegistrationReply
+from bsrkv.lmcache_ext.bsr.protocol import ConfigureRequest, RegistrationReply
 from bsrkv.settings import RestoreSettings
 
 
@@ -89,9 +89,10 @@ class LaunchedDeployment:
 
     def configure(self, window_chunks: int, budget_chunks: int, readback: bool) -> None:
         assert self.client is not None
-        self.client.configure(
+        request = ConfigureRequest(
             window_chunks=window_chunks, admission_budget_chunks=budget_chunks, readback=readback
         )
+        self.client.configure(request)
 
     def reconnect(self) -> BsrModuleClient:
         if self.client is not None:

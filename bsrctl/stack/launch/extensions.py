@@ -352,13 +352,13 @@ def restore_storage(
 ) -> RestoreStorage:
     """The BSR core's RestoreStorage over one LMCache StorageManager; ``staging``: how its
     windows reach L1 (``RestoreSettings.window_staging``; the whole plan's is "prefetch")."""
-    from bsrkv.lmcache_ext.storage import LMCacheRestoreStorage
+    from bsrkv.lmcache_ext.bsr.storage import LMCacheRestoreStorage
 
     return LMCacheRestoreStorage(sm, layouts, drain_timeout_s=drain_timeout_s, staging=staging)
 
 
 def layout_descs(reg: Registration) -> dict[int, Any]:
     """LMCache's memory layout of each object group of ``reg``."""
-    from bsrkv.lmcache_ext.storage import layout_descs as descs
+    from bsrkv.lmcache_ext.bsr.storage import layout_descs as descs
 
     return descs(reg)

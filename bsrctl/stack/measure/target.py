@@ -29,7 +29,7 @@ from bsrctl.stack.launch.model import prepare_model
 from bsrctl.stack.measure.canonical_outputs import Reference, canonical_references, divergence
 from bsrctl.stack.measure.machine import l1_fits
 from bsrctl.stack.measure.seeding import seed_tiers
-from bsrkv.lmcache_ext.protocol import PeakReply, RegistrationReply, RestoreOutcomeSummary
+from bsrkv.lmcache_ext.bsr.protocol import PeakReply, RegistrationReply, RestoreOutcomeSummary
 from bsrkv.registration import Registration, first_difference
 from bsrkv.settings import RestoreSettings
 

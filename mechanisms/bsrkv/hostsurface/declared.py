@@ -203,6 +203,35 @@ USES: dict[str, tuple[str, ...]] = {
         "lmcache.v1.distributed.l2_adapters.fs_l2_adapter:_FILE_EXT",
         "lmcache.v1.platform:create_event_notifier",
     ),
+    "bsrkv.lmcache_ext.bsr.mp_storage": (
+        "lmcache.lmcache_native",
+        "lmcache.logging:init_logger",
+        "lmcache.v1.distributed.api:MemoryLayoutDesc",
+        "lmcache.v1.distributed.api:ObjectKey",
+        "lmcache.v1.multiprocess.object_group_transfer:downsample_and_stage_block_ids",
+        "lmcache.v1.multiprocess.object_group_transfer:transfer_kv_per_object_group",
+    ),
+    "bsrkv.lmcache_ext.bsr.readback": (
+        "lmcache.lmcache_native",
+        "lmcache.v1.memory_management:MemoryObjMetadata",
+        "lmcache.v1.memory_management:TensorMemoryObj",
+        "lmcache.v1.multiprocess.object_group_transfer:transfer_kv_per_object_group",
+    ),
+    "bsrkv.lmcache_ext.bsr.storage": (
+        "lmcache.v1.distributed.api:GroupedObjectKeys",
+        "lmcache.v1.distributed.api:MemoryLayoutDesc",
+        "lmcache.v1.distributed.api:ObjectKey",
+        "lmcache.v1.distributed.api:PrefetchHandle",
+        "lmcache.v1.distributed.api:PrefetchLockMode",
+        "lmcache.v1.distributed.api:PrefetchResult",
+        "lmcache.v1.distributed.api:PrefetchTaskSpec",
+        "lmcache.v1.distributed.storage_manager:StorageManager",
+    ),
+    "bsrkv.lmcache_ext.bsr.windows": (
+        "lmcache.v1.distributed.api:MemoryLayoutDesc",
+        "lmcache.v1.distributed.api:ObjectKey",
+        "lmcache.v1.distributed.error:L1Error",
+    ),
     "bsrkv.lmcache_ext.faults.adapter": (
         "lmcache.v1.distributed.api:ObjectKey",
         "lmcache.v1.distributed.l2_adapters.base:L2AdapterInterface",
@@ -230,20 +259,6 @@ USES: dict[str, tuple[str, ...]] = {
     "bsrkv.lmcache_ext.faults.verify": (
         "lmcache.v1.distributed.api:ObjectKey",
         "lmcache.v1.distributed.l2_adapters.fs_l2_adapter:_object_key_to_filename",
-    ),
-    "bsrkv.lmcache_ext.mp_storage": (
-        "lmcache.lmcache_native",
-        "lmcache.logging:init_logger",
-        "lmcache.v1.distributed.api:MemoryLayoutDesc",
-        "lmcache.v1.distributed.api:ObjectKey",
-        "lmcache.v1.multiprocess.object_group_transfer:downsample_and_stage_block_ids",
-        "lmcache.v1.multiprocess.object_group_transfer:transfer_kv_per_object_group",
-    ),
-    "bsrkv.lmcache_ext.readback": (
-        "lmcache.lmcache_native",
-        "lmcache.v1.memory_management:MemoryObjMetadata",
-        "lmcache.v1.memory_management:TensorMemoryObj",
-        "lmcache.v1.multiprocess.object_group_transfer:transfer_kv_per_object_group",
     ),
     "bsrkv.lmcache_ext.server.guard": (
         "lmcache.v1.multiprocess.ext_server_module:server_module_handler",
@@ -309,23 +324,10 @@ USES: dict[str, tuple[str, ...]] = {
         "lmcache.v1.distributed.storage_manager:StorageManager.clear(force)",
         "lmcache.v1.distributed.storage_manager:StorageManager.l2_adapters",
     ),
-    "bsrkv.lmcache_ext.server.tempokv": ("lmcache.v1.multiprocess.custom_types:IPCCacheServerKey",),
-    "bsrkv.lmcache_ext.storage": (
-        "lmcache.v1.distributed.api:GroupedObjectKeys",
-        "lmcache.v1.distributed.api:MemoryLayoutDesc",
-        "lmcache.v1.distributed.api:ObjectKey",
-        "lmcache.v1.distributed.api:PrefetchHandle",
-        "lmcache.v1.distributed.api:PrefetchLockMode",
-        "lmcache.v1.distributed.api:PrefetchResult",
-        "lmcache.v1.distributed.api:PrefetchTaskSpec",
-        "lmcache.v1.distributed.storage_manager:StorageManager",
+    "bsrkv.lmcache_ext.tempokv.component": (
+        "lmcache.v1.multiprocess.custom_types:IPCCacheServerKey",
     ),
-    "bsrkv.lmcache_ext.tempokv_device": ("lmcache.v1.distributed.api:ObjectKey",),
-    "bsrkv.lmcache_ext.windows": (
-        "lmcache.v1.distributed.api:MemoryLayoutDesc",
-        "lmcache.v1.distributed.api:ObjectKey",
-        "lmcache.v1.distributed.error:L1Error",
-    ),
+    "bsrkv.lmcache_ext.tempokv.device": ("lmcache.v1.distributed.api:ObjectKey",),
     "bsrkv.vllm_ext.scheduler": (
         "vllm.v1.core.sched.async_scheduler:AsyncScheduler",
         f"{SCHEDULER}:Scheduler",

@@ -20,7 +20,7 @@ Public API (see each module):
 - ``stall``: StallWatch (process-stall ticker on a clock) and its install guard.
 - ``errors``: RestoreConfigError (a ValueError), the core's only error type.
 
-The storage over LMCache's StorageManager lives in ``bsrkv.lmcache_ext.storage``.
+The storage over LMCache's StorageManager lives in ``bsrkv.lmcache_ext.bsr.storage``.
 """
 
 from bsrkv.restore.admission import AdmissionBudget

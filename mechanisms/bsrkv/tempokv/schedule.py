@@ -1,7 +1,7 @@
 """One storage device's schedule, pure (no clock, no LMCache): the simulated staging device
 (``sim/device.py``), the shaped L2 tier (``lmcache_ext.faults``, through
 ``lmcache_ext.adapters.shaping``) and the live stack's progress estimate
-(``lmcache_ext.tempokv_device``) all run on it.
+(``lmcache_ext.tempokv.device``) all run on it.
 
 The device serves up to `slots` ops at once (None: all), in submission order; the rest wait,
 first come first served. Each op in service first spends ``latency_s`` (it holds its slot

@@ -1,6 +1,6 @@
 """The TempoKV wire: every ``tempokv.*`` payload and the runtime adapter's launch settings,
 one typed definition for the three sides that speak it (the vLLM adapter, the server
-module, TempoKV serving), as ``lmcache_ext.protocol`` is for ``bsr.*``.
+module, TempoKV serving), as ``lmcache_ext.bsr.protocol`` is for ``bsr.*``.
 
 A record is a frozen ``bsrkv.strictjson`` struct (msgspec, ``tempokv.codec``): its
 ``to_json()`` is its JSON object; ``from_json()`` raises ``WireError`` naming every missing
@@ -127,7 +127,7 @@ class TempoConfig(Record):
     tick_s: float
     chunk_tokens: int  # must equal the server's chunk size
     # "l2": stage from the shaped L2 into DRAM L1 (LOCK prefetch); "dax": L1 is the flash
-    # tier's arena, staging is mlock of its ranges (``lmcache_ext/tempokv_dax``)
+    # tier's arena, staging is mlock of its ranges (``lmcache_ext/tempokv/flash.py``)
     tier: str = "l2"
 
     def __post_init__(self) -> None:

@@ -167,7 +167,7 @@ def test_lmcache_stock_fs_adapter_is_the_fs_tier(tmp_path: Path) -> None:
 
 def test_seeding_reads_each_tier_by_a_lookup_through_the_server(tmp_path: Path) -> None:
     from bsrctl.stack.measure.tiers import chunks_held
-    from bsrkv.lmcache_ext.protocol import HoldsReply
+    from bsrkv.lmcache_ext.bsr.protocol import HoldsReply
 
     st = attached_stack(tmp_path, [STOCK_FS, WRAPPED_MOONCAKE])
     calls: list[tuple] = []

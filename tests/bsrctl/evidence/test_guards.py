@@ -24,7 +24,7 @@ from bsrctl.evidence.guards import (
 from bsrctl.evidence.verdict import Point, Verdict, check
 from bsrctl.stack.contracts.guards import LMCACHE, VLLM, GuardWatch, lmcache_guards, vllm_guards
 from bsrkv.hostguard import Guard, process_failures
-from bsrkv.lmcache_ext.protocol import GuardFailure
+from bsrkv.lmcache_ext.bsr.protocol import GuardFailure
 
 SERVER = "bsrkv.lmcache_ext.server"
 GATE = (SERVER, "tempokv_gate", "RuntimeError")

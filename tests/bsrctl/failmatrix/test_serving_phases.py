@@ -15,7 +15,7 @@ from bsrctl.experiments.failmatrix import load_matrix, serving
 from bsrctl.experiments.failmatrix.injectors import Injector, L1Exhausted
 from bsrctl.experiments.failmatrix.serving import ServingRig, fault_placed_checks
 from bsrctl.prompts import tokens_sha256
-from bsrkv.lmcache_ext.protocol import GuardFailure
+from bsrkv.lmcache_ext.bsr.protocol import GuardFailure
 
 MATRICES = Path(__file__).parents[3] / "matrices"
 

@@ -62,7 +62,7 @@ def test_every_vllm_and_lmcache_import_is_declared_with_its_user() -> None:
     assert {
         ("vllm.v1.core.sched.scheduler", "Scheduler", "bsrkv.vllm_ext.scheduler"),
         ("vllm.models.deepseek_v4.cpu.cpu_sparse", "_NoOpEvent", "bsrctl.registration.dsv4_vllm"),
-        ("lmcache.lmcache_native", "", "bsrkv.lmcache_ext.readback"),
+        ("lmcache.lmcache_native", "", "bsrkv.lmcache_ext.bsr.readback"),
     } <= found
 
 

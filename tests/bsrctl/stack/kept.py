@@ -13,15 +13,15 @@ from typing import Any
 
 from bsrctl.errors import BadInput
 from bsrctl.stack.contracts.bsr_client import BsrModuleClient
-from bsrctl.stack.contracts.deployment import FollowUp, Say, module_settings
+from bsrctl.stack.contracts.deployment import FollowUp, Say, configure_request
 from bsrctl.stack.deployments.launched import LaunchedDeployment
-from bsrkv.lmcache_ext.protocol import RegistrationReply
+from bsrkv.lmcache_ext.bsr.protocol import RegistrationReply
 from bsrkv.settings import RestoreSettings
 
 
 def _launch_only(settings: RestoreSettings) -> dict[str, Any]:
     """The settings bsr.configure does not set: fixed when the module was loaded."""
-    at_run_time = set(module_settings(settings))
+    at_run_time = set(configure_request(settings).changes())
     return {k: v for k, v in settings.model_dump().items() if k not in at_run_time}
 
 
@@ -76,7 +76,7 @@ class KeptDeployment:
             )
         else:
             assert self.client is not None
-            self.client.configure(**module_settings(settings))
+            self.client.configure(configure_request(settings))
             self.launched.settings = settings  # the evidence's `settings`: the run's
         self.ups += 1
 
@@ -85,13 +85,13 @@ class KeptDeployment:
 
     def reconnect(self) -> BsrModuleClient:
         client = self.launched.reconnect()
-        client.configure(**module_settings(self.settings))  # a new LMCache runs the launch's
+        client.configure(configure_request(self.settings))  # a new LMCache runs the launch's
         return client
 
     def restart(self, part: str, say: Say) -> None:
         self.launched.restart(part, say)  # a new client after LMCache, which runs the launch's
         if part == "lmcache" and self.client is not None:
-            self.client.configure(**module_settings(self.settings))
+            self.client.configure(configure_request(self.settings))
 
     def ensure_up(self, say: Say) -> None:
         self.launched.ensure_up(say)

@@ -4,7 +4,7 @@ records whose (request id, rank) the first read did not hold, whatever the count
 from __future__ import annotations
 
 from bsrctl.stack.contracts.bsr_client import outcomes_since
-from bsrkv.lmcache_ext.protocol import RestoreOutcomeSummary
+from bsrkv.lmcache_ext.bsr.protocol import RestoreOutcomeSummary
 
 
 def rec(rid: str, rank: int, ok: bool = True) -> RestoreOutcomeSummary:

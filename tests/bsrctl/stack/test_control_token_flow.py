@@ -21,6 +21,7 @@ from bsrctl.stack.attach.stack import AttachedStack
 from bsrctl.stack.contracts.bsr_client import BsrModuleClient
 from bsrctl.stack.launch.extensions import TempoKVLaunch, bsr_extensions
 from bsrctl.stack.launch.serving.commands import Slots, lmcache_launch, vllm_launch
+from bsrkv.lmcache_ext.bsr.protocol import ConfigureRequest
 from bsrkv.lmcache_ext.faults.control import write_control_file
 from bsrkv.tempokv.live import AdapterSettings
 
@@ -78,7 +79,7 @@ def test_a_refusal_is_stack_failed_naming_the_variable() -> None:
                "error": "bsr.configure: refused: control token wrong"}  # fmt: skip
     c, _ = client(Stack("bad", "$OPS_TOKEN (stack.attach.control_token_env)"), refused)
     with pytest.raises(StackFailed) as exc:
-        c.configure(window_chunks=4)
+        c.configure(ConfigureRequest(window_chunks=4))
     assert exc.value.exit_code == 3
     msg = str(exc.value)
     assert "bsr.configure: refused: control token wrong" in msg

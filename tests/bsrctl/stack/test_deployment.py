@@ -13,10 +13,11 @@ import pytest
 
 from bsrctl.errors import BadInput, StackFailed
 from bsrctl.specs import AttachSpec, LmcacheSpec, StackSpec, TargetSpec
-from bsrctl.stack.contracts.deployment import TIMEOUTS, FollowUp, follow_up, module_settings
+from bsrctl.stack.contracts.deployment import TIMEOUTS, FollowUp, configure_request, follow_up
 from bsrctl.stack.deployments import attached, launched
 from bsrctl.stack.launch.extensions import ServerModule
 from bsrctl.stack.selector import make_deployment, make_target
+from bsrkv.lmcache_ext.bsr.protocol import ConfigureRequest
 from bsrkv.settings import RestoreSettings, RestoreTuning
 
 TUNING = RestoreTuning()
@@ -59,9 +60,10 @@ class FakeClient:
         self.calls.append("registration")
         return SimpleNamespace(registrations=())
 
-    def configure(self, **config: Any) -> None:
+    def configure(self, request: ConfigureRequest) -> None:
         if self.refuse:
             raise StackFailed("gone")
+        config = request.changes()
         self.calls.append(("configure", config))
         self.config.update(config)
 
@@ -103,13 +105,13 @@ def test_follow_up_against_the_canonical_output() -> None:
     )
 
 
-def test_module_settings_are_w_b_and_every_timeout() -> None:
+def test_the_configure_request_is_w_b_and_every_timeout() -> None:
     s = RestoreSettings.of(TUNING, 4)
-    got = module_settings(s)
+    got = configure_request(s).changes()
     assert list(got) == ["window_chunks", "admission_budget_chunks", *TIMEOUTS]
     assert (got["window_chunks"], got["admission_budget_chunks"]) == (4, 4)  # B = W unset
-    assert module_settings(RestoreSettings.of(TUNING, 4, 8))["admission_budget_chunks"] == 8
-    assert module_settings(RestoreSettings.of(TUNING, 0))["admission_budget_chunks"] == 0
+    assert configure_request(RestoreSettings.of(TUNING, 4, 8)).admission_budget_chunks == 8
+    assert configure_request(RestoreSettings.of(TUNING, 0)).admission_budget_chunks == 0
     assert {k: got[k] for k in TIMEOUTS} == {k: getattr(s, k) for k in TIMEOUTS}
 
 
@@ -225,9 +227,10 @@ def test_attached_sets_w_b_timeouts_and_gives_the_operators_back(operator, tmp_p
     dep.up(settings, l1_bytes=1 << 40)  # L1 is the operator's: not sized
     dep.up(settings)  # connects once
     (client,) = operator
-    assert dep.operator_config == {k: v for k, v in OPERATOR.items() if k != "other"}
+    assert dep.operator_config is not None
+    assert dep.operator_config.changes() == {k: v for k, v in OPERATOR.items() if k != "other"}
     assert client.calls[:3] == ["status", "registration", "status"]
-    assert client.calls[3:] == [("configure", module_settings(settings))] * 2
+    assert client.calls[3:] == [("configure", configure_request(settings).changes())] * 2
     assert dep.ups == 2
     dep.configure(8, 8, False)
     assert client.calls[-1] == (
@@ -235,7 +238,7 @@ def test_attached_sets_w_b_timeouts_and_gives_the_operators_back(operator, tmp_p
         {"window_chunks": 8, "admission_budget_chunks": 8, "readback": False},
     )
     dep.down()
-    assert client.calls[-2:] == [("configure", dep.operator_config), "close"]
+    assert client.calls[-2:] == [("configure", dep.operator_config.changes()), "close"]
     assert {k: client.config[k] for k in OPERATOR} == OPERATOR  # the operator's again
     assert dep.client is None
 
@@ -247,7 +250,7 @@ def test_attached_reconnect_sets_the_runs_settings_again(operator, tmp_path) -> 
     dep.reconnect()
     first, second = operator
     assert first.calls[-1] == "close"
-    assert second.calls == [("configure", module_settings(settings))]
+    assert second.calls == [("configure", configure_request(settings).changes())]
 
 
 def test_attached_down_after_the_deployment_went_away_stops_nothing(operator, tmp_path) -> None:

@@ -5,13 +5,12 @@ launched deployment (no process starts)."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
 from bsrctl.errors import BadInput
 from bsrctl.specs import StackSpec
-from bsrctl.stack.contracts.deployment import module_settings
+from bsrctl.stack.contracts.deployment import configure_request
+from bsrkv.lmcache_ext.bsr.protocol import ConfigureRequest
 from bsrkv.settings import RestoreSettings
 from tests.bsrctl.stack.kept import KeptDeployment
 
@@ -20,10 +19,10 @@ L1 = 8 << 20
 
 class FakeClient:
     def __init__(self) -> None:
-        self.configured: list[dict[str, Any]] = []
+        self.configured: list[ConfigureRequest] = []
 
-    def configure(self, **config: Any) -> None:
-        self.configured.append(config)
+    def configure(self, request: ConfigureRequest) -> None:
+        self.configured.append(request)
 
 
 class FakeLaunched:
@@ -64,8 +63,8 @@ def test_first_up_launches_later_ups_configure_and_a_run_end_stops_nothing() -> 
     dep.check()  # its ports are its own now: not checked again
     dep.up(second)  # None: the spec's L1, the one it was launched with
     assert fake.client is not None
-    assert fake.client.configured == [module_settings(second)]
-    assert module_settings(second)["window_chunks"] == 8
+    assert fake.client.configured == [configure_request(second)]
+    assert configure_request(second).window_chunks == 8
     assert (dep.settings, dep.launches, dep.ups) == (second, 1, 1)
     assert fake.calls == ["check", "up 8388608"]
     dep.close()
@@ -77,7 +76,8 @@ def test_another_l1_or_launch_only_setting_is_refused() -> None:
     dep.up(RestoreSettings(window_chunks=2), L1)
     with pytest.raises(BadInput, match=f"has L1 {L1} B; this run asks {2 * L1} B"):
         dep.up(RestoreSettings(window_chunks=2), 2 * L1)
-    assert "load_concurrency" not in module_settings(RestoreSettings())  # fixed at launch
+    # fixed at launch: no field of the request
+    assert "load_concurrency" not in ConfigureRequest.__struct_fields__
     more = RestoreSettings().load_concurrency + 1
     with pytest.raises(BadInput, match="only W, B and the timeouts are set at run time"):
         dep.up(RestoreSettings(window_chunks=2, load_concurrency=more), L1)

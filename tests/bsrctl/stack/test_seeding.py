@@ -14,7 +14,7 @@ import pytest
 from bsrctl.stack.measure import seeding
 from bsrctl.stack.measure.seeding import SEED_ATTEMPTS, SeedAttempt, TierSeed, seed_tiers
 from bsrctl.stack.measure.tiers import HIDE_LOOKUPS
-from bsrkv.lmcache_ext.protocol import ForgetReply
+from bsrkv.lmcache_ext.bsr.protocol import ForgetReply
 
 IDS = list(range(1000))  # 3 whole chunks of 256 tokens
 

@@ -1,4 +1,4 @@
-"""Windows staged directly into L1 (``bsrkv.lmcache_ext.windows``) against LMCache's own
+"""Windows staged directly into L1 (``bsrkv.lmcache_ext.bsr.windows``) against LMCache's own
 prefetch of the same windows, over a real StorageManager with two real FS L2 tiers.
 
 Every figure is exact: hit bitmaps, bytes against bytes regenerated from the key, L1 usage
@@ -20,11 +20,11 @@ from hypothesis import strategies as st
 from lmcache.v1.distributed.l2_adapters.fs_l2_adapter import _object_key_to_filename
 
 from bsrkv.lmcache_ext.adapters.fs import BsrFSL2AdapterConfig
+from bsrkv.lmcache_ext.bsr.storage import LMCacheRestoreStorage
+from bsrkv.lmcache_ext.bsr.windows import Phase
 from bsrkv.lmcache_ext.faults import adapter as _registers_bsr_fault  # noqa: F401
 from bsrkv.lmcache_ext.faults.config import BsrFaultL2AdapterConfig
 from bsrkv.lmcache_ext.faults.control import fault_stats, set_fault_rules
-from bsrkv.lmcache_ext.storage import LMCacheRestoreStorage
-from bsrkv.lmcache_ext.windows import Phase
 from bsrkv.restore.types import RestoreRequest, RowId, RowKeys, Window
 
 CHUNK = 64 * 1024

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bsrkv.lmcache_ext.page_lock import PAGE, BudgetExceeded, PageLocker, pages_of, runs
+from bsrkv.lmcache_ext.tempokv.page_lock import PAGE, BudgetExceeded, PageLocker, pages_of, runs
 
 PAGES = 16  # 64 KiB: within the smallest RLIMIT_MEMLOCK a non-root CI runner has
 

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from msgspec.structs import asdict
 
-from bsrkv.lmcache_ext.protocol import (
+from bsrkv.lmcache_ext.bsr.protocol import (
     SCHEMA,
     ConfigureReply,
     ForgetReply,

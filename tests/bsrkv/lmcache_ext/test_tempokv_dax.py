@@ -1,4 +1,4 @@
-"""TempoKV's device on the flash tier (``tempokv_dax``) over LMCache's real StorageManager
+"""TempoKV's device on the flash tier (``tempokv.flash``) over LMCache's real StorageManager
 whose whole L1 is a Device-DAX arena on a real file (``devdax_path``, as
 ``--l1-devdax-path`` makes it): a committed claim is read-locked in L1 and its objects'
 arena ranges mlocked (the kernel's VmLck grows by exactly its bytes), stage-ready once
@@ -25,11 +25,11 @@ from lmcache.v1.distributed.l2_adapters.config import L2AdaptersConfig
 from lmcache.v1.distributed.storage_manager import StorageManager
 
 from bsrkv.clock import VirtualClock
-from bsrkv.lmcache_ext.storage import LMCacheRestoreStorage
-from bsrkv.lmcache_ext.tempokv_config import LiveConfig
-from bsrkv.lmcache_ext.tempokv_dax import DaxStagingDevice
-from bsrkv.lmcache_ext.tempokv_device import LiveObject
-from bsrkv.lmcache_ext.tempokv_live import LiveTempo
+from bsrkv.lmcache_ext.bsr.storage import LMCacheRestoreStorage
+from bsrkv.lmcache_ext.tempokv.config import LiveConfig
+from bsrkv.lmcache_ext.tempokv.device import LiveObject
+from bsrkv.lmcache_ext.tempokv.flash import DaxStagingDevice
+from bsrkv.lmcache_ext.tempokv.live import LiveTempo
 from bsrkv.restore.types import RowId
 from bsrkv.tempokv.claims import ClaimState
 from bsrkv.tempokv.controller import RetrievalGrant
@@ -156,7 +156,7 @@ def test_the_loop_is_woken_when_staging_is_issued_and_when_its_mlocks_return(
     period far beyond the wait below, a committed claim still becomes stage-ready (its
     prefetch polled right after it was issued, its op completed right after the mlocks
     returned), so a held lookup is released then, not a pass later."""
-    import bsrkv.lmcache_ext.tempokv_live as live
+    import bsrkv.lmcache_ext.tempokv.live as live
 
     monkeypatch.setattr(live, "LOOP_S", 3600.0)
     keys = in_arena(sm, 3, "w")

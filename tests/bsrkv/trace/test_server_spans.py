@@ -14,7 +14,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import (  # noqa: E4
     InMemorySpanExporter,
 )
 
-from bsrkv.lmcache_ext import tempokv_device  # noqa: E402
+from bsrkv.lmcache_ext.tempokv import device as tempokv_device  # noqa: E402
 from bsrkv.trace import spans  # noqa: E402
 
 

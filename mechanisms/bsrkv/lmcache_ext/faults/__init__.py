@@ -7,5 +7,5 @@
 
 LMCache loads it with ``"module_path": "bsrkv.lmcache_ext.faults.adapter",
 "class_name": "BsrFaultL2Adapter"``. The server module never imports this package: the
-adapter registers ``bsr.fault`` in ``bsrkv.lmcache_ext.extensions`` when it is imported.
+adapter registers ``bsr.fault`` in ``bsrkv.lmcache_ext.bsr.extensions`` when it is imported.
 """

@@ -41,7 +41,7 @@ from lmcache.v1.distributed.l2_adapters.factory import (
 from lmcache.v1.platform import create_event_notifier
 
 from bsrkv.lmcache_ext.adapters.shaping import ShapingSchedule
-from bsrkv.lmcache_ext.extensions import register_control
+from bsrkv.lmcache_ext.bsr.extensions import register_control
 from bsrkv.lmcache_ext.faults.config import TYPE_NAME, BsrFaultL2AdapterConfig
 from bsrkv.lmcache_ext.faults.control import (
     ControlFile,

@@ -15,7 +15,7 @@ through to the built-in handlers (the stock whole-plan path) and only measure.
 
 With W > 0:
 
-- lookup is probe-only (``bsrkv.lmcache_ext.storage.LMCacheRestoreStorage.probe``): the
+- lookup is probe-only (``bsrkv.lmcache_ext.bsr.storage.LMCacheRestoreStorage.probe``): the
   complete hit count, nothing staged, nothing locked; free_lookup_locks has nothing to free.
 - retrieve runs ``bsrkv.restore.BoundedRestorer.restore`` for the worker's rows: windows
   of at most W chunks, each prefetched with read locks into L1, required complete within
@@ -65,17 +65,19 @@ payload carries ``"control_token"`` equal to the server's (``$BSRCTL_CONTROL_TOK
 - ``bsr.forget`` ``{"force": false, "wait_s": 0}`` -> ``{"l1_used_bytes_before",
   "l1_used_bytes_after", "force", "waited_s"}``: clears L1 (the built-in clear), retried
   until empty or ``wait_s`` passed, so the next load comes from L2.
-- ``bsr.configure`` ``{<any config key>: value}`` -> ``{"ok": bool, "config": {...},
-  "error"?: str}``: change W / B / timeouts between requests (refused mid-window).
+- ``bsr.configure`` ``ConfigureRequest`` (W, B, readback, window staging, timeouts; an
+  unknown or mistyped key refused, naming it) -> ``{"ok": bool, "config": {...},
+  "error"?: str}``: change them between requests (refused mid-window).
 - ``bsr.fault`` ``{"op": "set|clear|stats|list", "name": "...", "rules": [...]}`` ->
   ``bsrkv.lmcache_ext.faults.control.handle_control``'s answer (arms the fault adapter
-  living in this server process; registered through ``bsrkv.lmcache_ext.extensions`` when
+  living in this server process; registered through ``bsrkv.lmcache_ext.bsr.extensions`` when
   LMCache loads that adapter, else ``{"ok": false, "error": "fault adapter unavailable..."}``).
 
-The replies' types are in ``bsrkv.lmcache_ext.protocol``. Layout of this package:
-``config`` (ServerModuleConfig), ``state`` (what the handlers share), ``lookup``,
-``retrieve``, ``control`` (the ``bsr.*`` methods), ``markers``, ``module``
-(BsrServerModule and the factory).
+The request's and replies' types are in ``bsrkv.lmcache_ext.bsr.protocol``. Layout of this
+package: ``config`` (ServerModuleConfig), ``state`` (what the handlers share), ``lookup``,
+``retrieve``, ``control`` (the ``bsr.*`` methods), ``markers``, ``hooks`` (what the module
+asks of TempoKV, and ``NO_TEMPOKV``), ``module`` (BsrServerModule and the factory, which
+composes ``bsrkv.lmcache_ext.tempokv.component`` in).
 """
 
 from bsrkv.lmcache_ext.server.config import ServerConfigError, ServerModuleConfig

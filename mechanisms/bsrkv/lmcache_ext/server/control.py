@@ -1,6 +1,6 @@
 """The ``bsr.*`` methods (``server_module_call``: UTF-8 JSON object in, JSON object out).
 
-Every reply is a ``bsrkv.lmcache_ext.protocol`` type sent as its ``to_json()``.
+Every reply is a ``bsrkv.lmcache_ext.bsr.protocol`` type sent as its ``to_json()``.
 ``bsr.reset_peak``, ``bsr.forget``, ``bsr.configure`` and ``bsr.fault`` change the server:
 they run only for a caller holding the control token (``server.guard``); the others answer
 anyone. ``bsr.fault`` is answered by whatever registered the ``bsr.fault`` control extension in this
@@ -15,9 +15,10 @@ import time
 from typing import Any
 
 from bsrkv.hostguard import process_failures
-from bsrkv.lmcache_ext import extensions
-from bsrkv.lmcache_ext.protocol import (
+from bsrkv.lmcache_ext.bsr import extensions
+from bsrkv.lmcache_ext.bsr.protocol import (
     ConfigureReply,
+    ConfigureRequest,
     ForgetReply,
     GuardFailure,
     HoldsReply,
@@ -141,11 +142,13 @@ class ControlHandlers(ModuleState):
     def bsr_configure(self, payload: bytes) -> bytes:
         """Change W / B / timeouts at run time (refused while a window is in flight).
 
-        Payload: any subset of the ``--server-module`` config keys. A request keeps the
-        path its lookup chose; change the config between requests, not during one.
+        Payload: a ``ConfigureRequest`` (an unknown or mistyped key is refused, naming
+        it). A request keeps the path its lookup chose; change the config between
+        requests, not during one.
         """
         try:
-            self._apply_config(self.config.merged(_payload(payload)), only_when_idle=True)
+            changes = ConfigureRequest.from_json(_payload(payload)).changes()
+            self._apply_config(self.config.merged(changes), only_when_idle=True)
             self._count("reconfigurations")
             reply = ConfigureReply(True, self.config.model_dump())
         except Exception as e:

@@ -20,7 +20,7 @@ from lmcache.v1.multiprocess.ext_server_module import server_module_handler
 
 from bsrkv.control_token import MUTATING, Envelope, EnvelopeError, refusal
 from bsrkv.hostguard import guarded
-from bsrkv.lmcache_ext.protocol import FailedReply, RefusedReply
+from bsrkv.lmcache_ext.bsr.protocol import FailedReply, RefusedReply
 
 Handler = Callable[[Any, bytes], bytes]
 GUARDED = "_bsr_guarded"  # set on every guarded handler (the tests enumerate them)

@@ -1,6 +1,6 @@
 """``bsr.holds``: how many whole chunks of a prompt each L2 adapter holds, by a real lookup.
 
-The lookup is the one a restore's probe makes (``lmcache_ext.storage``): every adapter's
+The lookup is the one a restore's probe makes (``lmcache_ext.bsr.storage``): every adapter's
 ``submit_lookup_and_lock_task`` over the prompt's keys (every object group and TP rank, as
 LMCache's own warm prefetch resolves them, ``cache_control/key_resolver.py``), then the
 found keys unlocked. Nothing is loaded into L1 and any adapter answers, LMCache's stock
@@ -14,7 +14,7 @@ from typing import Any
 
 from lmcache.v1.multiprocess.cache_control.key_resolver import resolve_grouped_object_keys
 
-from bsrkv.lmcache_ext.protocol import HoldsReply
+from bsrkv.lmcache_ext.bsr.protocol import HoldsReply
 
 LOOKUP_TIMEOUT_S = 10.0
 

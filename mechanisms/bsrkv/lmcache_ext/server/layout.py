@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bsrkv.lmcache_ext.protocol import LiveEngineGroup, LiveGroup, LiveRegistration, LiveTensor
+from bsrkv.lmcache_ext.bsr.protocol import LiveEngineGroup, LiveGroup, LiveRegistration, LiveTensor
 
 
 def _dtype(d: Any) -> str:

@@ -17,9 +17,10 @@ from lmcache.v1.distributed.api import ObjectKey, ipc_key_to_grouped_object_keys
 from lmcache.v1.multiprocess.custom_types import IPCCacheServerKey
 from lmcache.v1.multiprocess.request_handler import HandlerType, request_handler
 
-from bsrkv.lmcache_ext.mp_storage import layout_bytes, tp_rank_of
-from bsrkv.lmcache_ext.protocol import LastProbe
+from bsrkv.lmcache_ext.bsr.mp_storage import layout_bytes, tp_rank_of
+from bsrkv.lmcache_ext.bsr.protocol import LastProbe
 from bsrkv.lmcache_ext.server.state import Mode, ModuleState, log, unsupported_reason
+from bsrkv.lmcache_ext.tempokv.device import LiveObject
 from bsrkv.restore.types import RestoreRequest, RowId, RowKeys
 from bsrkv.trace.spans import server_span
 
@@ -70,6 +71,24 @@ class LookupHandlers(ModuleState):
         return RestoreRequest(
             request_id=key.request_id, rows=rows, chunk_tokens=self._ctx.chunk_size
         )
+
+    def key_objects(self, key: IPCCacheServerKey) -> list[LiveObject]:
+        """The complete hit prefix of a lookup key (probe: metadata only), one chunk column
+        each; a claim's and a lookup's objects of one document share their ids (TempoKV)."""
+        model = key.model_name
+        attn_desc = self._ctx.layout_desc_registry.find_attn_desc(model, key.world_size)
+        hashes = self._ctx.token_hasher.compute_chunk_hashes(list(key.token_ids), end=key.end)
+        if not hashes:
+            return []
+        request = self._lookup_request(key, hashes, attn_desc)
+        plan = self.restorer.probe(request)
+        return [
+            LiveObject(
+                f"{model}/{hashes[j].hex()}",
+                tuple((r.row, r.keys[j], r.chunk_bytes) for r in request.rows),
+            )
+            for j in range(plan.prefix_chunks)
+        ]
 
     def _probe_lookup(self, key: IPCCacheServerKey) -> int:
         """Probe-only lookup: the complete advertised prefix in chunks."""
@@ -122,7 +141,7 @@ class LookupHandlers(ModuleState):
 
     def _stock_lookup_done(self, request_id: str, chunks: int) -> None:
         """W=0: the built-in lookup pinned `chunks` chunks of every row in L1."""
-        self._tempo_stock_done(request_id, chunks)
+        self.tempokv.stock_done(request_id, chunks)
         self._sample_l1()
         with self._lock:
             key = self._stock_keys.pop(request_id, None)
@@ -155,7 +174,7 @@ class LookupHandlers(ModuleState):
             self._lookup_seen(rid)
             if g.run("forced", False, self._forced, rid):
                 return
-            if g.run("tempokv_gate", False, self._tempo_gate, key, tp_size):
+            if g.run("tempokv_gate", False, self.tempokv.gate, key, tp_size):
                 return
             if self.window_chunks:
                 try:
@@ -177,7 +196,7 @@ class LookupHandlers(ModuleState):
                 self._modes[rid] = Mode.STOCK
                 self._stock_keys[rid] = key
             self._count("lookups_stock")
-            g.call("tempokv_observe", self._tempo_observe, key)  # the provider sees the read
+            g.call("tempokv_observe", self.tempokv.observe, key)  # the provider sees the read
             self._lookup_mod.lookup(key, tp_size)
         except Exception:
             log.exception("bsr lookup of %s failed: answering 0 chunks", rid)
@@ -189,7 +208,7 @@ class LookupHandlers(ModuleState):
         res = self._take_result(request_id)
         if res is not None:
             return res
-        if self._guard.run("tempokv_holding", False, self._tempo_holding, request_id):
+        if self._guard.run("tempokv_holding", False, self.tempokv.holding, request_id):
             return None  # held for committed staging: vLLM asks again
         known, chunks = self._probe_result(request_id, max(0.0, timeout or 0.0))
         if known:
@@ -235,7 +254,7 @@ class LookupHandlers(ModuleState):
         """bsrctl's books of the request (each under the guard), then LMCache's own."""
         g = self._guard
         g.call("clear_marker", self._clear_marker, request_id, "teardown")
-        g.call("tempokv_ended", self._tempo_ended, request_id)
+        g.call("tempokv_ended", self.tempokv.ended, request_id)
         g.call("stock_release", self._stock_release, request_id, None)
         with self._lock:
             self._modes.pop(request_id, None)

@@ -6,7 +6,7 @@ import threading
 import time
 from collections import Counter, deque
 
-from bsrkv.lmcache_ext.protocol import MarkerEvent, MarkersReply
+from bsrkv.lmcache_ext.bsr.protocol import MarkerEvent, MarkersReply
 from bsrkv.restore.markers import ForceLocalMarkers
 
 MARKER_HISTORY = 256  # force-local marker events kept for bsr.markers

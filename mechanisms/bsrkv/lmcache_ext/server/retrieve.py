@@ -18,8 +18,8 @@ from lmcache.v1.multiprocess.custom_types import IPCCacheServerKey
 from lmcache.v1.multiprocess.native_completion import submit_callback_to_stream
 from lmcache.v1.multiprocess.request_handler import HandlerType, request_handler
 
-from bsrkv.lmcache_ext.mp_storage import MPBlockDestination, layout_bytes
-from bsrkv.lmcache_ext.protocol import ReadbackTotals, RestoreOutcomeSummary
+from bsrkv.lmcache_ext.bsr.mp_storage import MPBlockDestination, layout_bytes
+from bsrkv.lmcache_ext.bsr.protocol import ReadbackTotals, RestoreOutcomeSummary
 from bsrkv.lmcache_ext.server.state import Mode, ModuleState, log, unsupported_reason
 from bsrkv.restore.plan import confirm_plan
 from bsrkv.restore.types import RestoreOutcome, RestoreRequest, RowId, RowKeys
@@ -69,7 +69,8 @@ class RetrieveHandlers(ModuleState):
                         key, instance_id, gpu_block_ids, event_ipc_handle, skip_first_n_tokens
                     )
                 finally:
-                    self._guard.call("tempokv_retrieved", self._tempo_retrieved, rid, key.worker_id)
+                    tempo = self.tempokv
+                    self._guard.call("tempokv_retrieved", tempo.retrieved, rid, key.worker_id)
             return self._windowed_retrieve(
                 key, instance_id, gpu_block_ids, event_ipc_handle, skip_first_n_tokens
             )

@@ -26,9 +26,10 @@ from lmcache.v1.multiprocess.modules.lookup import LookupModule
 
 from bsrkv.control_token import CONTROL_TOKEN_ENV, CONTROL_TOKEN_KEY, server_token
 from bsrkv.hostguard import Guard
-from bsrkv.lmcache_ext.mp_storage import ServerRestoreStorage
-from bsrkv.lmcache_ext.protocol import LastProbe, RestoreOutcomeSummary
+from bsrkv.lmcache_ext.bsr.mp_storage import ServerRestoreStorage
+from bsrkv.lmcache_ext.bsr.protocol import LastProbe, RestoreOutcomeSummary
 from bsrkv.lmcache_ext.server.config import ServerConfigError, ServerModuleConfig
+from bsrkv.lmcache_ext.server.hooks import NO_TEMPOKV, TempoKVHooks
 from bsrkv.lmcache_ext.server.markers import RecordingMarkers
 from bsrkv.restore.gauge import RestorePoolGauge
 from bsrkv.restore.restorer import BoundedRestorer
@@ -67,6 +68,7 @@ class ModuleState:
     the answer LMCache's own module gave or would give."""
 
     def __init__(self, build_ctx: ExtServerModuleBuildContext) -> None:
+        self.tempokv: TempoKVHooks = NO_TEMPOKV  # the factory composes TempoKV in
         self._guard = Guard("bsrkv.lmcache_ext.server", log)
         self._ctx = build_ctx.server_context
         raw = dict(build_ctx.config or {})
@@ -131,24 +133,41 @@ class ModuleState:
             f" ({self.degraded})" if self.degraded else "",
         )
 
-    # ---- TempoKV hooks (``server.tempokv`` overrides them; off: no effect) -------------
-    def _tempo_gate(self, key: Any, tp_size: int) -> bool:
-        return False  # True: the lookup is held for committed staging
+    # ---- what the TempoKV component asks of the module (tempokv.component.ServerSide) --
+    @property
+    def guard(self) -> Guard:
+        return self._guard
 
-    def _tempo_holding(self, request_id: str) -> bool:
-        return False
+    @property
+    def chunk_size(self) -> int:
+        return int(self._ctx.chunk_size)
 
-    def _tempo_observe(self, key: Any) -> None:
-        return None  # a stock lookup that reads L2 itself
+    def count(self, name: str, n: int = 1) -> None:
+        self._count(name, n)
 
-    def _tempo_stock_done(self, request_id: str, chunks: int) -> None:
-        return None  # its prefetch reported done
+    def counters_with(self, prefix: str) -> dict[str, int]:
+        with self._lock:
+            return {k: v for k, v in self._counters.items() if k.startswith(prefix)}
 
-    def _tempo_retrieved(self, request_id: str, rank: int | None = None) -> None:
-        return None
+    def looked_up(self, request_id: str) -> bool:
+        with self._lock:
+            return request_id in self._modes
 
-    def _tempo_ended(self, request_id: str) -> None:
-        return None
+    def prefetch_storage(self) -> ServerRestoreStorage:
+        return ServerRestoreStorage(self._sm, self._layouts_of, staging="prefetch")
+
+    def hold_as_stock(self, key: IPCCacheServerKey) -> None:
+        with self._lock:
+            self._modes[key.request_id] = Mode.STOCK
+            self._stock_keys[key.request_id] = key
+
+    def stock_lookup(self, key: IPCCacheServerKey, tp_size: int) -> None:
+        self._count("lookups_stock")
+        self._lookup_mod.lookup(key, tp_size)
+
+    def answer_zero(self, request_id: str) -> None:
+        with self._lock:
+            self._results[request_id] = 0
 
     def _apply_config(self, cfg: ServerModuleConfig, only_when_idle: bool = False) -> None:
         """(Re)build the storage side and the restorer; gauge and markers carry over. With

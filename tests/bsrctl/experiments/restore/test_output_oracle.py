@@ -11,7 +11,7 @@ from bsrctl.experiments.restore import acceptance as acc
 from bsrctl.stack.contracts.readback import SCRATCH_NOTE, readback_measures
 from bsrctl.stack.launch.batch_invariance import batch_invariance
 from bsrctl.stack.measure.canonical_outputs import Reference, divergence
-from bsrkv.lmcache_ext.protocol import ReadbackTotals, RestoreOutcomeSummary
+from bsrkv.lmcache_ext.bsr.protocol import ReadbackTotals, RestoreOutcomeSummary
 
 from .test_acceptance import SHA_A, SHA_B, serving_measures, verdicts
 

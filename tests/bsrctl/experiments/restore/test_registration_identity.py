@@ -13,7 +13,7 @@ import yaml
 from bsrctl.evidence import Verdict, load_evidence
 from bsrctl.experiments.restore import acceptance as acc
 from bsrctl.registration.tiny import tiny_llama_cpu
-from bsrkv.lmcache_ext.protocol import (
+from bsrkv.lmcache_ext.bsr.protocol import (
     LiveEngineGroup,
     LiveGroup,
     LiveRegistration,

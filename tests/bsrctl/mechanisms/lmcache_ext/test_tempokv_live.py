@@ -26,9 +26,9 @@ from lmcache.v1.distributed.storage_manager import StorageManager
 from bsrctl.stack.launch.extensions import odirect_allowed
 from bsrkv.clock import VirtualClock
 from bsrkv.lmcache_ext.faults.adapter import BsrFaultL2AdapterConfig
-from bsrkv.lmcache_ext.storage import LMCacheRestoreStorage
-from bsrkv.lmcache_ext.tempokv_device import LiveObject
-from bsrkv.lmcache_ext.tempokv_live import LiveConfig, LiveTempo
+from bsrkv.lmcache_ext.bsr.storage import LMCacheRestoreStorage
+from bsrkv.lmcache_ext.tempokv.device import LiveObject
+from bsrkv.lmcache_ext.tempokv.live import LiveConfig, LiveTempo
 from bsrkv.restore.types import RowId
 from bsrkv.tempokv.claims import ClaimState
 from bsrkv.tempokv.controller import RetrievalGrant

@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 from lmcache.v1.distributed.storage_manager import StorageManager
 
 from bsrkv.clock import VirtualClock
-from bsrkv.lmcache_ext.storage import LMCacheRestoreStorage
-from bsrkv.lmcache_ext.tempokv_live import LiveConfig, LiveTempo
+from bsrkv.lmcache_ext.bsr.storage import LMCacheRestoreStorage
+from bsrkv.lmcache_ext.tempokv.live import LiveConfig, LiveTempo
 from bsrkv.tempokv.claims import ClaimState
 from bsrkv.tempokv.controller import RetrievalGrant
 from bsrkv.tempokv.kv import Manifest
@@ -269,7 +269,7 @@ def test_device_progress_is_the_shaped_l2s_fifo_schedule() -> None:
     served from when the one before it ended, really or on the schedule, never two at once
     (crediting each op its own elapsed time counted the overlap twice); an open op the
     schedule has done has 1 byte left. 64 B/s and eighths of a second: exact bytes."""
-    from bsrkv.lmcache_ext.tempokv_device import LmcStagingDevice
+    from bsrkv.lmcache_ext.tempokv.device import LmcStagingDevice
     from bsrkv.tempokv.provider import OpKind
 
     now = [0.0]
@@ -299,7 +299,7 @@ def test_device_progress_pays_the_shaped_l2s_latency_per_op() -> None:
     """Each op pays the shaped L2's per-op latency before its bytes move (the estimate left
     it out): 32 B at 64 B/s after 0.125 s is done at 0.625, the next op's bytes move from
     0.75."""
-    from bsrkv.lmcache_ext.tempokv_device import LmcStagingDevice
+    from bsrkv.lmcache_ext.tempokv.device import LmcStagingDevice
     from bsrkv.tempokv.provider import OpKind
 
     now = [0.0]

@@ -1,4 +1,4 @@
-"""TempoKV's bulk staging reads (``tempokv_readahead``): an address range of a file mapping
+"""TempoKV's bulk staging reads (``tempokv.readahead``): an address range of a file mapping
 read into the page cache with ``readahead(2)`` in aligned 1 MiB pieces (one device request
 each), exact pieces and offsets; and on a real file, exactly the staged pages resident."""
 
@@ -13,7 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from bsrctl.stack.launch.fast_tier import resident_bytes
-from bsrkv.lmcache_ext.tempokv_readahead import PIECE, Mapping, Stager, file_mappings, pieces
+from bsrkv.lmcache_ext.tempokv.readahead import PIECE, Mapping, Stager, file_mappings, pieces
 
 MIB = 1 << 20
 MAPS = (

@@ -20,8 +20,8 @@ from lmcache.v1.multiprocess.ext_server_module import iter_server_module_handler
 
 from bsrkv import control_token  # noqa: E402
 from bsrkv.control_token import MUTATING, READ_ONLY  # noqa: E402
+from bsrkv.lmcache_ext.bsr.protocol import RefusedReply  # noqa: E402
 from bsrkv.lmcache_ext.faults.control import fault_stats  # noqa: E402
-from bsrkv.lmcache_ext.protocol import RefusedReply  # noqa: E402
 from bsrkv.lmcache_ext.server.guard import GUARDED  # noqa: E402
 from bsrkv.tempokv import wire  # noqa: E402
 
@@ -73,7 +73,7 @@ def snapshot(server) -> dict[str, Any]:
         "peak": m.peak().to_json(),
         "counters": dict(m.status().counters),
         "fault_rules": fault_stats(server.fault_name)["rules"],
-        "tempo": m._tempo,
+        "tempo": m.tempokv.live,
     }
 
 
@@ -131,7 +131,7 @@ def test_the_right_token_runs_every_mutating_method(bsr_sm_server) -> None:
     assert out["ok"] and fault_stats(server.fault_name)["rules"] == 1
     assert json.loads(calls["bsr.reset_peak"](authed()))["after"]["l1_used_bytes"] == 0
     out = json.loads(calls["tempokv.configure"](authed(tempo_config())))
-    assert out["ok"] and server.module._tempo is not None
+    assert out["ok"] and server.module.tempokv.live is not None
     update = wire.UpdateRequest(0.0, (), (), (), {}, {}).to_json()
     assert not wire.UpdateReply.from_json(json.loads(calls["tempokv.update"](authed(update)))).off
     json.loads(calls["tempokv.configure"](authed({"config": None})))  # off again

@@ -21,14 +21,9 @@ from bsr_inprocess import (  # noqa: E402
 )
 from lmcache.v1.multiprocess.custom_types import IPCCacheServerKey  # noqa: E402
 
-from bsrkv.lmcache_ext import extensions  # noqa: E402
-from bsrkv.lmcache_ext.faults.control import (  # noqa: E402
-    clear_fault_rules,
-    fault_stats,
-    set_fault_rules,
-)
-from bsrkv.lmcache_ext.mp_storage import InstallRefused, MPBlockDestination  # noqa: E402
-from bsrkv.lmcache_ext.protocol import (  # noqa: E402
+from bsrkv.lmcache_ext.bsr import extensions  # noqa: E402
+from bsrkv.lmcache_ext.bsr.mp_storage import InstallRefused, MPBlockDestination  # noqa: E402
+from bsrkv.lmcache_ext.bsr.protocol import (  # noqa: E402
     ConfigureReply,
     ForgetReply,
     MarkersReply,
@@ -36,6 +31,11 @@ from bsrkv.lmcache_ext.protocol import (  # noqa: E402
     ProtocolError,
     ResetPeakReply,
     StatusReply,
+)
+from bsrkv.lmcache_ext.faults.control import (  # noqa: E402
+    clear_fault_rules,
+    fault_stats,
+    set_fault_rules,
 )
 from bsrkv.restore.types import FailureKind, Window  # noqa: E402
 
@@ -177,6 +177,23 @@ def test_configure_switches_window_at_run_time(bsr_sm_server) -> None:
     out = json.loads(server.module.bsr_configure(authed({"admission_budget_chunks": 1})))
     assert not out["ok"] and "B >= W" in out["error"]
     assert server.module.window_chunks == 4
+
+
+def test_configure_reads_its_request_strictly_naming_the_key(bsr_sm_server) -> None:
+    # the typed ConfigureRequest: an unknown, launch-time or mistyped key changes nothing
+    server = bsr_sm_server(8 * C_BYTES, window_chunks=2)
+    what = "bsr.configure request"
+    for body, error in (
+        ({"window_chunk": 4}, f"{what}: missing keys [], unexpected keys ['window_chunk']"),
+        ({"load_concurrency": 4}, f"{what}: missing keys [], unexpected keys ['load_concurrency']"),
+        ({"window_chunks": "4"}, f"{what}.window_chunks: expected int, got '4'"),
+        ({"readback": 1}, f"{what}.readback: expected bool, got 1"),
+    ):
+        out = ConfigureReply.from_json(json.loads(server.module.bsr_configure(authed(body))))
+        assert (out.ok, out.error) == (False, error)
+        assert server.module.window_chunks == 2
+    out = json.loads(server.module.bsr_configure(authed({"window_staging": "prefetch"})))
+    assert out["ok"] and out["config"]["window_staging"] == "prefetch"
 
 
 def test_configure_is_refused_while_a_retrieve_is_inside_arestore(bsr_sm_server) -> None:

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from bsrkv.lmcache_ext.protocol import HoldsReply
+from bsrkv.lmcache_ext.bsr.protocol import HoldsReply
 from bsrkv.lmcache_ext.server import holds
 from bsrkv.lmcache_ext.server.holds import l2_holds, leading_whole
 

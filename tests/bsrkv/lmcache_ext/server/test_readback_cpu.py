@@ -24,7 +24,7 @@ from lmcache.v1.platform.base.event_ipc import get_event_ipc_backend  # noqa: E4
 from lmcache.v1.platform.cache_context import create_cache_context  # noqa: E402
 from lmcache.v1.platform.kv_wrap import _release_partial_kv_wrappers, wrap_kv_caches  # noqa: E402
 
-from bsrkv.lmcache_ext.mp_storage import MPBlockDestination  # noqa: E402
+from bsrkv.lmcache_ext.bsr.mp_storage import MPBlockDestination  # noqa: E402
 from bsrkv.restore import (  # noqa: E402
     BoundedRestorer,
     EventKind,

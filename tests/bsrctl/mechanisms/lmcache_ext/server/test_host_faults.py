@@ -17,7 +17,7 @@ from bsr_inprocess import C_BYTES, CHUNK, TOKEN, authed
 from bsrctl.evidence.guards import GuardDelta, extensions_healthy
 from bsrctl.prompts import prompt_ids
 from bsrctl.stack.contracts.guards import LMCACHE, lmcache_guards
-from bsrkv.lmcache_ext.protocol import FailedReply, StatusReply
+from bsrkv.lmcache_ext.bsr.protocol import FailedReply, StatusReply
 from bsrkv.tempokv import wire
 from bsrkv.trace import spans
 from tests.bsrctl.mechanisms.lmcache_ext.server.test_tempokv_handlers import (
@@ -108,7 +108,7 @@ def test_a_failing_tempokv_hook_leaves_lmcaches_own_answer(
         update(server, ["r"], {"r": hit(tokens)}, ["r"])
         if policy == "immediate":  # its staging done (a lookup beside it races its prefetch)
             until("r stage-ready", lambda: states(server).get("r") == "STAGEREADY")
-        tempo = server.module._tempo
+        tempo = server.module.tempokv.live
         fault = boom
         if target == "wait_ready":  # fails once the staging it waited for is done: LMCache's
             # lookup beside a prefetch of the same keys still in flight answers 0 (its race)
@@ -149,7 +149,8 @@ def test_the_stock_retrieve_and_store_keep_lmcaches_answer(
             return b"stored", True
 
     monkeypatch.setattr(mod, "_transfer_mod", Transfer())
-    for name in ("_tempo_retrieved", "_stock_release", "_record_outcome", "_clear_marker"):
+    monkeypatch.setattr(mod.tempokv, "retrieved", boom)
+    for name in ("_stock_release", "_record_outcome", "_clear_marker"):
         monkeypatch.setattr(mod, name, boom)
     monkeypatch.setenv(spans.ENDPOINT_ENV, "unix:///nowhere")
     monkeypatch.setitem(spans._remote, "tracer", Raising())
@@ -273,7 +274,7 @@ def test_a_controller_that_raises_answers_turned_off(seeded, monkeypatch) -> Non
     server, tokens = seeded
     turn_on(server, "immediate")
     try:
-        monkeypatch.setattr(server.module._tempo, "update", boom)
+        monkeypatch.setattr(server.module.tempokv.live, "update", boom)
         assert update(server, ["a"], {"a": hit(tokens)}, ["a"]) == wire.UpdateReply.turned_off()
         assert server.module._guard.counts() == {"tempokv_update": 1}
     finally:

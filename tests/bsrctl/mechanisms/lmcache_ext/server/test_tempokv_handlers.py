@@ -20,7 +20,9 @@ from lmcache.v1.multiprocess.custom_types import IPCCacheServerKey
 
 from bsrctl.prompts import prompt_ids
 from bsrkv.control_token import sealed
-from bsrkv.lmcache_ext.protocol import FailedReply
+from bsrkv.lmcache_ext.bsr.protocol import FailedReply
+from bsrkv.lmcache_ext.server.hooks import NO_TEMPOKV
+from bsrkv.lmcache_ext.tempokv.component import TempoKVComponent
 from bsrkv.tempokv import wire
 from bsrkv.tempokv.kv import Manifest
 
@@ -93,7 +95,7 @@ def test_immediate_claim_staged_found_by_lookup_and_released(bsr_sm_server) -> N
         assert st.locked_bytes_now == N_CHUNKS * C_BYTES  # pinned in L1
         assert server.l1_used() >= N_CHUNKS * C_BYTES
         assert server.lookup(tokens, "r1") == N_CHUNKS  # the stock lookup finds it
-        server.module._tempo_retrieved("r1")  # what retrieve() calls after the transfer
+        server.module.tempokv.retrieved("r1", None)  # what retrieve() calls after the transfer
         # protection ends on TempoKV's loop, after the retrieve's reply (woken at once)
         until("r1 released", lambda: states(server).get("r1") == "RELEASED")
         st = status(server)
@@ -114,7 +116,7 @@ def test_demand_holds_the_lookup_until_stage_ready(bsr_sm_server) -> None:
     turn_on(server, "demand")
     try:
         update(server, ["r2"], {"r2": hit(tokens)}, ["r2"])
-        tempo = server.module._tempo
+        tempo = server.module.tempokv.live
         reported = tempo.clock.now()
         # the loop has run the controller's ticks (0.02 s) for 0.1 s after the report: it
         # sampled (one pass: events due run first) at least that long after
@@ -141,7 +143,24 @@ def test_off_and_bad_config(bsr_sm_server) -> None:
     assert call(server, "tempokv.status", {}) == wire.OFF_STATUS
     bad = configure(server, config("oracle"))
     assert (bad.ok, bad.config) == (False, None) and "simulation only" in (bad.error or "")
-    assert server.module._tempo is None
+    assert server.module.tempokv.live is None
+
+
+def test_the_factory_composes_tempokv_a_module_without_it_answers_off(
+    bsr_sm_server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    server = bsr_sm_server(64 * C_BYTES, window_chunks=0)
+    assert type(server.module.tempokv) is TempoKVComponent
+    monkeypatch.setattr(server.module, "tempokv", NO_TEMPOKV)  # as BsrServerModule(ctx) holds
+    assert call(server, "tempokv.status", {}) == wire.OFF_STATUS
+    assert update(server, ["x"], {}, ["x"]) == wire.UpdateReply.turned_off()
+    got = configure(server, config("immediate"))
+    assert got == wire.ConfigureReply(
+        False, None, "TempoKV is not composed into this server module"
+    )
+    tokens = prompt_ids("tk-none", N_CHUNKS * CHUNK, 1000)
+    server.seed(tokens)
+    assert server.lookup(tokens, "r") == N_CHUNKS  # the stock lookup, nothing held
 
 
 def test_a_config_for_another_chunk_size_is_refused_naming_both(bsr_sm_server) -> None:
@@ -152,7 +171,7 @@ def test_a_config_for_another_chunk_size_is_refused_naming_both(bsr_sm_server) -
         f"config.chunk_tokens {4 * CHUNK} is not this server's chunk size {CHUNK} "
         "(--chunk-size): the claims' objects would be the wrong chunks",
     )  # fmt: skip
-    assert server.module._tempo is None
+    assert server.module.tempokv.live is None
 
 
 @pytest.mark.parametrize(
@@ -198,7 +217,7 @@ def test_an_unclaimed_stock_lookup_is_observed_until_its_prefetch_is_done(bsr_sm
     server.seed(tokens)
     turn_on(server, "demand")
     try:
-        tempo = server.module._tempo
+        tempo = server.module.tempokv.live
         with tempo.lock:  # the lookup registers its read; no prefetch status asked yet
             server.module.lookup(key(tokens, "u1"), 1)
             (view,) = tempo.provider.ttr_query(Manifest(())).ops
@@ -228,7 +247,7 @@ def test_a_stock_lookup_ended_before_its_prefetch_leaves_nothing_queued(bsr_sm_s
     server.seed(tokens)
     turn_on(server, "demand")
     try:
-        tempo = server.module._tempo
+        tempo = server.module.tempokv.live
         with tempo.lock:
             server.module.lookup(key(tokens, "u2"), 1)
             server.module.end_session("u2")  # torn down before any status was asked
@@ -257,7 +276,7 @@ def test_on_the_flash_tier_a_held_lookups_lmcache_lookup_runs_at_once(bsr_sm_ser
     got = configure(server, config("demand", tier="dax"))
     assert got.ok, got
     try:
-        device = server.module._tempo.device
+        device = server.module.tempokv.live.device
         staged, load = threading.Event(), device._load
 
         def held_load(op):  # the staging thread waits for the test before its mlocks
@@ -278,7 +297,7 @@ def test_on_the_flash_tier_a_held_lookups_lmcache_lookup_runs_at_once(bsr_sm_ser
         assert st.retrievals == {"d1": "WAIT"}
         assert [s for _, s in st.claims["d1"]] == ["PLANNED", "STAGING", "STAGEREADY"]
         assert st.locked_bytes_now == N_CHUNKS * C_BYTES  # mlocked in the arena until its retrieve
-        server.module._tempo_retrieved("d1", 0)
+        server.module.tempokv.retrieved("d1", 0)
         until("d1 released", lambda: states(server).get("d1") == "RELEASED")
         assert status(server).locked_bytes_now == 0
         server.module.end_session("d1")

@@ -13,7 +13,7 @@
 
 Nothing here blocks on L2: a prefetch is polled with a zero timeout (``poll``). A device
 that learns of an op's end on a thread of its own calls ``wake`` then, so the loop that polls
-it looks at once instead of at its next pass (``tempokv_dax``).
+it looks at once instead of at its next pass (``tempokv.flash``).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import Any
 
 from lmcache.v1.distributed.api import ObjectKey
 
-from bsrkv.lmcache_ext.storage import LMCacheTicket
+from bsrkv.lmcache_ext.bsr.storage import LMCacheTicket
 from bsrkv.restore.types import RestoreRequest, RowId, RowKeys, Window
 from bsrkv.tempokv.kv import KvObject
 from bsrkv.tempokv.provider import OpKind

@@ -2,9 +2,9 @@
 inside the server module, or an in-process one in tests).
 
 The mechanism is ``bsrctl.tempokv`` unchanged: ``Controller``, ``StagingProvider``, the
-policies and estimators. The device under the provider is ``tempokv_device`` (LOCK
+policies and estimators. The device under the provider is ``tempokv.device`` (LOCK
 prefetches; the locks are the pins), the provider's live additions and the pin sampler are
-``tempokv_provider``. What this module adds is the loop that drives them and the stock
+``tempokv.provider``. What this module adds is the loop that drives them and the stock
 lookup's own L2 reads:
 
 - the stock lookup's reads (a request with no claim, or a claim that went ORDINARY) share
@@ -33,9 +33,9 @@ from typing import Any
 
 from bsrkv.clock import WallClock
 from bsrkv.hostguard import Guard
-from bsrkv.lmcache_ext.tempokv_config import LiveConfig
-from bsrkv.lmcache_ext.tempokv_device import LiveObject, LmcStagingDevice
-from bsrkv.lmcache_ext.tempokv_provider import LiveStagingProvider, Samples, StockRead
+from bsrkv.lmcache_ext.tempokv.config import LiveConfig
+from bsrkv.lmcache_ext.tempokv.device import LiveObject, LmcStagingDevice
+from bsrkv.lmcache_ext.tempokv.provider import LiveStagingProvider, Samples, StockRead
 from bsrkv.tempokv.claims import ClaimState
 from bsrkv.tempokv.controller import Controller, RetrievalGrant
 from bsrkv.tempokv.kv import Manifest
@@ -61,7 +61,7 @@ class LiveTempo:
         self.config = config
         self.clock = clock if clock is not None else WallClock()
         if config.tier == "dax":
-            from bsrkv.lmcache_ext.tempokv_dax import DaxStagingDevice
+            from bsrkv.lmcache_ext.tempokv.flash import DaxStagingDevice
 
             self.device: LmcStagingDevice = DaxStagingDevice(
                 storage, self.clock.now, config.prior_bytes_s, config.prior_latency_s,

@@ -1,10 +1,14 @@
-"""TempoKV inside the server module: the ``tempokv.*`` methods and the retrieval hooks.
+"""TempoKV as a component of the server module: the ``tempokv.*`` methods' logic and the
+retrieval hooks (``bsrkv.lmcache_ext.server.hooks.TempoKVHooks``), given to the module by
+its factory. What it needs of the module is ``ServerSide``, named here.
+
 Every payload is a record of the TempoKV wire (``bsrkv.tempokv.wire``), read with
-``from_json`` (a missing or unknown key is refused, naming it); ``tempokv.configure`` and
-``tempokv.update`` run only for a caller holding the control token (``server.guard``):
+``from_json`` (a missing or unknown key is refused, naming it); the module answers
+``tempokv.configure`` and ``tempokv.update`` only for a caller holding the control token
+(``server.guard``):
 
 - ``tempokv.configure`` ``ConfigureRequest`` -> ``ConfigureReply``: (re)start the
-  controller and provider (``bsrkv.lmcache_ext.tempokv_live.LiveTempo``) over this
+  controller and provider (``tempokv.live.LiveTempo``) over this
   server's StorageManager; ``config: null`` turns TempoKV off. A config whose
   ``chunk_tokens`` is not this server's chunk size is refused, naming both.
 - ``tempokv.update`` (the vLLM runtime adapter, ``bsrkv.vllm_ext.scheduler``):
@@ -26,24 +30,60 @@ observed read end; its end_session cancels a claim still open and ends the read.
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 from concurrent.futures import Future
-from typing import Any
+from typing import Any, Protocol
 
 from lmcache.v1.multiprocess.custom_types import IPCCacheServerKey
 
-from bsrkv.lmcache_ext.mp_storage import ServerRestoreStorage
-from bsrkv.lmcache_ext.server.guard import handler, mutating
-from bsrkv.lmcache_ext.server.state import Mode, ModuleState, log
-from bsrkv.lmcache_ext.tempokv_config import LiveConfig
-from bsrkv.lmcache_ext.tempokv_device import LiveObject
-from bsrkv.lmcache_ext.tempokv_live import LiveTempo
+from bsrkv.hostguard import Guard
+from bsrkv.lmcache_ext.bsr.mp_storage import ServerRestoreStorage
+from bsrkv.lmcache_ext.tempokv.config import LiveConfig
+from bsrkv.lmcache_ext.tempokv.device import LiveObject
+from bsrkv.lmcache_ext.tempokv.live import LiveTempo
 from bsrkv.tempokv import wire
 from bsrkv.tempokv.controller import RetrievalGrant
 from bsrkv.trace.spans import server_event_span, server_span
 
+log = logging.getLogger("bsrkv.lmcache_ext.server")
+
 WAIT_READY_MAX_S = 40.0  # a held lookup never outlives vLLM's mq timeout (60 s)
+
+
+class ServerSide(Protocol):
+    """What the component asks of the server module (``server.state.ModuleState``)."""
+
+    @property
+    def guard(self) -> Guard: ...
+
+    @property
+    def chunk_size(self) -> int: ...
+
+    def count(self, name: str, n: int = 1) -> None: ...
+
+    def counters_with(self, prefix: str) -> dict[str, int]: ...
+
+    def looked_up(self, request_id: str) -> bool:
+        """Its lookup (= retrieval start) came already."""
+        ...
+
+    def prefetch_storage(self) -> ServerRestoreStorage:
+        """A storage over the server's StorageManager whose pins are prefetch read locks."""
+        ...
+
+    def key_objects(self, key: IPCCacheServerKey) -> list[LiveObject]:
+        """The complete hit prefix of a lookup key (a probe), one chunk column each."""
+        ...
+
+    def hold_as_stock(self, key: IPCCacheServerKey) -> None:
+        """The request goes the stock path (a status query answers "not yet" while held)."""
+        ...
+
+    def stock_lookup(self, key: IPCCacheServerKey, tp_size: int) -> None: ...
+
+    def answer_zero(self, request_id: str) -> None: ...
 
 
 def _json(obj: Any) -> bytes:
@@ -60,55 +100,49 @@ def _payload(raw: bytes) -> dict[str, Any]:
 _OFF_REPLY = _json(wire.UpdateReply.turned_off().to_json())
 
 
-class TempoKVHandlers(ModuleState):
-    _tempo: LiveTempo | None = None
-    _tempo_held: dict[str, Future[None]]
+class TempoKVComponent:
+    """TempoKV in one server module: off (``live`` None) until ``tempokv.configure``."""
 
-    def _tempo_init(self) -> None:
-        if not hasattr(self, "_tempo_held"):
-            self._tempo_held = {}
+    def __init__(self, side: ServerSide) -> None:
+        self._side = side
+        self.live: LiveTempo | None = None
+        self._held: dict[str, Future[None]] = {}
 
-    @mutating(wire.CONFIGURE)
-    def tempokv_configure(self, payload: bytes) -> bytes:
-        self._tempo_init()
+    def configure(self, body: bytes) -> bytes:
         try:
-            cfg = wire.ConfigureRequest.from_json(_payload(payload)).config
-            old, self._tempo = self._tempo, None
+            cfg = wire.ConfigureRequest.from_json(_payload(body)).config
+            old, self.live = self.live, None
             if old is not None:
                 old.close()
             if cfg is None:
                 return _json(wire.ConfigureReply(True, None, None).to_json())
-            chunk = self._ctx.chunk_size
+            chunk = self._side.chunk_size
             if cfg.chunk_tokens != chunk:
                 raise ValueError(
                     f"config.chunk_tokens {cfg.chunk_tokens} is not this server's chunk size "
                     f"{chunk} (--chunk-size): the claims' objects would be the wrong chunks"
                 )
             live = LiveConfig.from_json(cfg.to_json())
-            # TempoKV's pins are a prefetch's read locks (tempokv_device): staged by LMCache
-            storage = ServerRestoreStorage(self._sm, self._layouts_of, staging="prefetch")
-            self._tempo = LiveTempo(storage, live)
+            # TempoKV's pins are a prefetch's read locks (tempokv.device): staged by LMCache
+            self.live = LiveTempo(self._side.prefetch_storage(), live)
             return _json(wire.ConfigureReply(True, cfg, None).to_json())
         except Exception as e:
             return _json(wire.ConfigureReply(False, None, str(e)).to_json())
 
-    @handler(wire.STATUS)
-    def tempokv_status(self, payload: bytes) -> bytes:
-        tempo = self._tempo
+    def status(self) -> bytes:
+        tempo = self.live
         if tempo is None:
             return _json(wire.OFF_STATUS)
-        with self._lock:
-            counts = {k: v for k, v in self._counters.items() if k.startswith("tempokv_")}
+        counts = self._side.counters_with("tempokv_")
         # read back through the record: a key the live report renamed fails here, named
         status = wire.StatusReply.from_json({**tempo.report_json(), "reports_dropped": counts})
         log.info("tempokv status (%s): observed stock reads %s", status.policy,
                  json.dumps(status.observed_stock_reads.to_json(), sort_keys=True))  # fmt: skip
         return _json(status.to_json())
 
-    @mutating(wire.UPDATE)
-    def tempokv_update(self, payload: bytes) -> bytes:
-        req = wire.UpdateRequest.from_json(_payload(payload))
-        tempo = self._tempo
+    def update(self, body: bytes) -> bytes:
+        req = wire.UpdateRequest.from_json(_payload(body))
+        tempo = self.live
         if tempo is None:
             return _OFF_REPLY
         # on the server's one request thread, in front of the lookups behind it: its span
@@ -119,28 +153,26 @@ class TempoKVHandlers(ModuleState):
         with server_span("tempokv.update", attrs):
             # a controller that fails answers as one turned off: the adapter reads the
             # reply, vLLM's requests go the ordinary path
-            return self._guard.run("tempokv_update", _OFF_REPLY, self._tempo_update, tempo, req)
+            return self._side.guard.run("tempokv_update", _OFF_REPLY, self._update, tempo, req)
 
-    def _tempo_update(self, tempo: LiveTempo, req: wire.UpdateRequest) -> bytes:
+    def _update(self, tempo: LiveTempo, req: wire.UpdateRequest) -> bytes:
         hit_tokens: dict[str, int] = {}
         for rid, hit in req.hits.items():
-            with self._lock:
-                looked_up = rid in self._modes
-            if looked_up:
+            if self._side.looked_up(rid):
                 # its lookup (= retrieval start) came first: a claim now could only stage
                 # what the ordinary path is already reading
-                self._count("tempokv_reports_after_lookup")
+                self._side.count("tempokv_reports_after_lookup")
                 continue
             try:
-                objects = self._tempo_objects(rid, hit)
+                objects = self._objects(rid, hit)
             except Exception:
                 log.exception("tempokv: objects of %s not found: no claim", rid)
                 continue
-            hit_tokens[rid] = len(objects) * self._ctx.chunk_size
+            hit_tokens[rid] = len(objects) * self._side.chunk_size
             if objects:
                 tempo.report(rid, objects, hit.world_size)
             else:
-                self._count("tempokv_reports_no_hit")
+                self._side.count("tempokv_reports_no_hit")
         for rid in req.cancel:
             tempo.cancel(rid)
         tempo.update(list(req.order), req.ttus_s or None)
@@ -155,7 +187,7 @@ class TempoKVHandlers(ModuleState):
         )
         return _json(reply.to_json())
 
-    def _tempo_objects(self, rid: str, hit: wire.Hit) -> list[LiveObject]:
+    def _objects(self, rid: str, hit: wire.Hit) -> list[LiveObject]:
         """The claim's objects: the complete hit prefix, one chunk column each."""
         key = IPCCacheServerKey(
             model_name=hit.model_name,
@@ -168,50 +200,31 @@ class TempoKVHandlers(ModuleState):
             cache_salt=hit.cache_salt,
             num_kv_readers=hit.world_size,
         )
-        return self._tempo_key_objects(key)
-
-    def _tempo_key_objects(self, key: IPCCacheServerKey) -> list[LiveObject]:
-        """The complete hit prefix of a lookup key (probe: metadata only), one chunk column
-        each; a claim's and a lookup's objects of one document share their ids."""
-        model = key.model_name
-        attn_desc = self._ctx.layout_desc_registry.find_attn_desc(model, key.world_size)
-        hashes = self._ctx.token_hasher.compute_chunk_hashes(list(key.token_ids), end=key.end)
-        if not hashes:
-            return []
-        request = self._lookup_request(key, hashes, attn_desc)  # type: ignore[attr-defined]
-        plan = self.restorer.probe(request)
-        return [
-            LiveObject(
-                f"{model}/{hashes[j].hex()}",
-                tuple((r.row, r.keys[j], r.chunk_bytes) for r in request.rows),
-            )
-            for j in range(plan.prefix_chunks)
-        ]
+        return self._side.key_objects(key)
 
     # ---- hooks the lookup / retrieve handlers call -------------------------------------
-    def _tempo_gate(self, key: IPCCacheServerKey, tp_size: int) -> bool:
+    def gate(self, key: IPCCacheServerKey, tp_size: int) -> bool:
         """True when the lookup is held for committed staging (answered later). LMCache's
         own lookup always runs, whatever TempoKV did: a held request is never left without
         one (vLLM would wait on it to its mq timeout). On the flash tier it runs at once,
         beside the staging: every object is an L1 hit there, so it reads no byte, it only
         read-locks them, and the release has only its answer to give; on the DRAM tier it
         runs at the hold's end (it would read L2 beside the staging)."""
-        tempo = self._tempo
+        tempo = self.live
         if tempo is None:
             return False
-        self._tempo_init()
+        side = self._side
         rid = key.request_id
         grant = tempo.begin_retrieval(rid)
         if grant is not RetrievalGrant.WAIT:
             return False
         fut: Future[None] = Future()
         held_from = time.time_ns()
-        g = self._guard
+        g = side.guard
         early = tempo.config.tier == "dax"
 
         def look_up() -> None:
-            self._count("lookups_stock")
-            self._lookup_mod.lookup(key, tp_size)
+            side.stock_lookup(key, tp_size)
 
         def release() -> None:
             try:
@@ -226,42 +239,39 @@ class TempoKVHandlers(ModuleState):
                     look_up()
             except Exception:
                 log.exception("tempokv: held lookup of %s failed: answering 0 chunks", rid)
-                with self._lock:
-                    self._results[rid] = 0
+                side.answer_zero(rid)
             finally:
                 fut.set_result(None)
 
         # held before its mode says STOCK: a status query in between answers "not yet"
-        self._tempo_held[rid] = fut
-        with self._lock:
-            self._modes[rid] = Mode.STOCK
-            self._stock_keys[rid] = key
+        self._held[rid] = fut
+        side.hold_as_stock(key)
         if early:
             try:
                 look_up()
             except Exception:
-                self._tempo_held.pop(rid, None)
+                self._held.pop(rid, None)
                 raise  # not held: the caller's stock lookup runs
         try:
             threading.Thread(target=release, name=f"tempokv-hold-{rid}", daemon=True).start()
         except Exception:  # no thread: not held; the caller looks it up unless done here
-            self._tempo_held.pop(rid, None)
+            self._held.pop(rid, None)
             if early:
                 return True  # its lookup ran: answered as the stock path, on demand
             raise
         return True
 
-    def _tempo_holding(self, request_id: str) -> bool:
-        held = getattr(self, "_tempo_held", {}).get(request_id)
+    def holding(self, request_id: str) -> bool:
+        held = self._held.get(request_id)
         return held is not None and not held.done()
 
-    def _tempo_observe(self, key: IPCCacheServerKey) -> None:
+    def observe(self, key: IPCCacheServerKey) -> None:
         """The stock lookup of this key reads L2 itself: the provider sees that read."""
-        tempo = self._tempo
+        tempo = self.live
         if tempo is None:
             return
         try:
-            objects = self._tempo_key_objects(key)
+            objects = self._side.key_objects(key)
         except Exception:
             log.exception("tempokv: objects of %s not found: stock read not observed",
                           key.request_id)  # fmt: skip
@@ -269,20 +279,25 @@ class TempoKVHandlers(ModuleState):
         if objects:
             tempo.observe_stock(key.request_id, objects, key.world_size)
 
-    def _tempo_stock_done(self, request_id: str, chunks: int) -> None:
-        tempo = self._tempo
+    def stock_done(self, request_id: str, chunks: int) -> None:
+        tempo = self.live
         if tempo is not None:
             tempo.stock_done(request_id, chunks)
 
-    def _tempo_retrieved(self, request_id: str, rank: int | None = None) -> None:
+    def retrieved(self, request_id: str, rank: int | None) -> None:
         """A rank's retrieve ended: protection may end, on TempoKV's loop, after the
         retrieve's reply went back (munlock and the books are off the request's path)."""
-        tempo = self._tempo
+        tempo = self.live
         if tempo is not None:
             tempo.end_retrieval_later(request_id, rank)
 
-    def _tempo_ended(self, request_id: str) -> None:
-        getattr(self, "_tempo_held", {}).pop(request_id, None)
-        tempo = self._tempo
+    def ended(self, request_id: str) -> None:
+        self._held.pop(request_id, None)
+        tempo = self.live
         if tempo is not None:
             tempo.end_session(request_id)
+
+    def close(self) -> None:
+        live, self.live = self.live, None
+        if live is not None:
+            live.close()

@@ -1,7 +1,7 @@
 """The two sides of a bounded restore inside the LMCache MP server.
 
 - ``ServerRestoreStorage``: the storage side (``bsrkv.restore.protocols.RestoreStorage``)
-  is ``bsrkv.lmcache_ext.storage.LMCacheRestoreStorage`` over the server's
+  is ``bsrkv.lmcache_ext.bsr.storage.LMCacheRestoreStorage`` over the server's
   own ``StorageManager`` (L1 = staging pool, L2 adapters = the tier restored from),
   one instance per registration (model, world size), with the layouts taken from the
   server's layout registry, an L1 sampling hook when a window is fully staged, and a
@@ -25,8 +25,8 @@ from typing import Any
 from lmcache.logging import init_logger
 from lmcache.v1.distributed.api import MemoryLayoutDesc, ObjectKey
 
-from bsrkv.lmcache_ext.readback import SliceReader
-from bsrkv.lmcache_ext.storage import LMCacheRestoreStorage
+from bsrkv.lmcache_ext.bsr.readback import SliceReader
+from bsrkv.lmcache_ext.bsr.storage import LMCacheRestoreStorage
 from bsrkv.restore.readback import ReadbackResult
 from bsrkv.restore.types import RestoreRequest, RowId, StageResult, Window
 
@@ -238,7 +238,7 @@ class MPBlockDestination:
         num_chunks: int,
     ) -> ReadbackResult:
         """The slice the window's install wrote, copied back with LMCache's store copy and
-        compared with the staged objects (``bsrkv.lmcache_ext.readback``)."""
+        compared with the staged objects (``bsrkv.lmcache_ext.bsr.readback``)."""
         if self._reader is None:
             self._reader = SliceReader(
                 self.cache_context, lambda: self.sync(request_id), self.transfer_key + "-rb"

@@ -6,7 +6,7 @@ is read from flash when touched. So a staging op here is:
 
 1. a LOCK prefetch of its objects' keys, as on the DRAM tier: they are L1 hits, read-locked
    at once, so LMCache neither evicts nor reuses their arena ranges while protected;
-2. the object's arena range read in bulk (``tempokv_readahead``: ``readahead(2)`` in 1 MiB
+2. the object's arena range read in bulk (``tempokv.readahead``: ``readahead(2)`` in 1 MiB
    pieces, each one request to the flash, so bound by its bandwidth, where a 4 KiB fault is
    bound by its request rate), then ``mlock``-ed (``page_lock.PageLocker``): the pages are
    resident by then and stay until ``munlock``. Ops run one at a time, in issue order (one
@@ -31,11 +31,11 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from bsrkv.lmcache_ext.page_lock import PageLocker
-from bsrkv.lmcache_ext.storage import LMCacheTicket
-from bsrkv.lmcache_ext.tempokv_device import LiveObject, LmcStagingDevice, StageRecord, _Op
-from bsrkv.lmcache_ext.tempokv_device import _trace_stage as trace_stage
-from bsrkv.lmcache_ext.tempokv_readahead import Stager
+from bsrkv.lmcache_ext.bsr.storage import LMCacheTicket
+from bsrkv.lmcache_ext.tempokv.device import LiveObject, LmcStagingDevice, StageRecord, _Op
+from bsrkv.lmcache_ext.tempokv.device import _trace_stage as trace_stage
+from bsrkv.lmcache_ext.tempokv.page_lock import PageLocker
+from bsrkv.lmcache_ext.tempokv.readahead import Stager
 
 log = logging.getLogger(__name__)
 DRAIN_S = 30.0  # at close: how long an mlock in flight may still take

@@ -1,4 +1,5 @@
-"""The replies of the server module's ``bsr.*`` methods: one typed definition for both sides.
+"""The ``bsr.*`` wire: the replies of the server module's methods and the one structured
+request (``bsr.configure``'s), one typed definition for both sides.
 
 The server's handlers build these and send ``to_json()`` (``json.dumps(..., sort_keys=True)``);
 a client reads them back with ``from_json()``, which raises ``ProtocolError`` on a missing,
@@ -11,10 +12,10 @@ reader and writer. Rank-keyed maps are ``dict[int, int]`` here, string-keyed on 
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Self
+from typing import Any, ClassVar, Literal, Self
 
 from bsrkv.control_token import REFUSED
-from bsrkv.lmcache_ext.protocol_base import ByRank, ProtocolError, Reply
+from bsrkv.lmcache_ext.bsr.protocol_base import ByRank, ProtocolError, Reply
 
 SCHEMA = "bsrkv.lmcache_ext/1"
 
@@ -273,6 +274,38 @@ class ForgetReply(Reply):
     l1_used_bytes_after: int
     force: bool  # locked objects were dropped too
     waited_s: float
+
+
+class ConfigureRequest(Reply, frozen=True, omit_defaults=True):
+    """``bsr.configure``'s request: the settings a run changes between requests, each
+    absent (None) when unchanged. The server reads it with ``from_json`` (an unknown or
+    mistyped key is refused, naming it), then validates the merged config (B >= W, bounds).
+    The other settings (load concurrency, checksums, O_DIRECT) are the adapters', fixed
+    when LMCache loaded them."""
+
+    WHAT: ClassVar[str] = "bsr.configure request"
+    OPTIONAL: ClassVar[frozenset[str]] = frozenset(
+        {"window_chunks", "admission_budget_chunks", "readback", "window_staging"}
+        | {"window_timeout_s", "probe_timeout_s", "admission_timeout_s"}
+        | {"retrieve_deadline_s", "drain_timeout_s", "stall_guard_s"}
+        | {"test_only_fail_install_window"}
+    )
+
+    window_chunks: int | None = None  # W; 0 = the stock whole-plan path
+    admission_budget_chunks: int | None = None  # B; 0 means B = W
+    readback: bool | None = None
+    window_staging: Literal["direct", "prefetch"] | None = None
+    window_timeout_s: float | None = None
+    probe_timeout_s: float | None = None
+    admission_timeout_s: float | None = None
+    retrieve_deadline_s: float | None = None
+    drain_timeout_s: float | None = None
+    stall_guard_s: float | None = None
+    test_only_fail_install_window: int | None = None  # TEST ONLY (the server's config)
+
+    def changes(self) -> dict[str, Any]:
+        """The settings this request changes (its keys on the wire)."""
+        return self.to_json()
 
 
 class ConfigureReply(Reply, frozen=True, omit_defaults=True):

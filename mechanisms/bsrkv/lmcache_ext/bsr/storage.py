@@ -5,7 +5,7 @@
   while the adapters work; then each L2 result is collected and ``submit_unlock``-ed. Hit =
   resident in L1 or in any L2. Nothing is staged or locked afterwards.
 - stage (``staging="direct"``, BSR's windows on a single L1): the restoring thread stages
-  the window itself (``bsrkv.lmcache_ext.windows``: L1 read locks, L2 lookups, staging
+  the window itself (``bsrkv.lmcache_ext.bsr.windows``: L1 read locks, L2 lookups, staging
   objects, loads), without the prefetch controller's per-window cost.
 - stage (``staging="prefetch"``, the constructor's default: TempoKV's staging ops, the whole
   plan, or several L1 managers): ``submit_prefetch_task`` of the
@@ -44,7 +44,7 @@ from lmcache.v1.distributed.api import (
 )
 from lmcache.v1.distributed.storage_manager import StorageManager
 
-from bsrkv.lmcache_ext.windows import DirectTicket, DirectWindows
+from bsrkv.lmcache_ext.bsr.windows import DirectTicket, DirectWindows
 from bsrkv.registration import Registration
 from bsrkv.restore.types import RestoreRequest, RowId, StageResult, Window
 

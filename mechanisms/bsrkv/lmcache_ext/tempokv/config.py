@@ -22,7 +22,7 @@ class LiveConfig:
     static_rate_bytes_s: float | None = None  # TempoKV-Static (default: the prior)
     tick_s: float = 0.05
     chunk_tokens: int = 256
-    tier: str = "l2"  # "dax": L1 is the flash tier's arena, staging is mlock (tempokv_dax)
+    tier: str = "l2"  # "dax": L1 is the flash tier's arena, staging is mlock (tempokv.flash)
 
     @classmethod
     def from_json(cls, raw: Mapping[str, Any]) -> LiveConfig:
