@@ -70,7 +70,7 @@ def test_attach_page_holds_the_command_lines_tests_attach_starts() -> None:
     op = _operator_stack()
     lmcache, vllm = op.readme_block("lmcache"), op.readme_block("vllm")
     faults = op.readme_block("lmcache-l2-faults")
-    assert [w for w in lmcache if w.startswith("BSRCTL_CONTROL_TOKEN=")]
+    assert [w for w in lmcache if w.startswith("BSRKV_CONTROL_TOKEN=")]
     assert lmcache[lmcache.index("--l1-size-gb") + 1]  # the value operator_stack replaces
     assert "--server-module" in lmcache and "--l2-adapter" in lmcache
     assert "--enable-prompt-tokens-details" in vllm and "VLLM_SERVER_DEV_MODE=1" in vllm

@@ -12,7 +12,7 @@ from bsrctl.report.figures import Plot, new_fig, svg
 from bsrctl.trace.restores import measured_restores
 from bsrctl.trace.timeline import slowest, spans_of
 
-COLOURS = {"bsrctl": "#1565c0", "bsrctl.server": "#2e7d32", "lmcache": "#6a1b9a",
+COLOURS = {"bsrctl": "#1565c0", "bsrkv.server": "#2e7d32", "lmcache": "#6a1b9a",
            "vllm": "#ef6c00", "": "#bdbdbd"}  # fmt: skip
 
 

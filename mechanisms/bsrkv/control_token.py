@@ -5,12 +5,12 @@ what the server does (``MUTATING``) answer only a caller holding the operator's 
 request's payload is a JSON object, its envelope: a mutating call carries the token under
 ``control_token``, which the server takes out (``Envelope.read``) before the method reads the
 rest, so every method's own reader still refuses an unknown key. The token the server holds
-comes from its environment (``BSRCTL_CONTROL_TOKEN``) or its ``--server-module`` config
+comes from its environment (``BSRKV_CONTROL_TOKEN``) or its ``--server-module`` config
 (``control_token``); without one every mutating method is refused (fail closed): an attached
-deployment whose operator forgot the token stays closed, and bsrctl's launched stacks always
-make one (``new_token``). Read-only methods (``READ_ONLY``) answer anyone.
+deployment whose operator forgot the token stays closed, and a harness that launches the stack
+always makes one (``new_token``). Read-only methods (``READ_ONLY``) answer anyone.
 
-Pure (stdlib only): the server module, bsrctl's client and the vLLM adapter all import it.
+Pure (stdlib only): the server module, its clients and the vLLM adapter all import it.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 CONTROL_TOKEN_KEY = "control_token"  # in the request envelope and the --server-module config
-CONTROL_TOKEN_ENV = "BSRCTL_CONTROL_TOKEN"  # the server's (and a launched vLLM's) environment
+CONTROL_TOKEN_ENV = "BSRKV_CONTROL_TOKEN"  # the server's (and a launched vLLM's) environment
 REFUSED = "control token"  # a refusal's ``refused`` value
 
 MUTATING = frozenset(

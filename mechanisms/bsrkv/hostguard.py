@@ -1,6 +1,6 @@
-"""bsrctl's code inside a host process (vLLM's engine core, LMCache's server) never takes the
-host down: each place the host calls into bsrctl runs bsrctl's part under a ``Guard``, which
-turns an exception into what the host would have had without bsrctl (the stock decision, the
+"""bsrkv's code inside a host process (vLLM's engine core, LMCache's server) never takes the
+host down: each place the host calls into bsrkv runs bsrkv's part under a ``Guard``, which
+turns an exception into what the host would have had without bsrkv (the stock decision, the
 stock answer, nothing). One mechanism for every such site, instead of a try/except at each.
 
 A failure is counted per site. Its traceback is logged once per (site, exception type); the
@@ -8,7 +8,7 @@ count is logged again at the 2nd, 4th, 8th, ... failure of the site (a failing s
 every few milliseconds: the log stays a few lines). ``on_failure`` sees every failure (the
 vLLM adapter writes its ``adapter_error`` trace record there); it is guarded too. Only
 ``Exception`` is caught: KeyboardInterrupt and SystemExit belong to the host. Nothing here
-imports anything of bsrctl or of a host.
+imports anything of the harness or of a host.
 
 Every failure is also counted process-wide by (guard, site, exception type):
 ``process_failures()`` is what a host reports to the harness (LMCache's ``bsr.status``,

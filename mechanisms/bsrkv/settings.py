@@ -54,7 +54,7 @@ class RestoreTuning(BaseModel):
     )
     # Install read-back (bsrkv.restore.readback): each installed window is read back from
     # the engine's KV through LMCache's own store copy and compared with the staged bytes; a
-    # mismatch fails the retrieve closed. On in every run bsrctl starts (qualification).
+    # mismatch fails the retrieve closed. On by default (qualification).
     readback: bool = Field(True, description="read each installed window back, compare its bytes")
 
 

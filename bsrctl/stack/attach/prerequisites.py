@@ -54,7 +54,7 @@ def control_token_refused(error: str, source: str) -> str:
     and where bsrctl's token comes from (the variable to set)."""
     return (
         f"LMCache server module: {error}; bsrctl's token comes from {source}: set it to the "
-        "token the operator gave the server module ($BSRCTL_CONTROL_TOKEN in its environment)"
+        "token the operator gave the server module ($BSRKV_CONTROL_TOKEN in its environment)"
     )
 
 

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
+from bsrctl.stack.doctor.uses import DECLARED
 from bsrctl.stack.launch.versions import provider
 from bsrkv.hostsurface.check import CONNECTOR_DECLARED, Report, check
-from bsrkv.hostsurface.declared import DECLARED
 
 NVIDIA_SMI_TIMEOUT_S = 10.0
 TORCH_PROBE_TIMEOUT_S = 180.0  # importing torch + lmcache and a CUDA init on 8 GPUs

@@ -102,7 +102,7 @@ class L1Options:
 @dataclass(frozen=True)
 class TempoKVLaunch:
     """TempoKV on the serving stack: vLLM schedules with the runtime adapter (its settings
-    in ``BSRCTL_TEMPOKV``, the TempoKV wire's ``AdapterEnv``), LMCache keeps staged objects
+    in ``BSRKV_TEMPOKV``, the TempoKV wire's ``AdapterEnv``), LMCache keeps staged objects
     in L1 once unpinned (``retain``) and holds read locks (the pins) longer than any
     protection lasts. ``async_scheduling`` is vLLM's, as ``profile.async_scheduling()`` decides
     it from the spec: the adapter's class follows it (the async one under vLLM's batch
@@ -135,7 +135,7 @@ class TempoKVLaunch:
         from bsrkv.tempokv.wire import AdapterEnv
 
         env = AdapterEnv(self.adapter, self.transport, self.trace_path)
-        return {"BSRCTL_TEMPOKV": json.dumps(env.to_json())}
+        return {"BSRKV_TEMPOKV": json.dumps(env.to_json())}
 
 
 @dataclass(frozen=True)

@@ -147,7 +147,8 @@ def one_line(who: str, report: Report) -> str:
     tested = TESTED_WITH.get(report.package, "?")
     return (
         f"{who}: {got} lacks what bsrkv uses: {missing} "
-        f"(bsrkv is tested with {report.package} {tested}; `bsrctl doctor` lists the surface)"
+        f"(bsrkv is tested with {report.package} {tested}; "
+        "the harness's `doctor` lists the surface)"
     )
 
 

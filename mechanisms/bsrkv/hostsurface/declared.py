@@ -1,16 +1,17 @@
-"""The vLLM and LMCache names bsrkv and bsrctl use, declared in one place.
+"""The vLLM and LMCache names bsrkv uses, declared in one place.
 
-``USES`` maps each module of bsrkv or bsrctl to what it reads of vLLM or LMCache, one entry a
+``USES`` maps each module of bsrkv to what it reads of vLLM or LMCache, one entry a
 name: ``module:Name`` (a module's attribute), ``module:Class.member`` (a class member: a
 method, property, field, or what a method assigns to ``self``; its bases' count),
 ``module:Class.method(a, b)`` (and parameters it must have, in this order),
 ``module`` (the module itself), ``package:--flag`` (a launch flag). The imports are held
-complete by tests/bsrctl/hostsurface/test_declared.py (it scans bsrkv's and bsrctl's sources);
+complete by the suite's test_declared.py (it scans bsrkv's sources; a harness declares its own
+reads beside these);
 members and flags are declared by hand where a hook reads or overrides them.
 
 ``CONNECTOR_USES`` is what LMCache's own MP connector (the class vLLM's ``LMCacheMPConnector``
 resolves to by default) reads of vLLM, where a vLLM release is known to break it;
-``KNOWN_BROKEN`` names such pairs and why. ``TESTED_WITH``: the versions bsrctl is tested
+``KNOWN_BROKEN`` names such pairs and why. ``TESTED_WITH``: the versions bsrkv is tested
 against; any other pair runs when its surface is complete.
 """
 
@@ -95,102 +96,6 @@ _L2_ADAPTER = (
     "lmcache.v1.distributed.l2_adapters.fs_l2_adapter:_object_key_to_filename",
 )
 USES: dict[str, tuple[str, ...]] = {
-    "bsrctl.registration.dsv4_vllm": (
-        "vllm.config:ModelConfig",
-        "vllm.config:ParallelConfig",
-        "vllm.config:VllmConfig",
-        "vllm.config:set_current_vllm_config",
-        "vllm.config.cache:CacheConfig",
-        "vllm.config.vllm:get_layers_from_vllm_config",
-        "vllm.distributed:init_distributed_environment",
-        "vllm.distributed:initialize_model_parallel",
-        "vllm.model_executor.layers.attention_layer_base:AttentionLayerBase",
-        "vllm.models.deepseek_v4.cpu.cpu_sparse:_NoOpEvent",
-        "vllm.models.deepseek_v4.nvidia.flashmla",
-        "vllm.models.deepseek_v4.nvidia.model:_select_dsv4_attn_cls",
-        "vllm.platforms.interface:Platform",
-        "vllm.v1.attention.backends.utils:get_supported_kv_cache_layouts",
-        "vllm.v1.attention.backends.utils:resolve_kv_cache_layout",
-        "vllm.v1.core.kv_cache_utils:get_kv_cache_groups",
-    ),
-    "bsrctl.registration.from_vllm": (
-        "vllm.config:ModelConfig",
-        "vllm.config:ParallelConfig",
-        "vllm.utils.torch_utils:kv_cache_dtype_str_to_dtype",
-        "vllm.v1.kv_cache_interface:FullAttentionSpec",
-        "vllm.v1.kv_cache_interface:MLAAttentionSpec",
-        "vllm.v1.kv_cache_interface:SlidingWindowSpec",
-    ),
-    "bsrctl.stack.contracts.bsr_client": (
-        "lmcache.v1.multiprocess.protocols.server_module:ServerModuleCallRequest",
-        "lmcache.v1.multiprocess.transport.factory:RequestClientFactory",
-    ),
-    "bsrctl.stack.launch.profile": (
-        "vllm:--gpu-memory-utilization",
-        "vllm:--enforce-eager",
-        "vllm:--async-scheduling",
-        "vllm:--no-async-scheduling",
-    ),
-    "bsrctl.stack.launch.serving.commands": (
-        "vllm:--model",
-        "vllm:--host",
-        "vllm:--port",
-        "vllm:--max-model-len",
-        "vllm:--dtype",
-        "vllm:--seed",
-        "vllm:--max-num-seqs",
-        "vllm:--enable-prompt-tokens-details",
-        "vllm:--kv-cache-dtype",
-        "vllm:--num-gpu-blocks-override",
-        "vllm:--tensor-parallel-size",
-        "vllm:--no-enable-prefix-caching",
-        "vllm:--kv-transfer-config",
-        "vllm:--scheduler-cls",
-        "lmcache:--host",
-        "lmcache:--port",
-        "lmcache:--http-host",
-        "lmcache:--http-port",
-        "lmcache:--chunk-size",
-        "lmcache:--l1-size-gb",
-        "lmcache:--l1-devdax-path",
-        "lmcache:--no-l1-use-lazy",
-        "lmcache:--eviction-policy",
-        "lmcache:--l2-adapter",
-        "lmcache:--l2-prefetch-policy",
-        "lmcache:--l1-read-ttl-seconds",
-        "lmcache:--separate-object-groups",
-        "lmcache:--supported-transfer-mode",
-        "lmcache:--disable-metrics",
-        "lmcache:--disable-observability",
-        "lmcache:--server-module",
-        "vllm.distributed.kv_transfer.kv_connector.factory",
-        f"{CONNECTOR}",
-    ),
-    "bsrctl.stack.measure.tiers": ("lmcache.v1.multiprocess.token_hasher:TokenHasher",),
-    "bsrctl.stack.storage.destinations": ("lmcache.v1.distributed.api:ObjectKey",),
-    "bsrctl.stack.storage.l2": (
-        "lmcache.v1.distributed.config:EvictionConfig",
-        "lmcache.v1.distributed.config:L1ManagerConfig",
-        "lmcache.v1.distributed.config:L1MemoryManagerConfig",
-        "lmcache.v1.distributed.config:StorageManagerConfig",
-        "lmcache.v1.distributed.l2_adapters.config:L2AdaptersConfig",
-        "lmcache.v1.distributed.l2_adapters.fs_l2_adapter:FSL2AdapterConfig",
-    ),
-    "bsrctl.stack.storage.ranks": (
-        "lmcache.v1.distributed.api:MemoryLayoutDesc",
-        "lmcache.v1.distributed.api:ObjectKey",
-        "lmcache.v1.distributed.storage_manager:StorageManager",
-    ),
-    "bsrctl.stack.storage.seeding": (
-        "lmcache.v1.distributed.api:ObjectKey",
-        "lmcache.v1.distributed.storage_manager:StorageManager",
-    ),
-    "bsrctl.stack.storage.stack": (
-        "lmcache.v1.distributed.api:ObjectKey",
-        "lmcache.v1.distributed.config:StorageManagerConfig",
-        "lmcache.v1.distributed.l2_adapters.fs_l2_adapter:_object_key_to_filename",
-        "lmcache.v1.distributed.storage_manager:StorageManager",
-    ),
     "bsrkv.lmcache_ext.adapters.fs": (
         *_L2_ADAPTER,
         "lmcache.v1.distributed.l2_adapters.fs_l2_adapter:FSL2Adapter",

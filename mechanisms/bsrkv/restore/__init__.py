@@ -1,5 +1,5 @@
 """BSR, bounded-state restoration: the pure core. It imports nothing of LMCache, torch or
-the rest of bsrctl but ``bsrkv.clock`` (import-linter contracts in pyproject.toml).
+the rest of bsrkv but ``bsrkv.clock`` (import-linter contracts in pyproject.toml).
 
 Public API (see each module):
 

@@ -1,7 +1,7 @@
 """TempoKV: time SSD→fast-tier staging commitment by time-to-use vs time-to-ready.
 
 Engine-independent: the same claims, estimators, controller and provider run against the
-simulated engine and device (``bsrctl.tempokv.sim``) and inside the serving stack
+simulated engine and device of a harness and inside the serving stack
 (``bsrkv.lmcache_ext``, ``bsrkv.vllm_ext``).
 """
 

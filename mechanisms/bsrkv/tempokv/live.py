@@ -6,7 +6,7 @@ checks against its engine (queued loads: vLLM's WAITING_FOR_REMOTE_KVS).
 
 Read-only by construction: it takes frozen views and returns messages; the scheduler
 subclass (``bsrkv.vllm_ext.scheduler``) builds the views after vLLM decided, and sends
-the messages. The simulation drives this same core (``bsrctl.tempokv.sim.runtime``): its
+the messages. A simulation drives this same core (the harness's runtime): its
 engine builds a view at every iteration, adds its exact state (``EngineState``), and hands
 the messages straight to its controller. Updates are sent only when something the
 controller reads changed: the claimed set, the order, or a TTU that moved by more than

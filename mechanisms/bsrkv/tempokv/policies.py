@@ -113,7 +113,7 @@ def make_policy(
 ) -> Policy:
     """A causal policy by name; TempoKV's TTR reads the provider's queue and calibrated
     rate, and TempoKV-U shares it (only the TTU side differs). The oracle needs the run's
-    future: `bsrctl.tempokv.oracle.Oracle`."""
+    future, so it lives with the simulation, not here."""
     if name == "demand":
         return Demand()
     if name == "immediate":

@@ -26,7 +26,7 @@ CONFIGURE = "tempokv.configure"
 STATUS = "tempokv.status"
 
 
-# ---- the adapter's launch settings (vLLM's BSRCTL_TEMPOKV) -------------------------------
+# ---- the adapter's launch settings (vLLM's BSRKV_TEMPOKV) -------------------------------
 
 
 def settings_to_json(s: AdapterSettings) -> dict[str, Any]:
@@ -40,10 +40,10 @@ def settings_from_json(raw: Any, where: str = "adapter settings") -> AdapterSett
 
 
 class AdapterEnv(Record):
-    """``BSRCTL_TEMPOKV`` (``--scheduler-cls`` takes only a class): the adapter's settings
+    """``BSRKV_TEMPOKV`` (``--scheduler-cls`` takes only a class): the adapter's settings
     (None: the recording scheduler, no adapter), how its updates travel, its trace."""
 
-    WHAT: ClassVar[str] = "BSRCTL_TEMPOKV"
+    WHAT: ClassVar[str] = "BSRKV_TEMPOKV"
 
     adapter: AdapterSettings | None
     transport: str  # "connector" (server_module_call) | "record" (kept in vLLM's process)

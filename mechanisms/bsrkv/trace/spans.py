@@ -3,7 +3,7 @@ server module's probe and retrieve, each restore window's phases, TempoKV's stag
 the exporter that ships them.
 
 In the LMCache server the tracer is a provider of the module's own exporting over OTLP/gRPC
-to the endpoint named by ``BSRCTL_OTLP_ENDPOINT`` (set by whoever launches the server),
+to the endpoint named by ``BSRKV_OTLP_ENDPOINT`` (set by whoever launches the server),
 never LMCache's global one; its batch delay is the SDK's ``OTEL_BSP_SCHEDULE_DELAY``.
 Without an endpoint the tracer is the API's no-op one.
 
@@ -26,15 +26,15 @@ from opentelemetry import trace
 from bsrkv.hostguard import Guard
 from bsrkv.restore.types import RestoreOutcome, WindowTiming
 
-ENDPOINT_ENV = "BSRCTL_OTLP_ENDPOINT"  # OTLP/gRPC target of the launched processes
+ENDPOINT_ENV = "BSRKV_OTLP_ENDPOINT"  # OTLP/gRPC target of the launched processes
 _lock = threading.Lock()
 _remote: dict[str, Any] = {}
-GUARD = Guard("bsrkv.trace.spans", logging.getLogger("bsrctl.trace"))  # the server's spans
+GUARD = Guard("bsrkv.trace.spans", logging.getLogger("bsrkv.trace"))  # the server's spans
 
 
 def server_tracer() -> Any:
     """The server module's tracer (in the LMCache process): its own provider exporting
-    over OTLP/gRPC to ``$BSRCTL_OTLP_ENDPOINT``; no-op when none is set, or when the
+    over OTLP/gRPC to ``$BSRKV_OTLP_ENDPOINT``; no-op when none is set, or when the
     provider cannot be made (counted once: the no-op one stays)."""
     endpoint = os.environ.get(ENDPOINT_ENV)
     if not endpoint:
@@ -51,7 +51,7 @@ def _made_tracer(endpoint: str) -> Any:  # holds _lock
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
-    res = Resource.create({"service.name": "bsrctl.server", "process.pid": os.getpid()})
+    res = Resource.create({"service.name": "bsrkv.server", "process.pid": os.getpid()})
     provider = TracerProvider(resource=res)
     # the batch delay: $OTEL_BSP_SCHEDULE_DELAY (the SDK reads it), as LMCache's exporter
     provider.add_span_processor(

@@ -1,6 +1,6 @@
 """The passive side of bsrkv in vLLM's scheduler: ``StepRecorder`` records each step's
 decision to the step trace (the adapter-off arm runs only this), and ``adapter_env`` reads
-the adapter's settings from ``$BSRCTL_TEMPOKV``. Nothing here imports vLLM: it is mixed in
+the adapter's settings from ``$BSRKV_TEMPOKV``. Nothing here imports vLLM: it is mixed in
 before vLLM's scheduler class (``bsrkv.vllm_ext.scheduler``)."""
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ from bsrkv.hostguard import Guard
 from bsrkv.tempokv import wire
 from bsrkv.vllm_ext.step_trace import GUARD, StepTrace
 
-ENV = "BSRCTL_TEMPOKV"
+ENV = "BSRKV_TEMPOKV"
 
 
 def adapter_env() -> wire.AdapterEnv:
-    """``BSRCTL_TEMPOKV`` (unset: no adapter, no trace)."""
+    """``BSRKV_TEMPOKV`` (unset: no adapter, no trace)."""
     raw = os.environ.get(ENV, "")
     if not raw:
         return wire.AdapterEnv(None, "record", None)
@@ -37,7 +37,7 @@ class StepRecorder:
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[call-arg]
         self._bk_guard = Guard("bsrkv.vllm_ext", logging.getLogger("bsrkv.vllm_ext"))
-        path = adapter_env().trace_path  # a bad $BSRCTL_TEMPOKV: refused at start, naming it
+        path = adapter_env().trace_path  # a bad $BSRKV_TEMPOKV: refused at start, naming it
         self._bk_trace = StepTrace(Path(path) if path else None, self._bk_guard)
 
     def _bk_record(self, out: Any) -> None:

@@ -5,7 +5,7 @@
 
 (the launch names the class matching vLLM's scheduling: ``stack.extensions``).
 
-Configured by the environment variable ``BSRCTL_TEMPOKV``, since ``--scheduler-cls`` takes
+Configured by the environment variable ``BSRKV_TEMPOKV``, since ``--scheduler-cls`` takes
 only a class: the wire's ``AdapterEnv`` (``adapter``, every ``AdapterSettings`` field;
 ``trace_path``, a JSON-lines file of every step's decision and message; ``transport``:
 ``"connector"``, the LMCacheMPConnector's ``server_module_call``, or ``"record"``), read

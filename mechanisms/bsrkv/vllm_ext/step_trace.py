@@ -1,5 +1,5 @@
 """The adapter's step trace inside vLLM: a JSON-lines file of every step's decision and
-message (``BSRCTL_TEMPOKV``'s ``trace_path``), kept off the engine loop's hot path and
+message (``BSRKV_TEMPOKV``'s ``trace_path``), kept off the engine loop's hot path and
 dropped whole, never raised, when it cannot be written."""
 
 from __future__ import annotations

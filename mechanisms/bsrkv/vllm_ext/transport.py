@@ -1,5 +1,5 @@
 """How the runtime adapter reaches the controller: the LMCacheMPConnector's scheduler-side
-request clients and their ``server_module_call`` (to bsrctl's server module), or a record
+request clients and their ``server_module_call`` (to bsrkv's server module), or a record
 (tests, and a vLLM with no connector). A send never waits: it returns its reply's
 ``Pending``, which the adapter waits on (bounded) only where it must (an arrival's claim,
 before a schedule() that may look its request up); replies are collected on a later step."""
@@ -86,7 +86,7 @@ class ServerModuleTransport:
         self._clients = clients
         self._make = make_request
         # tempokv.update is mutating: it carries the server module's control token, which a
-        # launched stack gives vLLM in $BSRCTL_CONTROL_TOKEN (bsrkv.control_token)
+        # launched stack gives vLLM in $BSRKV_CONTROL_TOKEN (bsrkv.control_token)
         self._token = token if token is not None else os.environ.get(CONTROL_TOKEN_ENV)
         self._inflight: list[tuple[str, Any]] = []
         self.errors = 0

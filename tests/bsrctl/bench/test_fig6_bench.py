@@ -100,12 +100,12 @@ def test_the_local_arm_keeps_the_adapter_in_process_without_a_trace(tmp_path: Pa
     spec = TempoKVSpec.model_validate(yaml.safe_load(fig6.DEFAULT_SPEC.read_text()))
     local = fig6.arm_deployment(spec, fig6.LOCAL_ARM, tmp_path / "l").stack
     full = fig6.arm_deployment(spec, fig6.ADAPTER_ARM, tmp_path / "a").stack
-    cfg = json.loads(local.extensions.tempokv.vllm_env()["BSRCTL_TEMPOKV"])
+    cfg = json.loads(local.extensions.tempokv.vllm_env()["BSRKV_TEMPOKV"])
     assert cfg["transport"] == "record" and cfg["trace_path"] is None
-    cfg = json.loads(full.extensions.tempokv.vllm_env()["BSRCTL_TEMPOKV"])
+    cfg = json.loads(full.extensions.tempokv.vllm_env()["BSRKV_TEMPOKV"])
     assert cfg["transport"] == "connector" and cfg["trace_path"].endswith("adapter-trace.jsonl")
     assert cfg["adapter"] == json.loads(
-        local.extensions.tempokv.vllm_env()["BSRCTL_TEMPOKV"])["adapter"]  # fmt: skip
+        local.extensions.tempokv.vllm_env()["BSRKV_TEMPOKV"])["adapter"]  # fmt: skip
     assert fig6.arm_deployment(spec, "lmcache", tmp_path / "s").stack.extensions.tempokv is None
 
 
@@ -266,7 +266,7 @@ def test_where_ttft_went_is_per_arm_over_the_streamed_requests(tmp_path: Path) -
                  rec("client.ttft", "bsrctl", 0, 80, rid, 1),
                  rec("mp.lookup_prefetch", "lmcache", 10 + hold, 60, rid, pid)]  # fmt: skip
         if hold:
-            recs.append(rec("tempokv.hold", "bsrctl.server", 10, 10 + hold, rid, pid))
+            recs.append(rec("tempokv.hold", "bsrkv.server", 10, 10 + hold, rid, pid))
     recs.append(rec("client.request", "bsrctl", 0, 500, f"bsrq-{4:016x}", 1))  # not streamed
     got = fig6.where_ttft_went(spans_of(recs), pids)
     assert got == {

@@ -13,8 +13,11 @@ from pathlib import Path
 
 import bsrctl
 import bsrkv
+from bsrctl.stack.doctor import uses as harness
+from bsrctl.stack.doctor.uses import DECLARED
+from bsrkv.hostsurface import declared as mechanisms
 from bsrkv.hostsurface.check import CONNECTOR_DECLARED, check
-from bsrkv.hostsurface.declared import DECLARED, TESTED_WITH, USES, parse
+from bsrkv.hostsurface.declared import TESTED_WITH, parse
 
 SOURCES = {"bsrctl": Path(bsrctl.__file__).parent, "bsrkv": Path(bsrkv.__file__).parent}
 
@@ -67,10 +70,17 @@ def test_every_vllm_and_lmcache_import_is_declared_with_its_user() -> None:
 
 
 def test_every_user_is_a_module_of_bsrkv_or_bsrctl() -> None:
-    for user in USES:
+    for user in {**mechanisms.USES, **harness.USES}:
         package, *rest = user.split(".")
         base = SOURCES[package].joinpath(*rest)
         assert base.with_suffix(".py").is_file() or (base / "__init__.py").is_file(), user
+
+
+def test_each_package_declares_its_own_modules_only() -> None:
+    # the plugin's declaration names no harness module: it installs without bsrctl
+    assert {u.split(".")[0] for u in mechanisms.USES} == {"bsrkv"}
+    assert {u.split(".")[0] for u in harness.USES} == {"bsrctl"}
+    assert DECLARED == mechanisms.DECLARED + harness.HARNESS_DECLARED
 
 
 def test_the_installed_vllm_and_lmcache_have_the_whole_surface() -> None:

@@ -19,9 +19,9 @@ import bsrctl
 from bsrctl import cli_evidence
 from bsrctl.cli import app
 from bsrctl.stack.doctor.surface import surface_findings
+from bsrctl.stack.doctor.uses import DECLARED
 from bsrkv.hostsurface.check import check
-from bsrkv.hostsurface.declared import DECLARED
-from tests.bsrkv.hostsurface.fake_tree import fake_tree
+from tests.bsrctl.hostsurface.fake_tree import fake_tree
 
 WT = Path(bsrctl.__file__).resolve().parent.parent
 SCHED = "vllm.v1.core.sched.scheduler"
@@ -71,8 +71,8 @@ def test_the_scheduler_adapter_refuses_to_load_in_one_line(tmp_path: Path) -> No
     assert res.stderr.splitlines()[-1] == (
         "bsrkv.hostsurface.check.SurfaceMissing: bsrkv.vllm_ext: vllm 0.99.0 lacks what bsrkv "
         f"uses: {SCHED}.Scheduler.kv_holding_waiting (Scheduler has no kv_holding_waiting, read "
-        "by bsrkv.vllm_ext.scheduler) (bsrkv is tested with vllm 0.32.0; `bsrctl doctor` "
-        "lists the surface)"
+        "by bsrkv.vllm_ext.scheduler) (bsrkv is tested with vllm 0.32.0; the harness's "
+        "`doctor` lists the surface)"
     )
     assert "vllm.v1" not in res.stderr.replace(f"{SCHED}.Scheduler", "")  # vLLM never imported
 
@@ -85,7 +85,7 @@ def test_the_server_module_refuses_to_load_in_one_line(tmp_path: Path) -> None:
         "bsrkv.hostsurface.check.SurfaceMissing: bsrkv.lmcache_ext: lmcache 0.5.7 lacks what "
         f"bsrkv uses: {LOOKUP}.LookupModule.end_session(request_id) (LookupModule has no "
         "end_session, read by bsrkv.lmcache_ext.server.lookup) (bsrkv is tested with lmcache "
-        "0.5.6; `bsrctl doctor` lists the surface)"
+        "0.5.6; the harness's `doctor` lists the surface)"
     )
 
 

@@ -22,7 +22,7 @@ WARMUP = "bsrq-3a3a000000000001"  # a warm-up restore: measured by no point
 
 def request(rid: str, t0: int, ms: int, inner: str) -> list[dict[str, Any]]:
     """A client request of ``ms`` milliseconds with one server span (a store or a restore)."""
-    service = "lmcache" if inner == "mp.store" else "bsrctl.server"
+    service = "lmcache" if inner == "mp.store" else "bsrkv.server"
     return [
         {"name": "client.request", "service": "bsrctl", "start_ns": t0, "end_ns": t0 + ms * MS,
          "span_id": f"{rid}-c", "trace_id": rid, "attributes": {"request_id": rid}},

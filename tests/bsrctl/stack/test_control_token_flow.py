@@ -120,15 +120,15 @@ def test_a_launched_stacks_token_is_in_the_environment_never_on_a_command_line(
     ports = {"lmcache.port": 1, "lmcache.http_port": 2, "vllm.port": 3}
     slots = Slots(ports, tmp_path, tmp_path / "model", control_token="t0k3n")
     lm = lmcache_launch(spec.stack, ext, slots, 1 << 30)
-    assert lm.env["BSRCTL_CONTROL_TOKEN"] == "t0k3n"
+    assert lm.env["BSRKV_CONTROL_TOKEN"] == "t0k3n"
     assert not [a for a in lm.argv if "t0k3n" in a]
     plain = vllm_launch(spec.stack, ext, slots)
-    assert "BSRCTL_CONTROL_TOKEN" not in plain.env  # vLLM calls no mutating method
+    assert "BSRKV_CONTROL_TOKEN" not in plain.env  # vLLM calls no mutating method
     from dataclasses import replace
 
     tk = replace(ext, tempokv=TempoKVLaunch(AdapterSettings()))
     tempo = vllm_launch(spec.stack, tk, slots)
-    assert tempo.env["BSRCTL_CONTROL_TOKEN"] == "t0k3n"  # its tempokv.update is mutating
+    assert tempo.env["BSRKV_CONTROL_TOKEN"] == "t0k3n"  # its tempokv.update is mutating
     assert not [a for a in tempo.argv if "t0k3n" in a]
 
 

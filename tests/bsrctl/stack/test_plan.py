@@ -38,7 +38,7 @@ from bsrctl.stack.launch.serving.mooncake import (
 from bsrkv.settings import RestoreTuning
 
 # the launched server module's control token: in LMCache's environment, never its argv
-TOKEN = {"BSRCTL_CONTROL_TOKEN": "<control-token>"}
+TOKEN = {"BSRKV_CONTROL_TOKEN": "<control-token>"}
 
 ROOT = Path(__file__).resolve().parents[3]
 PY = sys.executable

@@ -206,10 +206,10 @@ def test_the_deployment_launches_the_argv_and_env_the_stack_did(
     (lm_argv, _lm_env), (v_argv, v_env) = after["lmcache"], after["vllm"]
     assert ("--l2-prefetch-policy" in lm_argv) is with_adapter
     assert ("--scheduler-cls" in v_argv) is with_adapter
-    assert ("BSRCTL_TEMPOKV" in v_env) is with_adapter
+    assert ("BSRKV_TEMPOKV" in v_env) is with_adapter
     # the adapter's tempokv.update calls are mutating: its vLLM holds the stack's token
-    assert (v_env.get("BSRCTL_CONTROL_TOKEN") == "<control-token>") is with_adapter
-    assert _lm_env["BSRCTL_CONTROL_TOKEN"] == "<control-token>"
+    assert (v_env.get("BSRKV_CONTROL_TOKEN") == "<control-token>") is with_adapter
+    assert _lm_env["BSRKV_CONTROL_TOKEN"] == "<control-token>"
     assert dep.stack.dir == tmp_path / "stack" and dep.stack.spec == serving.stack_spec(
         spec.serving
     )

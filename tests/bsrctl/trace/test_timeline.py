@@ -41,10 +41,10 @@ RECORDED = [
         },
         parent="client.request",
     ),  # fmt: skip
-    _rec("bsr.restore", "bsrctl.server", 15, 45, {"request_id": f"cmpl-{R}-0-abcd1234"}, "t2"),
-    _rec("bsr.fetch", "bsrctl.server", 15, 30, {"request_id": f"cmpl-{R}-0-abcd1234"}, "t3"),
-    _rec("bsr.install", "bsrctl.server", 30, 40, {"request_id": f"cmpl-{R}-0-abcd1234"}, "t4"),
-    _rec("bsr.sync", "bsrctl.server", 40, 45, {"request_id": f"cmpl-{R}-0-abcd1234"}, "t5"),
+    _rec("bsr.restore", "bsrkv.server", 15, 45, {"request_id": f"cmpl-{R}-0-abcd1234"}, "t2"),
+    _rec("bsr.fetch", "bsrkv.server", 15, 30, {"request_id": f"cmpl-{R}-0-abcd1234"}, "t3"),
+    _rec("bsr.install", "bsrkv.server", 30, 40, {"request_id": f"cmpl-{R}-0-abcd1234"}, "t4"),
+    _rec("bsr.sync", "bsrkv.server", 40, 45, {"request_id": f"cmpl-{R}-0-abcd1234"}, "t5"),
     _rec("mp.lookup_prefetch", "lmcache", 1, 3, {"session_id": "x"}, "t6"),  # no request
 ]
 
@@ -56,7 +56,7 @@ def test_chrome_events_exact() -> None:
     meta = [(e["name"], e["pid"], e["tid"], e["args"]["name"]) for e in ev if e["ph"] == "M"]
     assert meta == [
         ("process_name", 1, 0, "bsrctl"),
-        ("process_name", 2, 0, "bsrctl.server"),
+        ("process_name", 2, 0, "bsrkv.server"),
         ("process_name", 3, 0, "lmcache"),
         ("process_name", 4, 0, "vllm"),
         ("thread_name", 1, 1, R),
@@ -101,9 +101,9 @@ def test_critical_path_exact() -> None:
         ("untraced", "", 7.0, True),
         ("vllm.queue", "vllm", 5.0, False),
         ("vllm.prefill (rest)", "vllm", 3.0, True),
-        ("bsr.fetch", "bsrctl.server", 15.0, False),
-        ("bsr.install", "bsrctl.server", 10.0, False),
-        ("bsr.sync", "bsrctl.server", 5.0, False),
+        ("bsr.fetch", "bsrkv.server", 15.0, False),
+        ("bsr.install", "bsrkv.server", 10.0, False),
+        ("bsr.sync", "bsrkv.server", 5.0, False),
         ("vllm.prefill (rest)", "vllm", 7.0, True),
     ]
     assert path.ttft_ms == 52.0 == sum(p.ms for p in path.phases)

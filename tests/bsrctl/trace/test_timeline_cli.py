@@ -16,7 +16,7 @@ def test_timeline_prints_and_bad_input_exits_2(tmp_path) -> None:
     runner = CliRunner()
     ok = runner.invoke(app, ["timeline", str(tmp_path), "--request", R])
     assert ok.exit_code == 0, ok.output
-    assert f"request {R}: TTFT 52.000 ms" in ok.output and "bsr.fetch [bsrctl.server]" in ok.output
+    assert f"request {R}: TTFT 52.000 ms" in ok.output and "bsr.fetch [bsrkv.server]" in ok.output
     top = runner.invoke(app, ["timeline", str(tmp_path)])
     assert top.exit_code == 0 and "1 slowest of 1 request(s)" in top.output
     bad = runner.invoke(app, ["timeline", str(tmp_path), "--request", "nope"])

@@ -147,9 +147,9 @@ def test_a_renamed_adapter_setting_fails_naming_it(key: str) -> None:
     raw = _json_trip(wire.settings_to_json(AdapterSettings()))
     raw[f"{key}_renamed"] = raw.pop(key)
     with pytest.raises(wire.WireError) as err:
-        wire.settings_from_json(raw, "BSRCTL_TEMPOKV.adapter")
+        wire.settings_from_json(raw, "BSRKV_TEMPOKV.adapter")
     assert str(err.value) == (
-        f"BSRCTL_TEMPOKV.adapter: missing keys ['{key}'], unexpected keys ['{key}_renamed']"
+        f"BSRKV_TEMPOKV.adapter: missing keys ['{key}'], unexpected keys ['{key}_renamed']"
     )
 
 

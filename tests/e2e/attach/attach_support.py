@@ -25,7 +25,7 @@ def readme_token() -> str:
     from operator_stack import readme_block
 
     words = readme_block("lmcache")
-    (token,) = [w.split("=", 1)[1] for w in words if w.startswith("BSRCTL_CONTROL_TOKEN=")]
+    (token,) = [w.split("=", 1)[1] for w in words if w.startswith("BSRKV_CONTROL_TOKEN=")]
     return token
 
 

@@ -147,7 +147,7 @@ def test_run_folder_has_a_timeline_with_every_process_spans(sweep) -> None:
     run = next(p.parent for p in Path(out).glob("*/evidence.json"))
     events = json.loads((run / "timeline.json").read_text())["traceEvents"]
     services = {e["args"]["name"] for e in events if e["name"] == "process_name"}
-    assert {"bsrctl", "bsrctl.server", "vllm", "lmcache"} <= services, services
+    assert {"bsrctl", "bsrkv.server", "vllm", "lmcache"} <= services, services
     names = {e["name"] for e in events if e["ph"] == "X"}
     assert {"client.request", "llm_request", "bsr.probe", "bsr.fetch", "bsr.install"} <= names
     print(timeline_text(run, top=1))

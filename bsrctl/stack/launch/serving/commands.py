@@ -264,7 +264,7 @@ def with_tracing(launch: Launch, endpoint: str | None) -> Launch:
     bus on with only the span subscribers (``--enable-tracing``, ``--otlp-endpoint``:
     lmcache/v1/mp_observability/config.py:157-171; metrics stay off, logging subscribers
     too, as with ``--disable-observability``). The server module exports its own spans to
-    ``$BSRCTL_OTLP_ENDPOINT``. Every batch processor exports after ``BSP_DELAY_MS``, not 5 s."""
+    ``$BSRKV_OTLP_ENDPOINT``. Every batch processor exports after ``BSP_DELAY_MS``, not 5 s."""
     if endpoint is None:
         return launch
     env = {
@@ -272,7 +272,7 @@ def with_tracing(launch: Launch, endpoint: str | None) -> Launch:
         "OTEL_SERVICE_NAME": launch.name,
         "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "grpc",
         "OTEL_BSP_SCHEDULE_DELAY": str(BSP_DELAY_MS),  # the server module's exporter too
-        "BSRCTL_OTLP_ENDPOINT": endpoint,
+        "BSRKV_OTLP_ENDPOINT": endpoint,
     }
     argv = list(launch.argv)
     if launch.name == "lmcache":

@@ -20,8 +20,8 @@ non-blocking submit, results popped once, one event fd per operation kind.
 - Start-up refuses to call ``setup`` (which blocks about 90 s without a master) until the
   master's RPC port accepts a TCP connection, within ``connect_timeout_s``.
 
-The adapter process must reach the master: with ``bsrctl.stack.launch.serving.mooncake`` the
-whole stack runs in one private network namespace, so start ``lmcache server`` with the namespace's
+The adapter process must reach the master: when the whole stack runs in one private network
+namespace, so start ``lmcache server`` with the namespace's
 ``wrap`` (``nsenter -t <holder pid> -n --``). Loading it into the real server::
 
     nsenter -t <holder pid> -n -- env LMCACHE_TRACK_USAGE=false lmcache server \\
@@ -113,7 +113,7 @@ class BsrMooncakeL2AdapterConfig(L2AdapterConfigBase):
 
     @classmethod
     def help(cls) -> str:
-        lines = ["Mooncake L2 adapter (bsrctl) fields:"]
+        lines = ["Mooncake L2 adapter (bsrkv) fields:"]
         for name, (kind, default) in _FIELDS.items():
             lines.append(
                 f"- {name} ({kind.__name__}): "

@@ -35,7 +35,7 @@ timeout): every error fails closed.
 Extra methods, reachable through ``server_module_call`` (UTF-8 JSON object in, JSON object
 out; an empty payload means ``{}``). The mutating ones (``bsr.reset_peak``, ``bsr.forget``,
 ``bsr.configure``, ``bsr.fault``, ``tempokv.configure``, ``tempokv.update``) run only when the
-payload carries ``"control_token"`` equal to the server's (``$BSRCTL_CONTROL_TOKEN`` or
+payload carries ``"control_token"`` equal to the server's (``$BSRKV_CONTROL_TOKEN`` or
 ``"control_token"`` in the config; none set: all refused), else answer
 ``protocol.RefusedReply``; see ``bsrkv.control_token`` and ``server.guard``:
 

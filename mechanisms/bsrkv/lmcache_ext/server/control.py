@@ -157,7 +157,7 @@ class ControlHandlers(ModuleState):
 
     @mutating("bsr.fault")
     def bsr_fault(self, payload: bytes) -> bytes:
-        """Arm/clear/read rules of bsrctl's fault-injecting L2 adapter in this process."""
+        """Arm/clear/read rules of bsrkv's fault-injecting L2 adapter in this process."""
         fault = extensions.control_handler("bsr.fault")
         if fault is None:
             return _json(

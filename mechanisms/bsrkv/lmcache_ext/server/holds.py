@@ -4,7 +4,7 @@ The lookup is the one a restore's probe makes (``lmcache_ext.bsr.storage``): eve
 ``submit_lookup_and_lock_task`` over the prompt's keys (every object group and TP rank, as
 LMCache's own warm prefetch resolves them, ``cache_control/key_resolver.py``), then the
 found keys unlocked. Nothing is loaded into L1 and any adapter answers, LMCache's stock
-``fs`` as well as bsrctl's own: seeding checks work with whatever L2 the operator runs.
+``fs`` as well as bsrkv's own: seeding checks work with whatever L2 the operator runs.
 """
 
 from __future__ import annotations

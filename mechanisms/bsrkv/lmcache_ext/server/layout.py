@@ -6,14 +6,14 @@ cache context per instance whose kernel groups describe every layer (engine KV f
 or latent, heads, head size, slots per block, dtype) and whose object groups are what
 LMCache stores, one
 object per chunk and rank. This module reads them back per tensor, per chunk, in the same
-shape convention as ``bsrctl.registration.derive``: ``(2, T, heads, head_dim)`` for K and V,
+shape convention as a registration derived from the model: ``(2, T, heads, head_dim)`` for K and V,
 ``(T, width)`` for a single latent.
 
 vLLM 0.32 registers every layer as a fused ``[B, H, N, C]`` view and sends no ``use_mla``;
 LMCache's detector reads an MLA latent ``[B, N, 1, 576]`` as a one-head fused K/V plane
 (``NL_X_NB_BS_NH_CS``, kv_size 1, nh 1, hs 576), so this module reports it as
 ``(2, T, 1, 288)``: the same bytes. Which it is follows from the model, which only the
-client knows: ``bsrctl.registration.live`` reads it against the derived registration.
+client knows: the client reads it against the registration it derived.
 """
 
 from __future__ import annotations

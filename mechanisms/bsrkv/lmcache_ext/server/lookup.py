@@ -251,7 +251,7 @@ class LookupHandlers(ModuleState):
 
     @request_handler(HandlerType.BLOCKING)
     def end_session(self, request_id: str) -> None:
-        """bsrctl's books of the request (each under the guard), then LMCache's own."""
+        """bsrkv's books of the request (each under the guard), then LMCache's own."""
         g = self._guard
         g.call("clear_marker", self._clear_marker, request_id, "teardown")
         g.call("tempokv_ended", self.tempokv.ended, request_id)

@@ -83,9 +83,9 @@ def build_server_modules(ctx: ExtServerModuleBuildContext) -> BsrServerModule:
     """Factory named by ``--server-module`` (``factory_name`` defaults to this): the module
     with TempoKV's component (off until ``tempokv.configure``).
 
-    With ``BSRCTL_DUMP_STACKS=1`` in the server's environment, SIGUSR1 dumps every
+    With ``BSRKV_DUMP_STACKS=1`` in the server's environment, SIGUSR1 dumps every
     thread's stack to stderr (diagnosing a stalled server without a debugger).
     """
-    if os.environ.get("BSRCTL_DUMP_STACKS") == "1":
+    if os.environ.get("BSRKV_DUMP_STACKS") == "1":
         faulthandler.register(signal.SIGUSR1, all_threads=True)
     return BsrServerModule(ctx, tempokv=TempoKVComponent)

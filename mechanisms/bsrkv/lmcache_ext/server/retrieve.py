@@ -97,7 +97,7 @@ class RetrieveHandlers(ModuleState):
                 )
         finally:
             self._guard.call("stock_release", self._stock_release, key.request_id, key.worker_id)
-        # LMCache's answer stands, whatever bsrctl's books of it do
+        # LMCache's answer stands, whatever bsrkv's books of it do
         self._guard.call("stock_books", self._stock_books, key, ok, t0)
         return handle, ok
 

@@ -62,7 +62,7 @@ def unsupported_reason(attn_desc: Any) -> str:
 class ModuleState:
     """Config, restorer, gauge, markers and per-request books of the server module.
 
-    ``_guard`` (``bsrkv.hostguard``) runs every part of a handler that is bsrctl's alone
+    ``_guard`` (``bsrkv.hostguard``) runs every part of a handler that is bsrkv's alone
     (TempoKV's hooks, accounting, spans, markers around a stock call): its failure is
     counted (``bsr.status`` counters ``guard_<site>``), logged once, and the handler gives
     the answer LMCache's own module gave or would give."""

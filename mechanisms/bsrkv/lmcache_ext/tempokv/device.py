@@ -5,7 +5,7 @@
 - a staging op is a LOCK prefetch of its objects' keys (``LMCacheRestoreStorage.stage``),
   loaded from L2 into L1 and read-locked there: the locks are the pins. LMCache's read
   locks expire after ``read_ttl_seconds``; the server runs with a TTL above the longest
-  protection (bsrctl sets it), so no pin lapses under a committed claim;
+  protection (the caller sets it), so no pin lapses under a committed claim;
 - an object whose protection ended has its locks dropped with ``finish_read_prefetched``:
   under the ``retain`` prefetch policy it stays in L1 for the stock lookup to find;
 - an ordinary op is the stock lookup's own L2 read: the device does not perform it (unless

@@ -1,7 +1,7 @@
 """TempoKV's controller and provider over LMCache's real StorageManager (the MP server's own,
 inside the server module, or an in-process one in tests).
 
-The mechanism is ``bsrctl.tempokv`` unchanged: ``Controller``, ``StagingProvider``, the
+The mechanism is ``bsrkv.tempokv`` unchanged: ``Controller``, ``StagingProvider``, the
 policies and estimators. The device under the provider is ``tempokv.device`` (LOCK
 prefetches; the locks are the pins), the provider's live additions and the pin sampler are
 ``tempokv.provider``. What this module adds is the loop that drives them and the stock

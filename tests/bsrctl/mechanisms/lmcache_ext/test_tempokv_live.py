@@ -25,8 +25,8 @@ from lmcache.v1.distributed.storage_manager import StorageManager
 
 from bsrctl.stack.launch.extensions import odirect_allowed
 from bsrkv.clock import VirtualClock
-from bsrkv.lmcache_ext.faults.adapter import BsrFaultL2AdapterConfig
 from bsrkv.lmcache_ext.bsr.storage import LMCacheRestoreStorage
+from bsrkv.lmcache_ext.faults.adapter import BsrFaultL2AdapterConfig
 from bsrkv.lmcache_ext.tempokv.device import LiveObject
 from bsrkv.lmcache_ext.tempokv.live import LiveConfig, LiveTempo
 from bsrkv.restore.types import RowId

@@ -1,5 +1,5 @@
 """Runs offline vLLM (the tiny model, CPU) with one scheduler class over fixed prompts and
-writes the outputs; the scheduler writes its per-step trace (BSRCTL_TEMPOKV.trace_path).
+writes the outputs; the scheduler writes its per-step trace (BSRKV_TEMPOKV.trace_path).
 
     python onoff_driver.py MODEL_DIR SCHEDULER_CLS OUT_JSON
 """

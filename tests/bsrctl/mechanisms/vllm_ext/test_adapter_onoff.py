@@ -32,7 +32,7 @@ def run(
     cfg = wire.AdapterEnv(adapter, "record", str(trace))  # the wire the launch writes
     env = {
         **os.environ,
-        "BSRCTL_TEMPOKV": json.dumps(cfg.to_json()),
+        "BSRKV_TEMPOKV": json.dumps(cfg.to_json()),
         "VLLM_CPU_KVCACHE_SPACE": "1",
         "VLLM_NO_USAGE_STATS": "1",
         "DO_NOT_TRACK": "1",

@@ -119,7 +119,7 @@ def make_scheduler(
     setenv: SetEnv,
     quiet: bool = False,
 ) -> Any:
-    """``cls`` on ``cfg`` with the adapter's settings in BSRCTL_TEMPOKV (set by ``setenv``,
+    """``cls`` on ``cfg`` with the adapter's settings in BSRKV_TEMPOKV (set by ``setenv``,
     a test's monkeypatch), on ``clock``; every view the adapter's core takes, with its
     update, and every calibration sample are kept in ``books``."""
     import torch
@@ -127,7 +127,7 @@ def make_scheduler(
     from vllm.v1.structured_output import StructuredOutputManager
 
     env = wire.AdapterEnv(ADAPTER, "record", str(trace))
-    setenv("BSRCTL_TEMPOKV", json.dumps(env.to_json()))
+    setenv("BSRKV_TEMPOKV", json.dumps(env.to_json()))
 
     spec = FullAttentionSpec(block_size=BLOCK, num_kv_heads=2, head_size=16, dtype=torch.float32)
     kv = KVCacheConfig(1000, [], [KVCacheGroupSpec(["l0"], spec)])

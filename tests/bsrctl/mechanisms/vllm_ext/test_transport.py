@@ -2,7 +2,7 @@
 before a schedule() that may look its request up, so it is on the server before that
 lookup, and not while vLLM's running slots are full (no lookup can come). The futures are
 LMCache's own; the test answers them itself (the adapter's clock is the test's, and the
-client advances it by the reply's delay). The adapter reads its settings (BSRCTL_TEMPOKV)
+client advances it by the reply's delay). The adapter reads its settings (BSRKV_TEMPOKV)
 and the controller's replies through the TempoKV wire: a renamed key is refused, naming
 it."""
 
@@ -248,7 +248,7 @@ def test_the_adapter_settings_travel_as_the_launch_wrote_them(monkeypatch) -> No
     with pytest.raises(wire.WireError) as err:
         recorder.adapter_env()
     assert str(err.value) == (
-        "BSRCTL_TEMPOKV.adapter: missing keys ['chunk_tokens'], unexpected keys ['chunk_token']"
+        "BSRKV_TEMPOKV.adapter: missing keys ['chunk_tokens'], unexpected keys ['chunk_token']"
     )
     monkeypatch.delenv(scheduler.ENV)
     assert recorder.adapter_env() == wire.AdapterEnv(None, "record", None)  # the recorder alone
@@ -256,8 +256,8 @@ def test_the_adapter_settings_travel_as_the_launch_wrote_them(monkeypatch) -> No
 
 def test_a_mutating_send_carries_the_control_token(monkeypatch) -> None:
     """tempokv.update is mutating: it carries the token a launched stack gives vLLM in
-    $BSRCTL_CONTROL_TOKEN; a read-only method carries none."""
-    monkeypatch.setenv("BSRCTL_CONTROL_TOKEN", "tok")
+    $BSRKV_CONTROL_TOKEN; a read-only method carries none."""
+    monkeypatch.setenv("BSRKV_CONTROL_TOKEN", "tok")
     client = Client()
     t = ServerModuleTransport([client], ServerModuleCallRequest)
     t.send("tempokv.update", {"order": []})
@@ -266,7 +266,7 @@ def test_a_mutating_send_carries_the_control_token(monkeypatch) -> None:
         {"order": [], "control_token": "tok"},
         {},
     ]
-    monkeypatch.delenv("BSRCTL_CONTROL_TOKEN")
+    monkeypatch.delenv("BSRKV_CONTROL_TOKEN")
     bare = Client()
     ServerModuleTransport([bare], ServerModuleCallRequest).send("tempokv.update", {"order": []})
     assert [json.loads(c.payload) for c in bare.calls] == [{"order": []}]

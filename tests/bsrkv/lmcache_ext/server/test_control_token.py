@@ -180,7 +180,7 @@ def test_the_token_from_the_servers_environment(
     bsr_sm_server, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # one server per test: LMCache names its L1 pool by PID (two would share it)
-    monkeypatch.setenv("BSRCTL_CONTROL_TOKEN", "from-env")
+    monkeypatch.setenv("BSRKV_CONTROL_TOKEN", "from-env")
     server = bsr_sm_server(8 * C_BYTES, window_chunks=2, control_token=None)
     configure = handlers(server)["bsr.configure"]
     assert RefusedReply.is_refusal(json.loads(configure(authed({"window_chunks": 4}))))

@@ -6,8 +6,8 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+from bsrctl.stack.doctor.uses import CONNECTOR_DECLARED, DECLARED
 from bsrkv.hostsurface.check import check_name
-from bsrkv.hostsurface.declared import CONNECTOR_DECLARED, DECLARED
 from bsrkv.hostsurface.source import Tree, installed_root
 
 
