@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bsrctl.experiments.tempokv import simulate_policy
+from bsrctl.tempokv.experiments import simulate_policy
 from bsrctl.tempokv.sim.models import STEP_OVERHEAD_S, make_profile
 from bsrctl.tempokv.spec import load
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bsrctl.experiments.tempokv import simulate_policy
+from bsrctl.tempokv.experiments import simulate_policy
 from bsrctl.tempokv.sim.models import CATALOGUE
 from bsrctl.tempokv.sim.run import SimResult
 from bsrctl.tempokv.spec import TempoKVSpec, load

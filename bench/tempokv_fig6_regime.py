@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from fig6 import dax
 from fig6.headroom import Interval, idle_while_waiting
 
-from bsrctl.experiments.tempokv.cells import simulate_policy
+from bsrctl.tempokv.experiments.cells import simulate_policy
 from bsrctl.tempokv.sim.models import ModelProfile, make_profile
 from bsrctl.tempokv.sim.run import SimResult
 from bsrctl.tempokv.spec import DeviceSpec, OutputSpec, TempoKVSpec

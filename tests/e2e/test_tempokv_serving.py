@@ -90,8 +90,8 @@ def test_lmcache_killed_with_committed_claims_leaves_no_pin(tmp_path: Path) -> N
     import threading
     import time
 
-    from bsrctl.experiments.tempokv import calls
-    from bsrctl.experiments.tempokv.serving import (
+    from bsrctl.tempokv.experiments import calls
+    from bsrctl.tempokv.experiments.serving import (
         _arrivals,
         deployment_for,
         prepare,

@@ -13,8 +13,8 @@ import yaml
 
 from bsrctl.errors import BadInput
 from bsrctl.evidence import Verdict
-from bsrctl.experiments.tempokv import run_tempokv
-from bsrctl.experiments.tempokv.expectations import (
+from bsrctl.tempokv.experiments import run_tempokv
+from bsrctl.tempokv.experiments.expectations import (
     DEVIATES_AS_DECLARED,
     DOES_NOT_REPRODUCE,
     REPRODUCES,
@@ -23,7 +23,7 @@ from bsrctl.experiments.tempokv.expectations import (
     Claim,
     judge,
 )
-from bsrctl.experiments.tempokv.grid import grid_checks
+from bsrctl.tempokv.experiments.grid import grid_checks
 from bsrctl.tempokv.spec import Expectation, PolicyAcceptance, load
 
 LADDERS = Path(__file__).resolve().parents[2] / "ladders"

@@ -24,7 +24,7 @@ import pytest
 from hypothesis import event, given, note, settings
 from hypothesis import strategies as st
 
-from bsrctl.experiments.tempokv.cells import simulate_policy
+from bsrctl.tempokv.experiments.cells import simulate_policy
 from bsrctl.tempokv.sim.device import DeviceConfig
 from bsrctl.tempokv.sim.models import ModelProfile, make_profile
 from bsrctl.tempokv.sim.oracle import MAX_ITERATIONS, simulate_oracle

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from bsrctl.experiments.tempokv.cells import simulate_policy
+from bsrctl.tempokv.experiments.cells import simulate_policy
 from bsrctl.tempokv.sim.models import CATALOGUE
 from bsrctl.tempokv.sim.runtime import SimRuntime
 from bsrctl.tempokv.spec import load

@@ -25,9 +25,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bsrctl.experiments.tempokv.cells import simulate_policy
-from bsrctl.experiments.tempokv.compare import OrderingAgreement, compare
 from bsrctl.specs import StackSpec
+from bsrctl.tempokv.experiments.cells import simulate_policy
+from bsrctl.tempokv.experiments.compare import OrderingAgreement, compare
+from bsrctl.tempokv.measures import policy_rows
 from bsrctl.tempokv.sim.models import ModelProfile
 from bsrctl.tempokv.spec import FixedArrivals, TempoKVSpec
 from bsrkv.tempokv.kv import GIB
@@ -223,12 +224,8 @@ def serving_rows(evidence: Mapping[str, Any]) -> dict[str, dict[str, float]]:
     provider's byte-time of capacity reserved from commitment (staging in flight and
     queued included), which is what the simulation's C integrates."""
     return {
-        policy: {
-            "c": m["c_mib_s_per_req"],
-            "c_reserved": m["model_c_mib_s_per_req"],
-            "p95": m["p95_ttft_s"],
-        }
-        for policy, m in evidence["summary"]["policies"].items()
+        policy: {"c": m.c_mib_s_per_req, "c_reserved": m.model_c_mib_s_per_req, "p95": m.p95_ttft_s}
+        for policy, m in policy_rows(evidence["summary"]).items()
     }
 
 

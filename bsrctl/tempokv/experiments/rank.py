@@ -11,9 +11,9 @@ from typing import Any
 
 from bsrctl.evidence import EvidenceWriter, Point
 from bsrctl.evidence.verdict import check
-from bsrctl.experiments.tempokv.cells import device_config
-from bsrctl.experiments.tempokv.expectations import Claim, JudgedCheck, judge
-from bsrctl.experiments.tempokv.paper import CLAIMS
+from bsrctl.tempokv.experiments.cells import device_config
+from bsrctl.tempokv.experiments.expectations import Claim, JudgedCheck, judge
+from bsrctl.tempokv.experiments.paper import CLAIMS
 from bsrctl.tempokv.sim.device import DeviceConfig, SimStagingDevice
 from bsrctl.tempokv.sim.models import make_profile
 from bsrctl.tempokv.spec import RankAcceptance, RankGrid, TempoKVSpec

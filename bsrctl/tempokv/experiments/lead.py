@@ -9,14 +9,14 @@ from collections.abc import Callable
 from typing import Any
 
 from bsrctl.evidence import EvidenceWriter, Point
-from bsrctl.experiments.tempokv.cells import (
+from bsrctl.tempokv.experiments.cells import (
     control_config,
     device_config,
     engine_limits,
     invariants,
 )
-from bsrctl.experiments.tempokv.expectations import Claim, JudgedCheck, judge
-from bsrctl.experiments.tempokv.paper import CLAIMS
+from bsrctl.tempokv.experiments.expectations import Claim, JudgedCheck, judge
+from bsrctl.tempokv.experiments.paper import CLAIMS
 from bsrctl.tempokv.sim.models import ModelProfile, make_profile
 from bsrctl.tempokv.sim.oracle import simulate_oracle
 from bsrctl.tempokv.sim.run import simulate

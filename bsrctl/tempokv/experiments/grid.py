@@ -8,9 +8,9 @@ from collections.abc import Callable
 from typing import Any
 
 from bsrctl.evidence import EvidenceWriter, Point
-from bsrctl.experiments.tempokv.cells import device_config, invariants, simulate_policy
-from bsrctl.experiments.tempokv.expectations import Claim, JudgedCheck, judge
-from bsrctl.experiments.tempokv.paper import CLAIMS, PAPER_FIG4, PAPER_SIX
+from bsrctl.tempokv.experiments.cells import device_config, invariants, simulate_policy
+from bsrctl.tempokv.experiments.expectations import Claim, JudgedCheck, judge
+from bsrctl.tempokv.experiments.paper import CLAIMS, PAPER_FIG4, PAPER_SIX
 from bsrctl.tempokv.sim.models import make_profile
 from bsrctl.tempokv.spec import PolicyAcceptance, PolicyGrid, TempoKVSpec
 from bsrkv.tempokv.kv import GIB
