@@ -129,7 +129,7 @@ def flash_idle_while_waiting(res: SimResult) -> float:
 
 def point(spec: TempoKVSpec, model: ModelProfile, policy: str) -> Point:
     res = simulate_policy(spec, model, 1.0, spec.device.fast_tier_gib, policy)
-    m = res.measures()
+    m = res.measures().to_json()
     engine = statistics.median(
         lg.done_s - lg.transfer_end_s
         for lg in res.logs

@@ -1,6 +1,9 @@
-"""The typed measures of TempoKV's serving policy grid: one policy over one repeat
+"""TempoKV's typed measures. The serving policy grid: one policy over one repeat
 (``RepeatMeasures``, a point's measures) and its repeats pooled (``PooledMeasures``, a row
-of the summary's ``policies``).
+of the summary's ``policies``). The simulation: one policy's run in virtual time
+(``SimMeasures``, a grid point and a row of its cell), and beside it what Figure 1's lead
+sweep (``LeadMeasures``, ``OracleLeadMeasures``) and Figure 2's rank grid (``RankMeasures``)
+measure of a point.
 
 Evidence stores ``to_json()``: flat, in field order, lists for the sequences; the optional
 fields (goodput without an SLO, the flash tier's read bytes off it) are left out when None,
@@ -156,3 +159,70 @@ def point_measures(doc: Mapping[str, Any]) -> tuple[RepeatMeasures, Any]:
 def policy_rows(summary: Mapping[str, Any]) -> dict[str, PooledMeasures]:
     """A serving summary's ``policies`` as typed rows, in the run's order."""
     return {p: PooledMeasures.from_json(m) for p, m in summary.get("policies", {}).items()}
+
+
+@dataclass(frozen=True, kw_only=True)
+class SimMeasures(_Flat):
+    """One policy's run in virtual time (``sim.run.SimResult.measures``)."""
+
+    OPTIONAL: ClassVar[frozenset[str]] = frozenset(
+        {
+            "oracle_iterations",
+            "oracle_converged",
+            "oracle_moved_s",
+            "oracle_delayed_claims",
+            "oracle_early_gib_s_per_req",
+        }
+    )
+
+    c_gib_s_per_req: float  # protected byte-time per completed request
+    p95_ttft_s: float
+    mean_ttft_s: float
+    output_tok_s: float
+    deferred_commits: int  # claims refused at least once for lack of protected budget
+    capacity_refusals: int  # refused attempts in all
+    ordinary_retrievals: int
+    completed: int
+    requests: int
+    peak_reserved_gib: float
+    budget_gib: float
+    makespan_s: float
+    # the oracle's fixed point (``sim.oracle``): replays, whether they converged, how far the
+    # last moved a commit, the claims held past their plan, stage-ready before retrieval
+    oracle_iterations: int | None = None
+    oracle_converged: bool | None = None
+    oracle_moved_s: float | None = None
+    oracle_delayed_claims: int | None = None
+    oracle_early_gib_s_per_req: float | None = None
+
+
+def sim_fields(m: SimMeasures) -> dict[str, Any]:
+    """A run's measures as keywords, for a point type that extends them."""
+    return {f.name: getattr(m, f.name) for f in fields(m)}
+
+
+@dataclass(frozen=True, kw_only=True)
+class LeadMeasures(SimMeasures):
+    """Figure 1: one request committed ``lead_s`` before it is submitted."""
+
+    ttft_s: float
+    lead_byte_time_gib_s: float  # protected byte-time from commit to submission
+    footprint_gib: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class OracleLeadMeasures(SimMeasures):
+    """Figure 1's oracle: the lead it picked."""
+
+    lead_s: float
+    ttft_s: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class RankMeasures(_Flat):
+    """Figure 2: Queue-1's commit at t = 0 against the oracle's."""
+
+    time_to_ready_s: float
+    margin_s: float
+    oracle_commit_s: float
+    oracle_margin_s: float

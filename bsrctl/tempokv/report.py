@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from bsrctl.report.units import guard_lines
-from bsrctl.tempokv.measures import policy_rows
+from bsrctl.tempokv.measures import SimMeasures, policy_rows
 
 UNEXPECTED = "unexpected pass"
 
@@ -90,11 +90,11 @@ def _serving(summary: dict[str, Any]) -> str:
 
 
 # ---- Figures 4 and 5 --------------------------------------------------------------------
-def _gain(m: dict[str, Any], d: dict[str, Any] | None) -> tuple[float, float]:
+def _gain(m: SimMeasures, d: SimMeasures | None) -> tuple[float, float]:
     if d is None:
         return math.nan, math.nan
-    p95 = 100 * (1 - m["p95_ttft_s"] / d["p95_ttft_s"])
-    tput = 100 * (m["output_tok_s"] / d["output_tok_s"] - 1)
+    p95 = 100 * (1 - m.p95_ttft_s / d.p95_ttft_s)
+    tput = 100 * (m.output_tok_s / d.output_tok_s - 1)
     return p95, tput
 
 
@@ -114,7 +114,8 @@ def _grid(summary: dict[str, Any]) -> str:
     ]
     notes = []
     for cell in summary["cells"]:
-        pol, paper, dist = cell["policies"], cell.get("paper", {}), cell.get("to_oracle", {})
+        pol = {p: SimMeasures.from_json(m) for p, m in cell["policies"].items()}
+        paper, dist = cell.get("paper", {}), cell.get("to_oracle", {})
         model, size, ratio = cell["model"], cell["fast_tier_gib"], cell["cache_ratio"]
         for policy, m in pol.items():
             red, gain = _gain(m, pol.get("demand"))
@@ -122,19 +123,19 @@ def _grid(summary: dict[str, Any]) -> str:
             d = dist.get(policy)
             c_x, p95_x = (f"{d['c']:.2f}", f"{d['p95']:.2f}") if d else ("", "")
             lines.append(
-                f"| {model} | {size:g} | {ratio:g} | {policy} | {m['p95_ttft_s']:.2f} | "
-                f"{m['mean_ttft_s']:.2f} | {m['output_tok_s']:.1f} | {red:.1f}{_bracket(ref, 0)} "
-                f"| {gain:.1f}{_bracket(ref, 1)} | {m['c_gib_s_per_req']:.2f}{_bracket(ref, 2)} "
-                f"| {c_x} | {p95_x} | {m['deferred_commits']} |"
+                f"| {model} | {size:g} | {ratio:g} | {policy} | {m.p95_ttft_s:.2f} | "
+                f"{m.mean_ttft_s:.2f} | {m.output_tok_s:.1f} | {red:.1f}{_bracket(ref, 0)} "
+                f"| {gain:.1f}{_bracket(ref, 1)} | {m.c_gib_s_per_req:.2f}{_bracket(ref, 2)} "
+                f"| {c_x} | {p95_x} | {m.deferred_commits} |"
             )
         o = pol.get("oracle")
         if o is not None:
-            state = "converged" if o["oracle_converged"] else "NOT converged (last replay shown)"
+            state = "converged" if o.oracle_converged else "NOT converged (last replay shown)"
             notes.append(
                 f"- {model} {size:g} GiB ratio {ratio:g}: {state} after "
-                f"{o['oracle_iterations']} replay{'' if o['oracle_iterations'] == 1 else 's'}; "
+                f"{o.oracle_iterations} replay{'' if o.oracle_iterations == 1 else 's'}; "
                 "stage-ready before retrieval "
-                f"{o['oracle_early_gib_s_per_req']:.2f} GiB·s/req (staging serialised)"
+                f"{o.oracle_early_gib_s_per_req:.2f} GiB·s/req (staging serialised)"
             )
     if notes:
         lines += ["", "Oracle fixed point per cell:", "", *notes]

@@ -1,7 +1,7 @@
-"""TempoKV's serving measures are typed and the evidence on disk is unchanged: a real serving
-run's evidence (tests/data/evidence/tempokv-serving-measures.json: its points' measures and
-summary rows as the run wrote them, before the types) reads back as the types and writes back
-byte for byte; any record written reads back as itself."""
+"""TempoKV's measures are typed and the evidence on disk is unchanged: a real serving run's
+evidence (tests/data/evidence/tempokv-serving-measures.json: its points' measures and summary
+rows as the run wrote them, before the types) reads back as the types and writes back byte
+for byte; a simulated run writes the keys it always wrote; any record reads back as itself."""
 
 from __future__ import annotations
 
@@ -13,15 +13,24 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from bsrctl.tempokv.experiments.cells import simulate_policy
 from bsrctl.tempokv.measures import (
+    LeadMeasures,
+    OracleLeadMeasures,
     PerRepeat,
     PooledMeasures,
+    RankMeasures,
     RepeatMeasures,
+    SimMeasures,
     point_measures,
     policy_rows,
+    sim_fields,
 )
+from bsrctl.tempokv.sim.models import make_profile
+from bsrctl.tempokv.spec import load
 
 EVIDENCE = Path(__file__).resolve().parents[1] / "data/evidence/tempokv-serving-measures.json"
+LADDERS = Path(__file__).resolve().parents[2] / "ladders"
 
 
 def _doc() -> dict:
@@ -110,3 +119,37 @@ def test_a_pooled_row_reads_back_as_itself(m: PooledMeasures) -> None:
     back = PooledMeasures.from_json(j)
     assert _eq(back.to_json(), m.to_json())
     assert isinstance(back.per_repeat, PerRepeat)
+
+
+_opt_int = st.none() | _ints
+_sim = st.builds(
+    SimMeasures,
+    c_gib_s_per_req=_num, p95_ttft_s=_num, mean_ttft_s=_num, output_tok_s=_num,
+    deferred_commits=_ints, capacity_refusals=_ints, ordinary_retrievals=_ints, completed=_ints,
+    requests=_ints, peak_reserved_gib=_num, budget_gib=_num, makespan_s=_num,
+    oracle_iterations=_opt_int, oracle_converged=st.none() | st.booleans(),
+    oracle_moved_s=_opt_num, oracle_delayed_claims=_opt_int,
+    oracle_early_gib_s_per_req=_opt_num,
+)  # fmt: skip
+
+
+@given(_sim, _num, _num, _num)
+def test_the_simulations_measures_read_back_as_themselves(m: SimMeasures, a, b, c) -> None:
+    for typed in (m, LeadMeasures(**sim_fields(m), ttft_s=a, lead_byte_time_gib_s=b,
+                                  footprint_gib=c)):  # fmt: skip
+        j = json.loads(json.dumps(typed.to_json()))
+        assert _eq(type(typed).from_json(j).to_json(), typed.to_json())
+    lead = OracleLeadMeasures(**sim_fields(m), lead_s=a, ttft_s=b).to_json()
+    assert list(lead)[-2:] == ["lead_s", "ttft_s"]  # after the run's, as points always had
+    r = RankMeasures(time_to_ready_s=a, margin_s=b, oracle_commit_s=c, oracle_margin_s=a)
+    assert _eq(RankMeasures.from_json(json.loads(json.dumps(r.to_json()))).to_json(), r.to_json())
+
+
+def test_a_simulated_run_writes_the_keys_it_always_wrote() -> None:
+    spec, _ = load(LADDERS / "tempokv-fig4.yaml")
+    res = simulate_policy(spec, make_profile("llama-3.1-8b"), 1.0, 100.0, "immediate", False)
+    assert list(res.measures().to_json()) == [
+        "c_gib_s_per_req", "p95_ttft_s", "mean_ttft_s", "output_tok_s", "deferred_commits",
+        "capacity_refusals", "ordinary_retrievals", "completed", "requests",
+        "peak_reserved_gib", "budget_gib", "makespan_s",
+    ]  # fmt: skip

@@ -213,8 +213,8 @@ def simulate_like_serving(
     for policy in policies:
         m = simulate_policy(s, model, 1.0, s.device.fast_tier_gib, policy, keep_trace=False)
         meas = m.measures()
-        c = meas["c_gib_s_per_req"] * 1024  # reserved from commit: the model's byte-time
-        out[policy] = {"c": c, "c_reserved": c, "p95": meas["p95_ttft_s"]}
+        c = meas.c_gib_s_per_req * 1024  # reserved from commit: the model's byte-time
+        out[policy] = {"c": c, "c_reserved": c, "p95": meas.p95_ttft_s}
     return out
 
 
