@@ -39,8 +39,9 @@ from pydantic import ValidationError
 from bsrctl.errors import StackFailed
 from bsrctl.evidence.verdict import Check, check
 from bsrctl.experiments.bench import SEED, bench_point, run_bench
-from bsrctl.experiments.tempokv import engine_profile
-from bsrctl.experiments.tempokv.adapter_arms import (
+from bsrctl.spec_io import describe_error
+from bsrctl.tempokv.experiments import engine_profile
+from bsrctl.tempokv.experiments.adapter_arms import (
     COST_ARMS,
     DEFAULT_ARMS,
     STOCK,
@@ -51,9 +52,8 @@ from bsrctl.experiments.tempokv.adapter_arms import (
     round_orders,
     run_cell,
 )
-from bsrctl.experiments.tempokv.adapter_cost import adapter_cost, read_trace
-from bsrctl.experiments.tempokv.serving import prepare, seed_documents
-from bsrctl.spec_io import describe_error
+from bsrctl.tempokv.experiments.adapter_cost import adapter_cost, read_trace
+from bsrctl.tempokv.experiments.serving import prepare, seed_documents
 from bsrctl.tempokv.spec import TempoKVSpec
 
 DEFAULT_SPEC = Path(__file__).resolve().parents[1] / "ladders" / "tempokv-serving.yaml"

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bsrctl.experiments.tempokv import simulate_policy
+from bsrctl.tempokv.experiments import simulate_policy
 from bsrctl.tempokv.sim.models import STEP_OVERHEAD_S, make_profile
 from bsrctl.tempokv.spec import load
 
@@ -31,7 +31,11 @@ def main() -> None:
             output = spec.workload.output.model_copy(update={"eos_fraction": eos})
             workload = spec.workload.model_copy(update={"output": output})
             cell = spec.model_copy(update={"workload": workload})
-            m = simulate_policy(cell, model, 1.0, 100.0, "tempokv", keep_trace=False).measures()
+            m = (
+                simulate_policy(cell, model, 1.0, 100.0, "tempokv", keep_trace=False)
+                .measures()
+                .to_json()
+            )
             tok_err = abs(m["output_tok_s"] / PAPER_TOK_S - 1)
             score = tok_err + abs(m["p95_ttft_s"] / PAPER_P95_S - 1)
             shipped = overhead_s == STEP_OVERHEAD_S and eos == shipped_eos

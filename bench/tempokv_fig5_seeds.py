@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bsrctl.experiments.tempokv import simulate_policy
+from bsrctl.tempokv.experiments import simulate_policy
 from bsrctl.tempokv.sim.models import CATALOGUE
 from bsrctl.tempokv.sim.run import SimResult
 from bsrctl.tempokv.spec import TempoKVSpec, load
@@ -62,7 +62,7 @@ def results(
 
 
 def run(spec: TempoKVSpec, policies: tuple[str, ...], ratio: float, size: float) -> dict:
-    return {p: r.measures() for p, r in results(spec, policies, ratio, size).items()}
+    return {p: r.measures().to_json() for p, r in results(spec, policies, ratio, size).items()}
 
 
 def lateness(res: SimResult, staging_bytes_s: float) -> Counter[str]:
@@ -130,7 +130,7 @@ def main() -> None:
         rows, d_tok = [], []
         for seed in SEEDS:
             res = results(cell(spec, seed, eos), POLICY_NAMES, 1.0, FAST_TIER_GIB, True)
-            m = {p: r.measures() for p, r in res.items()}
+            m = {p: r.measures().to_json() for p, r in res.items()}
             for policy, counter in gap.items():
                 counter.update(lateness(res[policy], rate))
             j = judge(m)

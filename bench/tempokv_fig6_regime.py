@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from fig6 import dax
 from fig6.headroom import Interval, idle_while_waiting
 
-from bsrctl.experiments.tempokv.cells import simulate_policy
+from bsrctl.tempokv.experiments.cells import simulate_policy
 from bsrctl.tempokv.sim.models import ModelProfile, make_profile
 from bsrctl.tempokv.sim.run import SimResult
 from bsrctl.tempokv.spec import DeviceSpec, OutputSpec, TempoKVSpec
@@ -129,7 +129,7 @@ def flash_idle_while_waiting(res: SimResult) -> float:
 
 def point(spec: TempoKVSpec, model: ModelProfile, policy: str) -> Point:
     res = simulate_policy(spec, model, 1.0, spec.device.fast_tier_gib, policy)
-    m = res.measures()
+    m = res.measures().to_json()
     engine = statistics.median(
         lg.done_s - lg.transfer_end_s
         for lg in res.logs

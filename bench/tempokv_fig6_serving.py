@@ -96,8 +96,12 @@ from pydantic import ValidationError
 from bsrctl.errors import StackFailed
 from bsrctl.evidence.verdict import Check
 from bsrctl.experiments.bench import run_bench
-from bsrctl.experiments.tempokv import calls
-from bsrctl.experiments.tempokv.serving import (
+from bsrctl.spec_io import describe_error
+from bsrctl.stack.contracts.bsr_client import outcomes_since
+from bsrctl.stack.contracts.deployment import Deployment
+from bsrctl.stack.launch.extensions import TempoKVLaunch, odirect_allowed
+from bsrctl.tempokv.experiments import calls
+from bsrctl.tempokv.experiments.serving import (
     _arrivals,
     adapter_settings,
     deployment_for,
@@ -105,10 +109,6 @@ from bsrctl.experiments.tempokv.serving import (
     seed_documents,
     stack_spec,
 )
-from bsrctl.spec_io import describe_error
-from bsrctl.stack.contracts.bsr_client import outcomes_since
-from bsrctl.stack.contracts.deployment import Deployment
-from bsrctl.stack.launch.extensions import TempoKVLaunch, odirect_allowed
 from bsrctl.tempokv.spec import TempoKVSpec
 from bsrctl.trace.collect import read_spans
 from bsrctl.trace.timeline import spans_of

@@ -35,7 +35,7 @@ def main() -> None:
     small_s = time.perf_counter() - t0
     print(
         f"12-request paper workload: {small_s:.3f} s wall "
-        f"({res.measures()['makespan_s']:.1f} s virtual) goal < 1 s"
+        f"({res.measures().to_json()['makespan_s']:.1f} s virtual) goal < 1 s"
     )
     pool = [rng.randrange(2048, 16384) for _ in range(200)]
     trace = poisson(pool, 1.0, 10_000, 1.0, 24, outputs, 7, 256, model.kv_bytes_per_token)
@@ -45,7 +45,7 @@ def main() -> None:
         res = simulate(trace, model, device, EngineLimits(), control, policy, keep_trace=False)
         big_s, big_cpu_s = time.perf_counter() - t0, time.process_time() - c0
         wall[policy], cpu[policy] = big_s, big_cpu_s
-        m = res.measures()
+        m = res.measures().to_json()
         print(
             f"10,000-request trace, {policy}: {big_s:.3f} s wall, {big_cpu_s:.3f} s CPU "
             f"({m['makespan_s']:.0f} s virtual, {m['completed']} completed, "

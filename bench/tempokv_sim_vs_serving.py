@@ -11,7 +11,7 @@ import json
 import sys
 from pathlib import Path
 
-from bsrctl.experiments.tempokv.crosscheck import (
+from bsrctl.tempokv.experiments.crosscheck import (
     CrossCheckUnknown,
     calibrate,
     orderings,

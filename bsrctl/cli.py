@@ -178,7 +178,7 @@ EXPERIMENTS = {
         "Workload x fault matrix: every failed restore ends closed, correct and explained.",
     ),
     "tempokv": (
-        "bsrctl.experiments.tempokv:run_tempokv",
+        "bsrctl.tempokv.experiments:run_tempokv",
         "sim",
         "Run TempoKV and the baseline staging policies on identical seeded traces.",
     ),

@@ -120,6 +120,16 @@ def test_the_package_layers_name_every_top_level_module(contract, package) -> No
     )
 
 
+def test_the_tempokv_layers_place_every_module_of_the_package() -> None:
+    # TempoKV's simulator, specs, measures, report and experiments: one package, layered
+    layers = _contracts()["tempokv-layers"]
+    assert layers["containers"] == ["bsrctl.tempokv"] and layers["exhaustive"] is True
+    named = {m.strip() for layer in layers["layers"] for m in layer.split("|")}
+    root = PACKAGE / "tempokv"
+    top = {p.stem for p in root.glob("*.py") if p.stem != "__init__"}
+    assert named == top | {p.parent.name for p in root.glob("*/__init__.py")}
+
+
 def test_the_stack_targets_contract_places_every_target_and_deployment() -> None:
     modules = {
         m.strip() for layer in _contracts()["stack-targets"]["layers"] for m in layer.split("|")
@@ -175,12 +185,42 @@ BREAKS = [
         {"mechanisms-standalone"},
         "bsrkv.vllm_ext.transport -> rich",
     ),
-    (
+    (  # bsrctl.tempokv sits above the stack (its experiments run on it): its simulator and
+        # specs, which import bsrkv.tempokv, are kept off the stack by tempokv-no-stack
         "mechanisms/bsrkv/tempokv/kv.py",
         "import bsrctl.stack",
-        # bsrctl.tempokv (below the stack) imports bsrkv.tempokv: an upward arrow in bsrctl
-        {"mechanisms-standalone", "tempokv-no-stack", "package-layers"},
+        {"mechanisms-standalone", "tempokv-no-stack"},
         "bsrkv.tempokv.kv -> bsrctl.stack",
+    ),
+    (  # TempoKV's specs reaching for a deployment: only its experiments may
+        "bsrctl/tempokv/spec.py",
+        "import bsrctl.stack.launch.serving",
+        {"tempokv-no-stack"},
+        "bsrctl.tempokv.spec -> bsrctl.stack.launch.serving",
+    ),
+    (  # the simulator reaching up into the experiments that drive it
+        "bsrctl/tempokv/sim/engine.py",
+        "import bsrctl.tempokv.experiments.cells",
+        {"tempokv-no-stack", "tempokv-layers", "acyclic"},
+        "bsrctl.tempokv.sim.engine -> bsrctl.tempokv.experiments.cells",
+    ),
+    (  # TempoKV's report reading an experiment instead of the evidence
+        "bsrctl/tempokv/report.py",
+        "import bsrctl.tempokv.experiments.pooled",
+        {"report-from-evidence", "tempokv-layers"},
+        "bsrctl.tempokv.report -> bsrctl.tempokv.experiments.pooled",
+    ),
+    (  # or the simulator: below it in the package's layers, still not evidence
+        "bsrctl/tempokv/report.py",
+        "import bsrctl.tempokv.sim.run",
+        {"report-from-evidence"},
+        "bsrctl.tempokv.report -> bsrctl.tempokv.sim.run",
+    ),
+    (  # the report package finds TempoKV's renderer by name (evidence.kinds), never by import
+        "bsrctl/report/units.py",
+        "import bsrctl.tempokv.measures",
+        {"package-layers", "acyclic"},  # tempokv.report imports report.units
+        "bsrctl.report.units -> bsrctl.tempokv.measures",
     ),
     (
         "bsrctl/evidence/verdict.py",

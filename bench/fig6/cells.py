@@ -12,8 +12,8 @@ from typing import Any
 
 from bsrctl.evidence.verdict import Check, check
 from bsrctl.experiments.bench import SEED, bench_point
-from bsrctl.experiments.tempokv.expectations import ordering_claim
 from bsrctl.stats import paired_ratio_ci
+from bsrctl.tempokv.experiments.expectations import ordering_claim
 
 BASE = "lmcache"  # today's analogue's baseline: stock LMCache, DRAM L1 + shaped FS L2
 DAX_BASE = "lmcache-dax"  # §5.3's: unmodified LMCache, its whole L1 on the flash tier

@@ -19,10 +19,10 @@ import yaml
 from pydantic import ValidationError
 
 from bsrctl.evidence.verdict import Check
-from bsrctl.experiments.tempokv import flash
-from bsrctl.experiments.tempokv.expectations import ordering_claim
 from bsrctl.spec_io import describe_error
 from bsrctl.stats import decisive_repeats
+from bsrctl.tempokv.experiments import flash
+from bsrctl.tempokv.experiments.expectations import ordering_claim
 from bsrctl.tempokv.spec import TempoKVSpec
 from fig6.cells import DAX_BASE, Cells, ratio
 from fig6.headroom import arm_headroom, headroom_lines

@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from bsrctl.experiments.bench import SEED
-from bsrctl.experiments.tempokv.flash import fast_tier_config
 from bsrctl.stack.launch.fast_tier import FastTier
 from bsrctl.stack.launch.flash_probe import FlashFigures, probe
 from bsrctl.stats import paired_ratio_ci
+from bsrctl.tempokv.experiments.flash import fast_tier_config
 from bsrctl.tempokv.flash_spec import demand_iops
 from bsrctl.tempokv.spec import TempoKVSpec
 from fig6.cells import Cells

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from bsrctl.experiments.tempokv.serving import _p95
+from bsrctl.tempokv.experiments.serving import _p95
 from bsrctl.tempokv.serving_workload import goodput
 from fig6.cells import Cell
 

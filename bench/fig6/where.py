@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bsrctl.experiments.tempokv.pooled import quantile
+from bsrctl.tempokv.experiments.pooled import quantile
 from bsrctl.trace.timeline import (
     CLIENT_REQUEST,
     CLIENT_TTFT,

@@ -14,7 +14,9 @@ KindName = Literal["ladder", "sweep", "law", "failmatrix", "tempokv", "roundtrip
 class Kind:
     """What a kind of run needs beyond its name."""
 
-    renderer: str  # the module under bsrctl.report whose render(doc) writes its summary.md
+    # the module whose render(doc) writes its summary.md: a name under bsrctl.report, or a
+    # full module path for a mechanism's report kept beside it (bsrctl.tempokv.report)
+    renderer: str
     run_prefix: str | None = None  # br-<prefix>-<hex>: the paper names its sweep runs e1
 
 
@@ -23,7 +25,7 @@ KINDS: dict[KindName, Kind] = {
     "sweep": Kind("restore", run_prefix="e1"),
     "law": Kind("restore"),
     "failmatrix": Kind("failmatrix"),
-    "tempokv": Kind("tempokv"),
+    "tempokv": Kind("bsrctl.tempokv.report"),
     "roundtrip": Kind("restore"),
     "bench": Kind("bench"),
     "soak": Kind("soak"),

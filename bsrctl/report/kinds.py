@@ -8,7 +8,9 @@ from typing import Any
 
 from bsrctl.evidence.kinds import KINDS
 
-# kind -> module under bsrctl.report holding `render(doc) -> str` (the evidence registry's)
+# kind -> module holding `render(doc) -> str` (the evidence registry's): a bare name is under
+# bsrctl.report, a dotted one a full module path. Imported by name when asked, so the report
+# package imports no mechanism's report (the top-level layers keep tempokv above report).
 RENDERERS: dict[str, str] = {name: kind.renderer for name, kind in KINDS.items()}
 
 
@@ -16,7 +18,8 @@ def renderer(kind: str) -> Callable[[dict[str, Any]], str]:
     module = RENDERERS.get(kind)
     if module is None:
         raise ValueError(f"no renderer for evidence kind {kind!r}; known: {sorted(RENDERERS)}")
-    return import_module(f"bsrctl.report.{module}").render  # type: ignore[no-any-return]
+    path = module if "." in module else f"bsrctl.report.{module}"
+    return import_module(path).render  # type: ignore[no-any-return]
 
 
 def render(doc: dict[str, Any]) -> str:

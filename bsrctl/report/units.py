@@ -12,6 +12,7 @@ MIB = 1 << 20
 
 
 def mib(n: float | None, digits: int = 2) -> str:
+    """Bytes shown in MiB ("1.50 MiB"); "" for None."""
     return "" if n is None else f"{n / MIB:.{digits}f} MiB"
 
 

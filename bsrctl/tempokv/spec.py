@@ -264,7 +264,7 @@ Experiment = Annotated[PolicyGrid | LeadSweep | RankGrid, Field(discriminator="k
 SERVING_MAX_MODEL_LEN = 8192
 
 
-def _mib(m: Any) -> Any:
+def _mib_to_bytes(m: Any) -> Any:
     """MiB to bytes; anything else is left for the fields' own validation to name."""
     return m * (1 << 20) if isinstance(m, int | float) and not isinstance(m, bool) else m
 
@@ -272,7 +272,7 @@ def _mib(m: Any) -> Any:
 SHORTHANDS = {  # shorthand -> (section, field, to the stack's unit)
     "max_num_seqs": ("vllm", "max_num_seqs", lambda n: n),
     "engine_cpus": ("vllm", "cpu_threads_bind", lambda c: c),
-    "l1_mib": ("lmcache", "l1_size_bytes", _mib),
+    "l1_mib": ("lmcache", "l1_size_bytes", _mib_to_bytes),
 }
 
 

@@ -105,7 +105,7 @@ def test_stack_down_without_state(tmp_path: Path) -> None:
 def test_tempokv_rejects_unavailable_stacks(
     tmp_path: Path, ladder: str, stack: str, field: str
 ) -> None:
-    pytest.importorskip("bsrctl.experiments.tempokv")
+    pytest.importorskip("bsrctl.tempokv.experiments")
     path = Path(__file__).parents[2] / "ladders" / ladder
     code, out = run("tempokv", str(path), "--stack", stack, "--out", str(tmp_path))
     assert_bad_input(code, out, field)

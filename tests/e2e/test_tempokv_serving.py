@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from bsrctl.tempokv.measures import point_measures, policy_rows
+
 pytestmark = pytest.mark.e2e
 
 # the shipped serving workload (its comments say why), two repeats instead of six and 6
@@ -63,6 +65,11 @@ def test_every_policy_on_the_serving_stack(tmp_path: Path, bsrctl) -> None:
         assert "observed_stock_reads" in p["extra"]
     rows = doc["summary"]["policies"]
     assert list(rows) == POLICIES and doc["summary"]["repeats"] == 2
+    # written through the typed measures: each reads back as them and writes back the same
+    assert {p: r.to_json() for p, r in policy_rows(doc["summary"]).items()} == rows
+    for p in doc["points"]:
+        m, guards = point_measures(p["measures"])
+        assert {**m.to_json(), "guards": guards} == p["measures"]
     for policy, row in rows.items():  # pooled over both repeats
         assert (row["requests"], row["canonical"], row["repeats"]) == (2 * N, 2 * N, 2), policy
         assert len(row["per_repeat"]["p95_ttft_s"]) == 2
@@ -90,8 +97,8 @@ def test_lmcache_killed_with_committed_claims_leaves_no_pin(tmp_path: Path) -> N
     import threading
     import time
 
-    from bsrctl.experiments.tempokv import calls
-    from bsrctl.experiments.tempokv.serving import (
+    from bsrctl.tempokv.experiments import calls
+    from bsrctl.tempokv.experiments.serving import (
         _arrivals,
         deployment_for,
         prepare,

@@ -129,9 +129,7 @@ def _noted(
         "oracle_converged": converged,
         "oracle_moved_s": moved_s,
         "oracle_delayed_claims": len(res.oracle_delayed),
-        "oracle_early_gib_s_per_req": _early_byte_s(res)
-        / GIB
-        / max(1, res.measures()["completed"]),
+        "oracle_early_gib_s_per_req": _early_byte_s(res) / GIB / max(1, res.measures().completed),
     }
     if keep_trace:
         return replace(res, notes=notes)

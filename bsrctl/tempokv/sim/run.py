@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from bsrctl.tempokv.measures import SimMeasures
 from bsrctl.tempokv.oracle import Oracle, OraclePlan
 from bsrctl.tempokv.sim.device import DeviceConfig, SimStagingDevice
 from bsrctl.tempokv.sim.engine import RequestLog, SimEngine
@@ -68,27 +69,27 @@ class SimResult:
             lg.first_token_s - lg.req.arrival_s for lg in self.logs if lg.first_token_s is not None
         ]
 
-    def measures(self) -> dict[str, Any]:
+    def measures(self) -> SimMeasures:
         ttfts = self.ttfts_s
         done = [lg for lg in self.logs if lg.done_s is not None]
         first_s = min(lg.req.arrival_s for lg in self.logs)
         last_s = max(lg.done_s for lg in done) if done else math.nan
         out_tokens = sum(lg.req.output_tokens for lg in done)
-        return {
-            "c_gib_s_per_req": self.byte_time_byte_s / GIB / max(1, len(done)),
-            "p95_ttft_s": percentile(ttfts, 95.0),
-            "mean_ttft_s": sum(ttfts) / len(ttfts) if ttfts else math.nan,
-            "output_tok_s": out_tokens / (last_s - first_s) if done else math.nan,
-            "deferred_commits": self.deferred_commits,
-            "capacity_refusals": self.capacity_refusals,
-            "ordinary_retrievals": self.ordinary_retrievals,
-            "completed": len(done),
-            "requests": len(self.logs),
-            "peak_reserved_gib": self.peak_reserved_bytes / GIB,
-            "budget_gib": self.budget_bytes / GIB,
-            "makespan_s": last_s - first_s,
+        return SimMeasures(
+            c_gib_s_per_req=self.byte_time_byte_s / GIB / max(1, len(done)),
+            p95_ttft_s=percentile(ttfts, 95.0),
+            mean_ttft_s=sum(ttfts) / len(ttfts) if ttfts else math.nan,
+            output_tok_s=out_tokens / (last_s - first_s) if done else math.nan,
+            deferred_commits=self.deferred_commits,
+            capacity_refusals=self.capacity_refusals,
+            ordinary_retrievals=self.ordinary_retrievals,
+            completed=len(done),
+            requests=len(self.logs),
+            peak_reserved_gib=self.peak_reserved_bytes / GIB,
+            budget_gib=self.budget_bytes / GIB,
+            makespan_s=last_s - first_s,
             **self.notes,
-        }
+        )
 
 
 def percentile(values: Sequence[float], q: float) -> float:

@@ -61,7 +61,7 @@ def test_table_rows_take_medians_and_ratio_ranges() -> None:
 
 
 def test_baseline_stack_differs_only_by_the_tempokv_launch(tmp_path: Path) -> None:
-    from bsrctl.experiments.tempokv.serving import deployment_for
+    from bsrctl.tempokv.experiments.serving import deployment_for
     from bsrctl.tempokv.spec import TempoKVSpec
 
     spec = TempoKVSpec.model_validate(yaml.safe_load(fig6.DEFAULT_SPEC.read_text()))
@@ -110,7 +110,7 @@ def test_the_local_arm_keeps_the_adapter_in_process_without_a_trace(tmp_path: Pa
 
 
 def test_every_arm_deploys_through_the_serving_runs_path(tmp_path: Path) -> None:
-    from bsrctl.experiments.tempokv.serving import SETTINGS, deployment_for
+    from bsrctl.tempokv.experiments.serving import SETTINGS, deployment_for
     from bsrctl.tempokv.spec import TempoKVSpec
 
     spec = TempoKVSpec.model_validate(yaml.safe_load(fig6.DEFAULT_SPEC.read_text()))

@@ -183,8 +183,9 @@ def test_the_watch_reads_both_processes_before_and_after(tmp_path: Path) -> None
 
 
 def test_reports_without_a_checks_table_list_what_did_not_pass() -> None:
-    from bsrctl.report import soak, tempokv
+    from bsrctl.report import soak
     from bsrctl.report.units import guard_lines
+    from bsrctl.tempokv import report as tempokv
 
     bad = extensions_healthy([GuardDelta.over(LMCACHE, counts(), counts(gate=2))]).to_json()
     ok = extensions_healthy([GuardDelta.over(LMCACHE, counts(), counts())]).to_json()

@@ -55,7 +55,7 @@ def make_run(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
 
             run_matrix(ROOT / "matrices" / "paper.yaml", out, "storage", lambda _: None)
         elif kind == "tempokv":
-            from bsrctl.experiments.tempokv import run_tempokv
+            from bsrctl.tempokv.experiments import run_tempokv
 
             doc = yaml.safe_load((ROOT / "ladders" / "tempokv-fig5.yaml").read_text())
             doc["workload"]["documents_tokens"] = [4096, 8192, 2048]

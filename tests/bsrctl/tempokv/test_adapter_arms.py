@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from bsrctl.experiments.tempokv.adapter_arms import (
+from bsrctl.stack.launch.extensions import SYNC_SCHEDULER, TempoKVLaunch
+from bsrctl.tempokv.experiments.adapter_arms import (
     COST_ARMS,
     RECORDER,
     CostCell,
@@ -17,8 +18,7 @@ from bsrctl.experiments.tempokv.adapter_arms import (
     last_line,
     round_orders,
 )
-from bsrctl.experiments.tempokv.engine_profile import summarize
-from bsrctl.stack.launch.extensions import SYNC_SCHEDULER, TempoKVLaunch
+from bsrctl.tempokv.experiments.engine_profile import summarize
 from bsrkv.tempokv.live import AdapterSettings
 
 

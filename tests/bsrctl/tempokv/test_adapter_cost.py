@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from bsrctl.experiments.tempokv.adapter_cost import adapter_cost, read_trace
+from bsrctl.tempokv.experiments.adapter_cost import adapter_cost, read_trace
 
 TRACE = [
     {"kind": "step", "scheduled": {}},

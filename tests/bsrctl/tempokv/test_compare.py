@@ -3,7 +3,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bsrctl.experiments.tempokv.compare import compare, ordering
+from bsrctl.tempokv.experiments.compare import compare, ordering
 
 
 def rows(**c: float) -> dict[str, dict[str, float]]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from bsrctl.experiments.tempokv.crosscheck import (
+from bsrctl.tempokv.experiments.crosscheck import (
     calibrate,
     fit_steps,
     orderings,
@@ -14,6 +14,7 @@ from bsrctl.experiments.tempokv.crosscheck import (
     simulate_like_serving,
 )
 from bsrctl.tempokv.spec import TempoKVSpec
+from tests.tempokv.rows import pooled
 
 SPEC = TempoKVSpec.model_validate(
     {
@@ -32,10 +33,9 @@ TRACE = [
 ]
 EVIDENCE = {
     "summary": {"stack": {"kv_bytes_per_token": 4096},
-                "policies": {"demand": {"c_mib_s_per_req": 0.5, "p95_ttft_s": 2.0,
-                                        "model_c_mib_s_per_req": 0.2},
-                             "immediate": {"c_mib_s_per_req": 0.3, "p95_ttft_s": 1.0,
-                                           "model_c_mib_s_per_req": 0.4}}},
+                "policies": {"demand": pooled([2.0], [0.5], model_c_mib_s_per_req=0.2).to_json(),
+                             "immediate": pooled([1.0], [0.3],
+                                                 model_c_mib_s_per_req=0.4).to_json()}},
     "points": [
         {"params": {"policy": "demand"}, "measures": {"c_mib_s_per_req": 0.5, "p95_ttft_s": 2.0},
          "extra": {"stages": [{"bytes": 1 << 20, "start_s": 1.0, "done_s": 1.25}]}},
@@ -96,7 +96,7 @@ LOOP_TRACE = [
 
 
 def test_the_loop_cost_comes_from_busy_output_gaps() -> None:
-    from bsrctl.experiments.tempokv.crosscheck import loop_points
+    from bsrctl.tempokv.experiments.crosscheck import loop_points
 
     # only steps sharing a request with the previous one: the loop did not idle before them
     pts = loop_points(LOOP_TRACE)
@@ -115,8 +115,8 @@ def _on(stack: dict) -> TempoKVSpec:
 
 
 def test_the_kv_pool_is_the_deployments() -> None:
-    from bsrctl.experiments.tempokv.cells import engine_limits
-    from bsrctl.experiments.tempokv.crosscheck import CrossCheckUnknown, KvPool, kv_pool
+    from bsrctl.tempokv.experiments.cells import engine_limits
+    from bsrctl.tempokv.experiments.crosscheck import CrossCheckUnknown, KvPool, kv_pool
     from bsrctl.tempokv.sim.models import ModelProfile
 
     cal = calibrate(EVIDENCE, TRACE)

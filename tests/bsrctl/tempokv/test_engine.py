@@ -224,7 +224,7 @@ def test_every_engine_mode_completes_within_budget(
     )  # prompts stay under 1100 tokens, so every one fits alone
     res = simulate(reqs, MODEL, device, limits, CONTROL, policy)
     m = res.measures()
-    assert m["completed"] == len(reqs)
+    assert m.completed == len(reqs)
     assert res.peak_reserved_bytes <= res.budget_bytes
     assert res.p_trace[-1][1] == 0
     for lg in res.logs:

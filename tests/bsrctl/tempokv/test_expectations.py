@@ -6,6 +6,7 @@ so the spec gets corrected."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -13,8 +14,8 @@ import yaml
 
 from bsrctl.errors import BadInput
 from bsrctl.evidence import Verdict
-from bsrctl.experiments.tempokv import run_tempokv
-from bsrctl.experiments.tempokv.expectations import (
+from bsrctl.tempokv.experiments import run_tempokv
+from bsrctl.tempokv.experiments.expectations import (
     DEVIATES_AS_DECLARED,
     DOES_NOT_REPRODUCE,
     REPRODUCES,
@@ -23,7 +24,8 @@ from bsrctl.experiments.tempokv.expectations import (
     Claim,
     judge,
 )
-from bsrctl.experiments.tempokv.grid import grid_checks
+from bsrctl.tempokv.experiments.grid import grid_checks
+from bsrctl.tempokv.measures import SimMeasures
 from bsrctl.tempokv.spec import Expectation, PolicyAcceptance, load
 
 LADDERS = Path(__file__).resolve().parents[3] / "ladders"
@@ -58,13 +60,12 @@ def test_an_expectation_holds_or_not(reproduced, expect, verdict, outcome):
 
 
 def _cells(c_tempokv: float) -> dict:
-    m = {"p95_ttft_s": 1.0, "mean_ttft_s": 1.0, "output_tok_s": 1.0}
-    return {
-        ("m", 100.0, 1.0): {
-            "immediate": {**m, "c_gib_s_per_req": 100.0},
-            "tempokv": {**m, "c_gib_s_per_req": c_tempokv},
-        }
-    }
+    m = SimMeasures(
+        c_gib_s_per_req=100.0, p95_ttft_s=1.0, mean_ttft_s=1.0, output_tok_s=1.0,
+        deferred_commits=0, capacity_refusals=0, ordinary_retrievals=0, completed=1,
+        requests=1, peak_reserved_gib=0.0, budget_gib=1.0, makespan_s=1.0,
+    )  # fmt: skip
+    return {("m", 100.0, 1.0): {"immediate": m, "tempokv": replace(m, c_gib_s_per_req=c_tempokv)}}
 
 
 @pytest.mark.parametrize(

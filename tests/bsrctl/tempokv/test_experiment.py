@@ -6,7 +6,7 @@ import yaml
 
 from bsrctl.errors import BadInput
 from bsrctl.evidence import Verdict
-from bsrctl.experiments.tempokv import run_tempokv
+from bsrctl.tempokv.experiments import run_tempokv
 
 LADDERS = Path(__file__).resolve().parents[3] / "ladders"
 

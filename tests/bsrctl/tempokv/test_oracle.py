@@ -24,7 +24,8 @@ import pytest
 from hypothesis import event, given, note, settings
 from hypothesis import strategies as st
 
-from bsrctl.experiments.tempokv.cells import simulate_policy
+from bsrctl.tempokv.experiments.cells import simulate_policy
+from bsrctl.tempokv.measures import SimMeasures
 from bsrctl.tempokv.sim.device import DeviceConfig
 from bsrctl.tempokv.sim.models import ModelProfile, make_profile
 from bsrctl.tempokv.sim.oracle import MAX_ITERATIONS, simulate_oracle
@@ -62,16 +63,16 @@ def test_close_retrievals_stage_back_to_back_latest_first():
     assert trace(res, "c")[1:3] == [(0.409999, "STAGING"), (0.659999, "STAGEREADY")]
     assert [lg.retrieval_s for lg in res.logs] == [0.0, 0.5875, pytest.approx(0.66)]
     m = res.measures()
-    assert (m["oracle_converged"], m["oracle_iterations"]) == (True, 1)
+    assert (m.oracle_converged, m.oracle_iterations) == (True, 1)
     # Nothing waits on staging that could have been ready: Immediate's TTFTs exactly.
     imm = simulate(reqs, MODEL, DEVICE, EngineLimits(1), CONTROL, "immediate").measures()
-    assert m["p95_ttft_s"] == imm["p95_ttft_s"]
+    assert m.p95_ttft_s == imm.p95_ttft_s
     # b waits stage-ready 0.1775 s for c's staging: C exceeds Demand's by exactly that
     # (1 GiB × 0.1775 s over 3 requests), and no more.
     dem = simulate(reqs, MODEL, DEVICE, EngineLimits(1), CONTROL, "demand").measures()
-    assert m["oracle_early_gib_s_per_req"] == pytest.approx(0.1775 / 3, abs=1e-6)
-    assert m["c_gib_s_per_req"] - m["oracle_early_gib_s_per_req"] == pytest.approx(
-        dem["c_gib_s_per_req"], abs=1e-5
+    assert m.oracle_early_gib_s_per_req == pytest.approx(0.1775 / 3, abs=1e-6)
+    assert m.c_gib_s_per_req - m.oracle_early_gib_s_per_req == pytest.approx(
+        dem.c_gib_s_per_req, abs=1e-5
     )
 
 
@@ -114,20 +115,20 @@ def test_with_ample_protected_capacity_the_oracle_is_the_limit(
     workload = f"{shape} loads={loads} release_at_first_step={release} max_seqs={max_seqs}"
     note(workload)
     o = simulate_oracle(reqs, MODEL, device, limits, control).measures()
-    assert o["oracle_converged"], (
+    assert o.oracle_converged, (
         f"the oracle's fixed point did not converge in {MAX_ITERATIONS} replays on "
         f"{workload} (contention {contention}); its instants still moved "
-        f"{o['oracle_moved_s']:.3g} s"
+        f"{o.oracle_moved_s:.3g} s"
     )
     imm = simulate(reqs, MODEL, device, limits, control, "immediate").measures()
-    assert o["p95_ttft_s"] <= 1.02 * imm["p95_ttft_s"]
+    assert o.p95_ttft_s <= 1.02 * imm.p95_ttft_s
     dem_run = simulate(reqs, MODEL, device, limits, control, "demand")
     dem = dem_run.measures()
     if loads == "sync" and _loads_together(dem_run):
         event("a sync pass loads several claims: Demand's staging can hide under another's")
-    elif o["oracle_early_gib_s_per_req"] == 0 and o["oracle_delayed_claims"] == 0:
+    elif o.oracle_early_gib_s_per_req == 0 and o.oracle_delayed_claims == 0:
         event("just in time everywhere: C against Demand's asserted")
-        assert o["c_gib_s_per_req"] <= 1.02 * dem["c_gib_s_per_req"]
+        assert o.c_gib_s_per_req <= 1.02 * dem.c_gib_s_per_req
     else:
         event("serialised or delayed staging: C against Demand's not a limit")
 
@@ -158,11 +159,11 @@ def test_a_sync_pass_loading_several_claims_lets_demand_protect_less():
     assert demand_r2[1:3] == [(1.0725, "STAGING"), (1.1975, "STAGEREADY")]
     assert oracle_r2[-1] == demand_r2[-1] == (1.27, "RELEASED")
     om, dm = o.measures(), d.measures()
-    assert (om["oracle_early_gib_s_per_req"], om["oracle_delayed_claims"]) == (0.0, 0)
-    assert round(om["c_gib_s_per_req"], 7) == 0.6055004
-    assert round(dm["c_gib_s_per_req"], 7) == 0.5805
-    assert round(om["c_gib_s_per_req"] - dm["c_gib_s_per_req"], 6) == round(0.125 / 5, 6)
-    assert om["p95_ttft_s"] == dm["p95_ttft_s"] == 0.77
+    assert (om.oracle_early_gib_s_per_req, om.oracle_delayed_claims) == (0.0, 0)
+    assert round(om.c_gib_s_per_req, 7) == 0.6055004
+    assert round(dm.c_gib_s_per_req, 7) == 0.5805
+    assert round(om.c_gib_s_per_req - dm.c_gib_s_per_req, 6) == round(0.125 / 5, 6)
+    assert om.p95_ttft_s == dm.p95_ttft_s == 0.77
 
 
 def test_a_workload_whose_fixed_point_does_not_converge_is_reported_as_such():
@@ -189,8 +190,8 @@ def test_a_workload_whose_fixed_point_does_not_converge_is_reported_as_such():
     control = ControlConfig(tick_s=0.05, output_limit_tokens=12, output_prior_tokens=(12,))
     model = ModelProfile("flat+", GIB // 256, CostModel(0.01, 1e-5, 0.0, 0.0))  # 10 µs/token
     m = simulate_oracle(reqs, model, device, limits, control).measures()
-    assert (m["oracle_converged"], m["oracle_iterations"]) == (False, MAX_ITERATIONS)
-    assert m["oracle_moved_s"] == pytest.approx(3.724e-5, rel=1e-3)
+    assert (m.oracle_converged, m.oracle_iterations) == (False, MAX_ITERATIONS)
+    assert m.oracle_moved_s == pytest.approx(3.724e-5, rel=1e-3)
 
 
 FIG4_CELLS = [(m, r) for m in ("llama-3.1-8b", "qwen2.5-14b") for r in (0.5, 0.75, 1.0)]
@@ -211,16 +212,16 @@ def test_on_figure_4_the_oracle_is_the_limit_in_every_cell(model_name, ratio):
     spec, _ = load(LADDERS / "tempokv-fig4.yaml")
     model = make_profile(model_name)
 
-    def run(policy: str) -> dict:
+    def run(policy: str) -> SimMeasures:
         return simulate_policy(spec, model, ratio, 100.0, policy, keep_trace=False).measures()
 
     o, imm, dem = run("oracle"), run("immediate"), run("demand")
-    assert (o["oracle_converged"], o["oracle_iterations"]) == (True, 1)
-    assert o["p95_ttft_s"] <= 1.02 * imm["p95_ttft_s"]
-    assert o["p95_ttft_s"] == pytest.approx(imm["p95_ttft_s"], rel=1e-9)
+    assert (o.oracle_converged, o.oracle_iterations) == (True, 1)
+    assert o.p95_ttft_s <= 1.02 * imm.p95_ttft_s
+    assert o.p95_ttft_s == pytest.approx(imm.p95_ttft_s, rel=1e-9)
     # C: Demand's within 2% once the early byte-time serialised staging forces is taken out
-    early = o["oracle_early_gib_s_per_req"]
-    assert o["c_gib_s_per_req"] - early <= 1.02 * dem["c_gib_s_per_req"]
-    ratio_c = o["c_gib_s_per_req"] / dem["c_gib_s_per_req"]
+    early = o.oracle_early_gib_s_per_req
+    assert o.c_gib_s_per_req - early <= 1.02 * dem.c_gib_s_per_req
+    ratio_c = o.c_gib_s_per_req / dem.c_gib_s_per_req
     assert ratio_c == pytest.approx(FIG4_C_OVER_DEMAND[(model_name, ratio)], abs=5e-4)
     assert (early == 0) == (ratio == 0.5)

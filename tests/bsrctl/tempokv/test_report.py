@@ -1,16 +1,18 @@
-"""summary.md is rendered from the finished evidence alone: `bsrctl.report.tempokv.render`
+"""summary.md is rendered from the finished evidence alone: `bsrctl.tempokv.report.render`
 on a run's evidence.json gives back, byte for byte, the summary.md the run wrote."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import yaml
 
 from bsrctl.evidence import load_evidence
-from bsrctl.experiments.tempokv import run_tempokv
-from bsrctl.report.tempokv import render
+from bsrctl.tempokv.experiments import run_tempokv
+from bsrctl.tempokv.report import render
+from tests.tempokv.rows import pooled
 
 LADDERS = Path(__file__).resolve().parents[3] / "ladders"
 
@@ -41,13 +43,12 @@ def test_an_aborted_run_still_renders(tmp_path):
 
 
 def test_the_serving_summary_shows_each_repeat_and_the_adapter_cost() -> None:
-    row = {
-        "p95_ttft_s": 1.5, "mean_ttft_s": 1.0, "output_tok_s": 200.0, "c_mib_s_per_req": 0.25,
-        "peak_locked_bytes": 4096, "budget_bytes": 8192, "canonical": 16, "requests": 16,
-        "committed": 9, "ttr_error_abs_p50_s": 0.01, "ttr_error_abs_p95_s": 0.2,
-        "per_repeat": {"p95_ttft_s": [1.25, 1.75], "c_mib_s_per_req": [0.2, 0.3],
-                       "committed": [4, 5]},
-    }  # fmt: skip
+    row = pooled(
+        [1.25, 1.75], [0.2, 0.3], p95_ttft_s=1.5, mean_ttft_s=1.0, output_tok_s=200.0,
+        c_mib_s_per_req=0.25, peak_locked_bytes=4096, budget_bytes=8192, canonical=16,
+        requests=16, committed=9, ttr_error_abs_p50_s=0.01, ttr_error_abs_p95_s=0.2,
+    )  # fmt: skip
+    row = replace(row, per_repeat=replace(row.per_repeat, committed=(4, 5))).to_json()
     cost = {
         "adapter_per_step": {"n": 1000, "p50_s": 0.0002, "p95_s": 0.0011, "total_s": 0.4},
         "arrival_ack_wait": {"n": 16, "max_s": 0.0135, "total_s": 0.05},

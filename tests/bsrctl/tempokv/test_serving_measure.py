@@ -8,9 +8,11 @@ from types import SimpleNamespace
 import pytest
 
 from bsrctl.evidence import Verdict
-from bsrctl.experiments.tempokv.pooled import MIB, pool
-from bsrctl.experiments.tempokv.serving import _measure, _run_checks
+from bsrctl.tempokv.experiments.pooled import MIB, pool
+from bsrctl.tempokv.experiments.serving import _measure, _run_checks
+from bsrctl.tempokv.measures import PooledMeasures, point_measures
 from bsrkv.tempokv import wire
+from tests.tempokv.rows import pooled
 
 
 class Writer:
@@ -47,31 +49,31 @@ def test_measures_are_exact_and_pool() -> None:
     canonical = [(1, 2), (3, 4, 9)]  # the second output differs
     w = Writer()
     m = _measure("tempokv", 1, results, canonical, STATUS, 10_000, w, [True, True])
-    assert m["ttfts_s"] == [0.5, 1.0] and m["makespan_s"] == 3.0 and m["output_tokens"] == 5
-    assert m["c_mib_s_per_req"] == 1.5 and m["model_c_byte_s"] == 1.5 * MIB
-    assert (m["canonical"], m["requests"], m["committed"], m["claims"]) == (1, 2, 2, 2)
-    assert m["ttr_error_s"] == [0.05] and m["ttu_error_s"] == [0.3]
+    assert m.ttfts_s == (0.5, 1.0) and m.makespan_s == 3.0 and m.output_tokens == 5
+    assert m.c_mib_s_per_req == 1.5 and m.model_c_byte_s == 1.5 * MIB
+    assert (m.canonical, m.requests, m.committed, m.claims) == (1, 2, 2, 2)
+    assert m.ttr_error_s == (0.05,) and m.ttu_error_s == (0.3,)
     (point,) = w.points
     assert point.id == "serving/r1/tempokv" and point.params["repeat"] == 1
     assert {c.name: c.verdict for c in point.checks}["canonical_output"] is Verdict.FAIL
+    # the point keeps the measures as JSON (no SLO, no flash tier: their keys left out)
+    assert point.measures == {**m.to_json(), "guards": None}
+    assert "slo_ttft_s" not in point.measures and "flash_read_bytes" not in point.measures
+    assert point_measures(point.measures) == (m, None)
     # the evidence keeps the status's lists as the server sent them
     raw = STATUS.to_json()
     assert point.extra["extra"] == {k: raw[k] for k in ("claims", "ttr", "stages",
                                                         "observed_stock_reads")}  # fmt: skip
-    assert m["reports_dropped_since_start"] == {"tempokv_reports_after_lookup": 1}
-    assert (m["retrievals"], m["deferred_claims"], m["peak_locked_bytes"]) == (
+    assert m.reports_dropped_since_start == {"tempokv_reports_after_lookup": 1}
+    assert (m.retrievals, m.deferred_claims, m.peak_locked_bytes) == (
         {"a": "READY"}, 1, 4096)  # fmt: skip
     p = pool([m, m])
-    assert (p["requests"], p["canonical"], p["c_mib_s_per_req"]) == (4, 2, 1.5)
-    assert p["ttu_error_s"] == [0.3, 0.3] and p["output_tok_s"] == round(10 / 6.0, 3)
+    assert (p.requests, p.canonical, p.c_mib_s_per_req) == (4, 2, 1.5)
+    assert p.ttu_error_s == (0.3, 0.3) and p.output_tok_s == round(10 / 6.0, 3)
 
 
-def _row(p95s: list[float], cs: list[float]) -> dict:
-    return {
-        "p95_ttft_s": sum(p95s) / len(p95s), "c_mib_s_per_req": sum(cs) / len(cs),
-        "requests": 8 * len(p95s),
-        "per_repeat": {"p95_ttft_s": p95s, "c_mib_s_per_req": cs},
-    }  # fmt: skip
+def _row(p95s: list[float], cs: list[float]) -> PooledMeasures:
+    return pooled(p95s, cs)
 
 
 def test_checks_judge_the_paired_repeats_and_list_each_repeat() -> None:
@@ -141,7 +143,7 @@ def test_one_repeat_cannot_decide_an_ordering() -> None:
     ],
 )
 def test_ordering_claims_on_synthetic_repeats(a, b, claim, verdict, reproduced) -> None:
-    from bsrctl.experiments.tempokv.expectations import REPRODUCE, judge, ordering_claim
+    from bsrctl.tempokv.experiments.expectations import REPRODUCE, judge, ordering_claim
     from bsrctl.tempokv.spec import Expectation
 
     got = ordering_claim("x", "x", a, b, claim, "tempokv vs other")

@@ -13,8 +13,6 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from bsrctl.experiments.tempokv import calls, serving
-from bsrctl.experiments.tempokv.serving import MIB, deployment_for, engine_cpus_default
 from bsrctl.registration.tiny import TinyModelRecipe
 from bsrctl.specs import LmcacheSpec, StackSpec, VllmSpec
 from bsrctl.stack.launch.extensions import (
@@ -27,6 +25,8 @@ from bsrctl.stack.launch.extensions import (
 from bsrctl.stack.launch.fast_tier import FastTierConfig
 from bsrctl.stack.launch.process import Supervised
 from bsrctl.stack.launch.serving import ServingStack
+from bsrctl.tempokv.experiments import calls, serving
+from bsrctl.tempokv.experiments.serving import MIB, deployment_for, engine_cpus_default
 from bsrctl.tempokv.spec import ServingRun, TempoKVSpec, load
 from bsrkv.settings import RestoreSettings, RestoreTuning
 from bsrkv.tempokv import wire

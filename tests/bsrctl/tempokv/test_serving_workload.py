@@ -10,11 +10,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from bsrctl.experiments.tempokv.crosscheck import CrossCheckUnknown, sim_spec
-from bsrctl.experiments.tempokv.serving import _prompts, goodput_measures
 from bsrctl.prompts import prompt_ids
+from bsrctl.tempokv.experiments.crosscheck import CrossCheckUnknown, sim_spec
+from bsrctl.tempokv.experiments.serving import _prompts, goodput_measures
 from bsrctl.tempokv.serving_workload import (
     ArrivalSpec,
+    Goodput,
     Turn,
     arrival_offsets,
     conversation_plan,
@@ -96,13 +97,8 @@ class _R:
 
 def test_goodput_measures_only_with_an_slo() -> None:
     results = [_R(0.0, 0.2), None, _R(1.0, 1.5)]
-    assert goodput_measures(results, None, 2.0) == {}
-    assert goodput_measures(results, 0.25, 2.0) == {
-        "slo_ttft_s": 0.25,
-        "goodput_requests": 1,
-        "goodput_share": round(1 / 3, 6),
-        "goodput_req_s": 0.5,
-    }
+    assert goodput_measures(results, None, 2.0) is None
+    assert goodput_measures(results, 0.25, 2.0) == Goodput(0.25, 1, 3, round(1 / 3, 6), 0.5)
 
 
 def test_turns_that_overflow_the_model_length_name_the_fields() -> None:

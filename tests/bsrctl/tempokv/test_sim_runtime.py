@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from bsrctl.experiments.tempokv.cells import simulate_policy
+from bsrctl.tempokv.experiments.cells import simulate_policy
 from bsrctl.tempokv.sim.models import CATALOGUE
 from bsrctl.tempokv.sim.runtime import SimRuntime
 from bsrctl.tempokv.spec import load
@@ -59,7 +59,7 @@ def test_the_sim_and_the_live_adapter_fed_the_same_views_send_the_same_updates(p
     with pytest.MonkeyPatch.context() as mp:
         runtimes, inputs, told = _record(mp)
         res = simulate_policy(spec, CATALOGUE["llama-3.1-8b"], 1.0, 100.0, policy)
-    assert len(runtimes) == 1 and res.measures()["completed"] == 12
+    assert len(runtimes) == 1 and res.measures().completed == 12
     views = [args[0] for name, args, _ in inputs if name in ("on_step", "on_arrival")]
     assert len(views) > 2 * 12 and all(isinstance(v, LiveView) for v in views)
     timed = policy != "queue-4"

@@ -32,7 +32,7 @@ def _states(res):
 def test_wall_clock_runs_the_same_code_in_the_same_state_order(policy):
     wall = _run(policy, WallClock())
     virtual = _run(policy, VirtualClock())
-    assert wall.measures()["completed"] == 3
+    assert wall.measures().completed == 3
     assert wall.peak_reserved_bytes <= wall.budget_bytes
     for states in _states(wall).values():
         # every claim walks the lifecycle in order (committed) or takes the ordinary path

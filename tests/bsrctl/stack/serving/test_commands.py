@@ -109,6 +109,6 @@ def test_engine_cores_bind_canonical_and_served_vllm_alike(tmp_path: Path) -> No
 
 
 def test_tempokv_engine_leaves_the_last_core() -> None:
-    from bsrctl.experiments.tempokv.serving import engine_cpus_default
+    from bsrctl.tempokv.experiments.serving import engine_cpus_default
 
     assert [engine_cpus_default(n) for n in (1, 2, 3, 16)] == [None, "0", "0-1", "0-14"]

@@ -15,18 +15,18 @@ from typing import Any
 import psutil
 
 from bsrctl import stats
-from bsrctl.experiments.tempokv import calls
-from bsrctl.experiments.tempokv.engine_profile import ENGINE_TITLE
-from bsrctl.experiments.tempokv.pooled import quantile
-from bsrctl.experiments.tempokv.serving import (
+from bsrctl.stack.contracts.deployment import Deployment
+from bsrctl.stack.launch.extensions import TempoKVLaunch
+from bsrctl.tempokv.experiments import calls
+from bsrctl.tempokv.experiments.engine_profile import ENGINE_TITLE
+from bsrctl.tempokv.experiments.pooled import quantile
+from bsrctl.tempokv.experiments.serving import (
     Prepared,
     _arrivals,
     adapter_settings,
     deployment_for,
     stack_spec,
 )
-from bsrctl.stack.contracts.deployment import Deployment
-from bsrctl.stack.launch.extensions import TempoKVLaunch
 from bsrctl.tempokv.spec import TempoKVSpec
 
 RECORDER = "bsrkv.vllm_ext.scheduler.RecordingScheduler"

@@ -9,14 +9,15 @@ from collections.abc import Callable
 from typing import Any
 
 from bsrctl.evidence import EvidenceWriter, Point
-from bsrctl.experiments.tempokv.cells import (
+from bsrctl.tempokv.experiments.cells import (
     control_config,
     device_config,
     engine_limits,
     invariants,
 )
-from bsrctl.experiments.tempokv.expectations import Claim, JudgedCheck, judge
-from bsrctl.experiments.tempokv.paper import CLAIMS
+from bsrctl.tempokv.experiments.expectations import Claim, JudgedCheck, judge
+from bsrctl.tempokv.experiments.paper import CLAIMS
+from bsrctl.tempokv.measures import LeadMeasures, OracleLeadMeasures, sim_fields
 from bsrctl.tempokv.sim.models import ModelProfile, make_profile
 from bsrctl.tempokv.sim.oracle import simulate_oracle
 from bsrctl.tempokv.sim.run import simulate
@@ -48,12 +49,12 @@ def run_lead(
         ttft_s = res.ttfts_s[0]
         byte_time = res.byte_time_between(0.0, lead_s) / GIB
         rows.append((lead_s, ttft_s, byte_time))
-        measures = {
-            **res.measures(),
-            "ttft_s": ttft_s,
-            "lead_byte_time_gib_s": byte_time,
-            "footprint_gib": manifest.size_bytes / GIB,
-        }
+        measures = LeadMeasures(
+            **sim_fields(res.measures()),
+            ttft_s=ttft_s,
+            lead_byte_time_gib_s=byte_time,
+            footprint_gib=manifest.size_bytes / GIB,
+        )
         writer.add_point(
             Point(
                 id=f"{model.name}/lead={lead_s:g}s",
@@ -63,7 +64,7 @@ def run_lead(
                     "policy": "immediate",
                     "doc_tokens": exp.doc_tokens,
                 },
-                measures=measures,
+                measures=measures.to_json(),
                 checks=invariants(res),
                 extra={"extra": {"claims": res.claim_traces}},
             )
@@ -125,7 +126,9 @@ def _oracle_row(
         Point(
             id=f"{model.name}/oracle",
             params={"model": model.name, "policy": "oracle", "doc_tokens": exp.doc_tokens},
-            measures={**res.measures(), **{k: row[k] for k in ("lead_s", "ttft_s")}},
+            measures=OracleLeadMeasures(
+                **sim_fields(res.measures()), lead_s=row["lead_s"], ttft_s=row["ttft_s"]
+            ).to_json(),
             checks=invariants(res),
             extra={"extra": {"claims": res.claim_traces}},
         )

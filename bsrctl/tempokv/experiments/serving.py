@@ -35,11 +35,6 @@ from bsrctl.evidence import EvidenceWriter, Verdict
 from bsrctl.evidence.guards import with_guards
 from bsrctl.evidence.verdict import Point, check
 from bsrctl.experiments.run import Progress
-from bsrctl.experiments.tempokv import calls, flash
-from bsrctl.experiments.tempokv.adapter_cost import adapter_cost, read_trace
-from bsrctl.experiments.tempokv.expectations import JudgedCheck
-from bsrctl.experiments.tempokv.expectations import run_checks as _run_checks
-from bsrctl.experiments.tempokv.pooled import pool, quantile, run_order
 from bsrctl.prompts import prompt_ids
 from bsrctl.specs import StackSpec, resolve_registration
 from bsrctl.stack.contracts.bsr_client import BsrModuleClient
@@ -58,7 +53,14 @@ from bsrctl.stack.launch.serving import ServingStack
 from bsrctl.stack.measure.canonical_outputs import canonical_outputs
 from bsrctl.stack.measure.seeding import seed_tiers
 from bsrctl.stack.selector import make_deployment
+from bsrctl.tempokv.experiments import calls, flash
+from bsrctl.tempokv.experiments.adapter_cost import adapter_cost, read_trace
+from bsrctl.tempokv.experiments.expectations import JudgedCheck
+from bsrctl.tempokv.experiments.expectations import run_checks as _run_checks
+from bsrctl.tempokv.experiments.pooled import pool, quantile, run_order
+from bsrctl.tempokv.measures import RepeatMeasures
 from bsrctl.tempokv.serving_workload import (
+    Goodput,
     arrival_offsets,
     conversation_plan,
     goodput,
@@ -240,14 +242,14 @@ def run_serving(
     stack, client = dep.stack, dep.client
     assert client is not None
     seeds = seed_documents(stack, client, prep.docs)
-    runs: dict[str, list[dict[str, Any]]] = {p: [] for p in policies}
+    runs: dict[str, list[RepeatMeasures]] = {p: [] for p in policies}
     for rep in range(run.repeats):
         for policy in run_order(policies, rep):
             m = _policy_once(stack, client, spec, policy, rep, (reqs, canonical), writer, seeds)
             runs[policy].append(m)
-            say(f"{policy} (repeat {rep + 1}/{run.repeats}): C={m['c_mib_s_per_req']:.3f} "
-                f"MiB·s/req p95={m['p95_ttft_s']:.3f}s {m['output_tok_s']:.1f} tok/s "
-                f"canonical={m['canonical']}")  # fmt: skip
+            say(f"{policy} (repeat {rep + 1}/{run.repeats}): C={m.c_mib_s_per_req:.3f} "
+                f"MiB·s/req p95={m.p95_ttft_s:.3f}s {m.output_tok_s:.1f} tok/s "
+                f"canonical={m.canonical}")  # fmt: skip
     rows = {p: pool(runs[p]) for p in policies}
     trace = read_trace(writer.run_dir / TRACE)
     engines = [r for r in trace if r.get("kind") == "engine"]
@@ -257,7 +259,7 @@ def run_serving(
         "stack": info,
         "skipped_policies": skipped,
         "repeats": run.repeats,
-        "policies": rows,
+        "policies": {p: row.to_json() for p, row in rows.items()},
         # the whole run's engine loop (seeding included): what the adapter took of it
         "adapter_cost": adapter_cost(trace),
         # vLLM as it resolved itself at its last start (scheduling, batch queue, KV pool):
@@ -278,7 +280,7 @@ def _policy_once(
     workload: tuple[list[list[int]], list[tuple[int, ...]]],
     writer: EvidenceWriter,
     seeds: list[bool],
-) -> dict[str, Any]:
+) -> RepeatMeasures:
     """One policy over the spec's arrivals (prompts, canonical outputs), from a cold L1
     and prefix cache."""
     run = spec.serving
@@ -344,7 +346,7 @@ def _measure(
     slo_ttft_s: float | None = None,
     tier: dict[str, Any] | None = None,
     guards: list[dict[str, Any]] | None = None,
-) -> dict[str, Any]:
+) -> RepeatMeasures:
     """One policy's measures and checks as a point; ``tier``: the flash tier's cell (what
     clearing left, the cgroup and throttle counters before and after); ``guards``: the
     processes' guard failures over the cell (``extensions_healthy``)."""
@@ -366,40 +368,44 @@ def _measure(
         if r.ttu_est_s is not None and r.retrieval_s is not None
     ]
     raw = status.to_json()  # what the evidence keeps as the server sent it
-    measures = {
-        "ttfts_s": [round(t, 6) for t in ttfts],
-        "makespan_s": round(makespan, 6),
-        "output_tokens": tokens,
-        "p95_ttft_s": round(_p95(ttfts), 6),
-        "mean_ttft_s": round(sum(ttfts) / len(ttfts), 6) if ttfts else math.nan,
-        "output_tok_s": round(tokens / makespan, 3) if makespan > 0 else math.nan,
-        "c_byte_s": status.c_byte_s,
-        "c_mib_s_per_req": round(status.c_byte_s / MIB / max(1, n), 6),
-        "model_c_byte_s": status.model_c_byte_s,
-        "model_c_mib_s_per_req": round(status.model_c_byte_s / MIB / max(1, n), 6),
-        "peak_locked_bytes": status.peak_locked_bytes,
-        "peak_reserved_bytes": status.peak_reserved_bytes,
-        "budget_bytes": budget,
-        "canonical": sum(same),
-        "requests": n,
-        "committed": len(ttr),
-        "deferred_claims": status.deferred_claims,
-        "claims": len(status.claims),
-        "reports_dropped_since_start": raw["reports_dropped"],
-        "retrievals": raw["retrievals"],
-        "ttr_error_s": sorted(round(e, 6) for e in errors),
-        "ttr_error_abs_p50_s": round(quantile([abs(e) for e in errors], 0.5), 6),
-        "ttr_error_abs_p95_s": round(quantile([abs(e) for e in errors], 0.95), 6),
-        "ttu_error_s": sorted(round(e, 6) for e in ttu_errors),
-        **goodput_measures(results, slo_ttft_s, makespan),
-        **({"flash_read_bytes": tier["flash_read_bytes"]} if tier else {}),
-    }
+    g = goodput_measures(results, slo_ttft_s, makespan)
+    measures = RepeatMeasures(
+        ttfts_s=tuple(round(t, 6) for t in ttfts),
+        makespan_s=round(makespan, 6),
+        output_tokens=tokens,
+        p95_ttft_s=round(_p95(ttfts), 6),
+        mean_ttft_s=round(sum(ttfts) / len(ttfts), 6) if ttfts else math.nan,
+        output_tok_s=round(tokens / makespan, 3) if makespan > 0 else math.nan,
+        c_byte_s=status.c_byte_s,
+        c_mib_s_per_req=round(status.c_byte_s / MIB / max(1, n), 6),
+        model_c_byte_s=status.model_c_byte_s,
+        model_c_mib_s_per_req=round(status.model_c_byte_s / MIB / max(1, n), 6),
+        peak_locked_bytes=status.peak_locked_bytes,
+        peak_reserved_bytes=status.peak_reserved_bytes,
+        budget_bytes=budget,
+        canonical=sum(same),
+        requests=n,
+        committed=len(ttr),
+        deferred_claims=status.deferred_claims,
+        claims=len(status.claims),
+        reports_dropped_since_start=raw["reports_dropped"],
+        retrievals=raw["retrievals"],
+        ttr_error_s=tuple(sorted(round(e, 6) for e in errors)),
+        ttr_error_abs_p50_s=round(quantile([abs(e) for e in errors], 0.5), 6),
+        ttr_error_abs_p95_s=round(quantile([abs(e) for e in errors], 0.95), 6),
+        ttu_error_s=tuple(sorted(round(e, 6) for e in ttu_errors)),
+        slo_ttft_s=None if g is None else g.slo_ttft_s,
+        goodput_requests=None if g is None else g.good,
+        goodput_share=None if g is None else g.share,
+        goodput_req_s=None if g is None else g.req_s,
+        flash_read_bytes=tier["flash_read_bytes"] if tier else None,
+    )
     checks = (
         check("canonical_output", all(same), f"{sum(same)}/{n} outputs equal the canonical"),
         check(
             "protected_within_budget",
-            measures["peak_locked_bytes"] <= budget,
-            f"peak locked {measures['peak_locked_bytes']} B ≤ budget {budget} B "
+            measures.peak_locked_bytes <= budget,
+            f"peak locked {measures.peak_locked_bytes} B ≤ budget {budget} B "
             f"(over {status.samples} samples)",
         ),
         check("seeded", all(seeds) or None, f"documents fully in L2: {seeds}"),
@@ -409,7 +415,7 @@ def _measure(
             Point(
                 id=f"serving/r{rep}/{policy}",
                 params={"policy": policy, "repeat": rep, "requests": n},
-                measures=measures,
+                measures=measures.to_json(),
                 checks=checks,
                 extra={
                     "extra": {
@@ -427,15 +433,17 @@ def _measure(
     return measures
 
 
-def goodput_measures(results: list[Any], slo_ttft_s: float | None, makespan: float) -> dict:
-    """The share of requests (of all sent) whose first token came within the SLO, and such
-    requests per second of the makespan; nothing without an SLO."""
+def goodput_measures(
+    results: list[Any], slo_ttft_s: float | None, makespan: float
+) -> Goodput | None:
+    """The requests (of all sent) whose first token came within the SLO: their share and
+    such requests per second of the makespan, rounded as the evidence keeps them; None
+    without an SLO."""
     if slo_ttft_s is None:
-        return {}
+        return None
     ttfts = [None if r is None else r.first_token_s - r.sent_s for r in results]
     g = goodput(ttfts, slo_ttft_s, makespan)
-    return {"slo_ttft_s": g.slo_ttft_s, "goodput_requests": g.good,
-            "goodput_share": round(g.share, 6), "goodput_req_s": round(g.req_s, 6)}  # fmt: skip
+    return replace(g, share=round(g.share, 6), req_s=round(g.req_s, 6))
 
 
 __all__ = ["Verdict", "deployment_for", "run_serving"]

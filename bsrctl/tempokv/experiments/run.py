@@ -1,6 +1,6 @@
 """`bsrctl tempokv`: the spec's experiment on the simulated stack in virtual time, each of
 the paper's claims judged against the spec's expectation of it. Evidence after every point;
-summary.md beside it is rendered from the evidence alone (`bsrctl.report.tempokv`, through
+summary.md beside it is rendered from the evidence alone (`bsrctl.tempokv.report`, through
 the one run lifecycle), so `bsrctl report` reproduces it."""
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from bsrctl import __version__
 from bsrctl.errors import BadInput
 from bsrctl.evidence import EvidenceWriter, Verdict
 from bsrctl.experiments.run import execute, progress
-from bsrctl.experiments.tempokv.expectations import JudgedCheck
-from bsrctl.experiments.tempokv.grid import run_grid
-from bsrctl.experiments.tempokv.lead import run_lead
-from bsrctl.experiments.tempokv.rank import run_rank
+from bsrctl.tempokv.experiments.expectations import JudgedCheck
+from bsrctl.tempokv.experiments.grid import run_grid
+from bsrctl.tempokv.experiments.lead import run_lead
+from bsrctl.tempokv.experiments.rank import run_rank
 from bsrctl.tempokv.spec import LeadSweep, PolicyGrid, load
 
 STACKS = ("sim", "serving")
@@ -49,7 +49,7 @@ def run_tempokv(spec_path: Path, out_dir: Path, stack: str, quiet: bool) -> Verd
 
 
 def _run_serving(spec: Any, raw: dict, out_dir: Path, say: Any) -> Verdict:
-    from bsrctl.experiments.tempokv.serving import deployment_for, run_serving
+    from bsrctl.tempokv.experiments.serving import deployment_for, run_serving
 
     writer = _writer(spec, raw, out_dir, "serving")
     # one deployment for the body and the teardown: stopped by PID whatever happened

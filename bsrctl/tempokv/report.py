@@ -5,9 +5,11 @@ declared deviation with its reason beside the paper's claim, and every check's o
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 from bsrctl.report.units import guard_lines
+from bsrctl.tempokv.measures import SimMeasures, policy_rows
 
 UNEXPECTED = "unexpected pass"
 
@@ -16,17 +18,11 @@ def render(doc: dict[str, Any]) -> str:
     summary = doc.get("summary", {})
     name = summary.get("spec_name", doc.get("spec", {}).get("name", "tempokv"))
     head = f"# {doc['run_id']} (tempokv, {name}): {doc['verdict']}\n\n"
-    kind = summary.get("experiment")
-    if kind == "policies":
-        body = _grid(summary)
-    elif kind == "lead":
-        body = _lead(summary)
-    elif kind == "rank":
-        body = _rank(summary)
-    elif kind == "serving-policies":
-        body = _serving(summary)
-    else:
+    figure = FIGURES.get(summary.get("experiment"))
+    if figure is None:
         body = f"No figure: the run did not finish ({summary.get('aborted', 'no summary')})."
+    else:
+        body = figure(summary)
     checks = summary.get("checks", [])
     guards = guard_lines(doc.get("points", []))
     tail = "\n".join(guards) + "\n" if guards else ""
@@ -43,12 +39,13 @@ def _serving(summary: dict[str, Any]) -> str:
         "| canonical | committed | TTR abs err p50 / p95 s |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for policy, m in summary.get("policies", {}).items():
+    rows = policy_rows(summary)
+    for policy, m in rows.items():
         lines.append(
-            f"| {policy} | {m['p95_ttft_s']:.3f} | {m['mean_ttft_s']:.3f} | "
-            f"{m['output_tok_s']:.1f} | {m['c_mib_s_per_req']:.4f} | {m['peak_locked_bytes']} "
-            f"| {m['budget_bytes']} | {m['canonical']}/{m['requests']} | {m['committed']} | "
-            f"{m['ttr_error_abs_p50_s']:.3f} / {m['ttr_error_abs_p95_s']:.3f} |"
+            f"| {policy} | {m.p95_ttft_s:.3f} | {m.mean_ttft_s:.3f} | "
+            f"{m.output_tok_s:.1f} | {m.c_mib_s_per_req:.4f} | {m.peak_locked_bytes} "
+            f"| {m.budget_bytes} | {m.canonical}/{m.requests} | {m.committed} | "
+            f"{m.ttr_error_abs_p50_s:.3f} / {m.ttr_error_abs_p95_s:.3f} |"
         )
     repeats = summary.get("repeats", 1)
     if repeats > 1:
@@ -60,12 +57,12 @@ def _serving(summary: dict[str, Any]) -> str:
             "| policy | p95 TTFT s per repeat | C MiB·s/req per repeat | committed per repeat |",
             "|---|---|---|---|",
         ]
-        for policy, m in summary.get("policies", {}).items():
-            per = m["per_repeat"]
+        for policy, m in rows.items():
+            per = m.per_repeat
             lines.append(
-                f"| {policy} | {' / '.join(f'{x:.3f}' for x in per['p95_ttft_s'])} | "
-                f"{' / '.join(f'{x:.4f}' for x in per['c_mib_s_per_req'])} | "
-                f"{' / '.join(str(x) for x in per['committed'])} |"
+                f"| {policy} | {' / '.join(f'{x:.3f}' for x in per.p95_ttft_s)} | "
+                f"{' / '.join(f'{x:.4f}' for x in per.c_mib_s_per_req)} | "
+                f"{' / '.join(str(x) for x in per.committed)} |"
             )
     cost = summary.get("adapter_cost")
     if cost:
@@ -93,11 +90,11 @@ def _serving(summary: dict[str, Any]) -> str:
 
 
 # ---- Figures 4 and 5 --------------------------------------------------------------------
-def _gain(m: dict[str, Any], d: dict[str, Any] | None) -> tuple[float, float]:
+def _gain(m: SimMeasures, d: SimMeasures | None) -> tuple[float, float]:
     if d is None:
         return math.nan, math.nan
-    p95 = 100 * (1 - m["p95_ttft_s"] / d["p95_ttft_s"])
-    tput = 100 * (m["output_tok_s"] / d["output_tok_s"] - 1)
+    p95 = 100 * (1 - m.p95_ttft_s / d.p95_ttft_s)
+    tput = 100 * (m.output_tok_s / d.output_tok_s - 1)
     return p95, tput
 
 
@@ -117,7 +114,8 @@ def _grid(summary: dict[str, Any]) -> str:
     ]
     notes = []
     for cell in summary["cells"]:
-        pol, paper, dist = cell["policies"], cell.get("paper", {}), cell.get("to_oracle", {})
+        pol = {p: SimMeasures.from_json(m) for p, m in cell["policies"].items()}
+        paper, dist = cell.get("paper", {}), cell.get("to_oracle", {})
         model, size, ratio = cell["model"], cell["fast_tier_gib"], cell["cache_ratio"]
         for policy, m in pol.items():
             red, gain = _gain(m, pol.get("demand"))
@@ -125,19 +123,19 @@ def _grid(summary: dict[str, Any]) -> str:
             d = dist.get(policy)
             c_x, p95_x = (f"{d['c']:.2f}", f"{d['p95']:.2f}") if d else ("", "")
             lines.append(
-                f"| {model} | {size:g} | {ratio:g} | {policy} | {m['p95_ttft_s']:.2f} | "
-                f"{m['mean_ttft_s']:.2f} | {m['output_tok_s']:.1f} | {red:.1f}{_bracket(ref, 0)} "
-                f"| {gain:.1f}{_bracket(ref, 1)} | {m['c_gib_s_per_req']:.2f}{_bracket(ref, 2)} "
-                f"| {c_x} | {p95_x} | {m['deferred_commits']} |"
+                f"| {model} | {size:g} | {ratio:g} | {policy} | {m.p95_ttft_s:.2f} | "
+                f"{m.mean_ttft_s:.2f} | {m.output_tok_s:.1f} | {red:.1f}{_bracket(ref, 0)} "
+                f"| {gain:.1f}{_bracket(ref, 1)} | {m.c_gib_s_per_req:.2f}{_bracket(ref, 2)} "
+                f"| {c_x} | {p95_x} | {m.deferred_commits} |"
             )
         o = pol.get("oracle")
         if o is not None:
-            state = "converged" if o["oracle_converged"] else "NOT converged (last replay shown)"
+            state = "converged" if o.oracle_converged else "NOT converged (last replay shown)"
             notes.append(
                 f"- {model} {size:g} GiB ratio {ratio:g}: {state} after "
-                f"{o['oracle_iterations']} replay{'' if o['oracle_iterations'] == 1 else 's'}; "
+                f"{o.oracle_iterations} replay{'' if o.oracle_iterations == 1 else 's'}; "
                 "stage-ready before retrieval "
-                f"{o['oracle_early_gib_s_per_req']:.2f} GiB·s/req (staging serialised)"
+                f"{o.oracle_early_gib_s_per_req:.2f} GiB·s/req (staging serialised)"
             )
     if notes:
         lines += ["", "Oracle fixed point per cell:", "", *notes]
@@ -180,6 +178,16 @@ def _rank(summary: dict[str, Any]) -> str:
         for r in summary["rows"]
     ]
     return "\n".join(md)
+
+
+# The figure of each experiment kind (the summary's ``experiment``): the one table the
+# renderer dispatches on; a summary without a known one is a run that did not finish.
+FIGURES: dict[str, Callable[[dict[str, Any]], str]] = {
+    "policies": _grid,
+    "lead": _lead,
+    "rank": _rank,
+    "serving-policies": _serving,
+}
 
 
 # ---- expectations -----------------------------------------------------------------------

@@ -11,9 +11,10 @@ from typing import Any
 
 from bsrctl.evidence import EvidenceWriter, Point
 from bsrctl.evidence.verdict import check
-from bsrctl.experiments.tempokv.cells import device_config
-from bsrctl.experiments.tempokv.expectations import Claim, JudgedCheck, judge
-from bsrctl.experiments.tempokv.paper import CLAIMS
+from bsrctl.tempokv.experiments.cells import device_config
+from bsrctl.tempokv.experiments.expectations import Claim, JudgedCheck, judge
+from bsrctl.tempokv.experiments.paper import CLAIMS
+from bsrctl.tempokv.measures import RankMeasures
 from bsrctl.tempokv.sim.device import DeviceConfig, SimStagingDevice
 from bsrctl.tempokv.sim.models import make_profile
 from bsrctl.tempokv.spec import RankAcceptance, RankGrid, TempoKVSpec
@@ -134,12 +135,12 @@ def run_rank(
                             "backlog_op_gib": exp.backlog_op_gib,
                             "policy": "queue-1",
                         },
-                        measures={
-                            "time_to_ready_s": x_s,
-                            "margin_s": margin_s,
-                            "oracle_commit_s": o_s,
-                            "oracle_margin_s": o_margin_s,
-                        },
+                        measures=RankMeasures(
+                            time_to_ready_s=x_s,
+                            margin_s=margin_s,
+                            oracle_commit_s=o_s,
+                            oracle_margin_s=o_margin_s,
+                        ).to_json(),
                         checks=(check("ready", x_s >= 0, f"stage-ready after {x_s:.3f} s"),),
                     )
                 )

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from bsrctl.experiments.tempokv.pooled import quantile
+from bsrctl.tempokv.experiments.pooled import quantile
 
 
 def _dist(xs: list[float]) -> dict[str, float | int]:

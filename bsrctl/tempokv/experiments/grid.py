@@ -8,15 +8,16 @@ from collections.abc import Callable
 from typing import Any
 
 from bsrctl.evidence import EvidenceWriter, Point
-from bsrctl.experiments.tempokv.cells import device_config, invariants, simulate_policy
-from bsrctl.experiments.tempokv.expectations import Claim, JudgedCheck, judge
-from bsrctl.experiments.tempokv.paper import CLAIMS, PAPER_FIG4, PAPER_SIX
+from bsrctl.tempokv.experiments.cells import device_config, invariants, simulate_policy
+from bsrctl.tempokv.experiments.expectations import Claim, JudgedCheck, judge
+from bsrctl.tempokv.experiments.paper import CLAIMS, PAPER_FIG4, PAPER_SIX
+from bsrctl.tempokv.measures import SimMeasures
 from bsrctl.tempokv.sim.models import make_profile
 from bsrctl.tempokv.spec import PolicyAcceptance, PolicyGrid, TempoKVSpec
 from bsrkv.tempokv.kv import GIB
 
 Progress = Callable[[str], None]
-Cells = dict[tuple[str, float, float], dict[str, dict[str, Any]]]
+Cells = dict[tuple[str, float, float], dict[str, SimMeasures]]
 
 
 def run_grid(
@@ -45,15 +46,15 @@ def run_grid(
                                 "policy": policy,
                                 "requests": len(res.logs),
                             },
-                            measures=measures,
+                            measures=measures.to_json(),
                             checks=invariants(res),
                             extra={"extra": {"claims": res.claim_traces}},
                         )
                     )
                     say(
                         f"{model.name} ratio={ratio:g} fast={size:g}GiB {policy}: "
-                        f"C={measures['c_gib_s_per_req']:.2f} p95={measures['p95_ttft_s']:.2f}s "
-                        f"{measures['output_tok_s']:.1f} tok/s"
+                        f"C={measures.c_gib_s_per_req:.2f} p95={measures.p95_ttft_s:.2f}s "
+                        f"{measures.output_tok_s:.1f} tok/s"
                     )
     summary = {
         "experiment": "policies",
@@ -63,7 +64,7 @@ def run_grid(
                 "model": m,
                 "fast_tier_gib": s,
                 "cache_ratio": r,
-                "policies": pol,
+                "policies": {p: m.to_json() for p, m in pol.items()},
                 "paper": {p: list(v) for p, v in _paper(m, s, r).items()},
                 "to_oracle": to_oracle(pol),
             }
@@ -78,15 +79,15 @@ def _paper(model: str, size: float, ratio: float) -> dict[str, tuple[float, floa
     return PAPER_FIG4.get((model, ratio), {}) if size == 100 else {}
 
 
-def to_oracle(pol: dict[str, dict[str, Any]]) -> dict[str, dict[str, float]]:
+def to_oracle(pol: dict[str, SimMeasures]) -> dict[str, dict[str, float]]:
     """Each causal policy's C and p95 TTFT as multiples of the oracle's."""
     o = pol.get("oracle")
     if o is None:
         return {}
     return {
         name: {
-            "c": m["c_gib_s_per_req"] / o["c_gib_s_per_req"],
-            "p95": m["p95_ttft_s"] / o["p95_ttft_s"],
+            "c": m.c_gib_s_per_req / o.c_gib_s_per_req,
+            "p95": m.p95_ttft_s / o.p95_ttft_s,
         }
         for name, m in pol.items()
         if name != "oracle"
@@ -117,68 +118,70 @@ def grid_checks(acc: PolicyAcceptance, cells: Cells) -> list[JudgedCheck]:
     return out
 
 
-def _c_reduction(where: str, t: dict | None, imm: dict | None, exp: Any) -> Claim:
+def _c_reduction(where: str, t: SimMeasures | None, imm: SimMeasures | None, exp: Any) -> Claim:
     name = f"c_reduction[{where}]"
     if t is None or imm is None:
         return Claim(name, "c_reduction", None, "tempokv or immediate not run")
-    red = 100 * (1 - t["c_gib_s_per_req"] / imm["c_gib_s_per_req"])
+    red = 100 * (1 - t.c_gib_s_per_req / imm.c_gib_s_per_req)
     floor = exp.at_least_pct - exp.tolerance_pct
     return Claim(
         name,
         "c_reduction",
         red >= floor,
-        f"TempoKV C {t['c_gib_s_per_req']:.2f} vs Immediate {imm['c_gib_s_per_req']:.2f} "
+        f"TempoKV C {t.c_gib_s_per_req:.2f} vs Immediate {imm.c_gib_s_per_req:.2f} "
         f"GiB·s/req: {red:.1f}% below (claim: at least {exp.at_least_pct:g}%, "
         f"tolerance {exp.tolerance_pct:g} points)",
     )
 
 
-def _p95_below_demand(where: str, t: dict | None, dem: dict | None, tol_pct: float) -> Claim:
+def _p95_below_demand(
+    where: str, t: SimMeasures | None, dem: SimMeasures | None, tol_pct: float
+) -> Claim:
     name = f"p95_below_demand[{where}]"
     if t is None or dem is None:
         return Claim(name, "p95_below_demand", None, "tempokv or demand not run")
-    ok = t["p95_ttft_s"] < dem["p95_ttft_s"] * (1 + tol_pct / 100)
+    ok = t.p95_ttft_s < dem.p95_ttft_s * (1 + tol_pct / 100)
     tol = f" (tolerance {tol_pct:g}%)" if tol_pct else ""
     return Claim(
         name,
         "p95_below_demand",
         ok,
-        f"TempoKV p95 {t['p95_ttft_s']:.3f} s vs Demand {dem['p95_ttft_s']:.3f} s{tol}",
+        f"TempoKV p95 {t.p95_ttft_s:.3f} s vs Demand {dem.p95_ttft_s:.3f} s{tol}",
     )
 
 
-def _best(where: str, pol: dict[str, dict[str, Any]], tol_pct: float) -> Claim:
+def _best(where: str, pol: dict[str, SimMeasures], tol_pct: float) -> Claim:
     name = f"tempokv_best[{where}]"
     t = pol.get("tempokv")
     others = {p: m for p, m in pol.items() if p in PAPER_SIX and p != "tempokv"}
     if t is None or not others:
         return Claim(name, "tempokv_best", None, "tempokv or the paper's other five not run")
     tol = tol_pct / 100
-    best_tput = max(others.values(), key=lambda m: m["output_tok_s"])
-    best_mean = min(others.values(), key=lambda m: m["mean_ttft_s"])
-    best_p95 = min(others.values(), key=lambda m: m["p95_ttft_s"])
+    best_tput = max(others.values(), key=lambda m: m.output_tok_s)
+    best_mean = min(others.values(), key=lambda m: m.mean_ttft_s)
+    best_p95 = min(others.values(), key=lambda m: m.p95_ttft_s)
     ok = (
-        t["output_tok_s"] >= best_tput["output_tok_s"] * (1 - tol)
-        and t["mean_ttft_s"] <= best_mean["mean_ttft_s"] * (1 + tol)
-        and t["p95_ttft_s"] <= best_p95["p95_ttft_s"] * (1 + tol)
+        t.output_tok_s >= best_tput.output_tok_s * (1 - tol)
+        and t.mean_ttft_s <= best_mean.mean_ttft_s * (1 + tol)
+        and t.p95_ttft_s <= best_p95.p95_ttft_s * (1 + tol)
     )
 
-    def who(m: dict[str, Any]) -> str:
+    def who(m: SimMeasures) -> str:
         return next(p for p, v in others.items() if v is m)
 
     return Claim(
         name,
         "tempokv_best",
         ok,
-        f"TempoKV {t['output_tok_s']:.1f} tok/s, mean {t['mean_ttft_s']:.3f} s, p95 "
-        f"{t['p95_ttft_s']:.3f} s; best of the other five: {best_tput['output_tok_s']:.1f} "
-        f"tok/s ({who(best_tput)}), mean {best_mean['mean_ttft_s']:.3f} s ({who(best_mean)}), "
-        f"p95 {best_p95['p95_ttft_s']:.3f} s ({who(best_p95)})",
+        f"TempoKV {t.output_tok_s:.1f} tok/s, mean {t.mean_ttft_s:.3f} s, p95 "
+        f"{t.p95_ttft_s:.3f} s; best of the other five: {best_tput.output_tok_s:.1f} "
+        f"tok/s ({who(best_tput)}), mean {best_mean.mean_ttft_s:.3f} s ({who(best_mean)}), "
+        f"p95 {best_p95.p95_ttft_s:.3f} s ({who(best_p95)})",
     )
 
 
 def _flat(cells: Cells, flat: Any) -> list[Claim]:
-    by_line: dict[tuple[str, float], list[tuple[float, dict[str, Any]]]] = {}
+    by_line: dict[tuple[str, float], list[tuple[float, SimMeasures]]] = {}
     for (model, size, ratio), pol in cells.items():
         if "tempokv" in pol:
             by_line.setdefault((model, ratio), []).append((size, pol["tempokv"]))
@@ -190,11 +193,11 @@ def _flat(cells: Cells, flat: Any) -> list[Claim]:
             continue
         rows.sort(key=lambda r: -r[0])
         top = rows[0][1]
-        worst_tput = max(abs(m["output_tok_s"] / top["output_tok_s"] - 1) for _, m in rows)
-        worst_p95 = max(abs(m["p95_ttft_s"] / top["p95_ttft_s"] - 1) for _, m in rows)
+        worst_tput = max(abs(m.output_tok_s / top.output_tok_s - 1) for _, m in rows)
+        worst_p95 = max(abs(m.p95_ttft_s / top.p95_ttft_s - 1) for _, m in rows)
         tol = flat.tolerance_pct / 100
         by_size = ", ".join(
-            f"{s:g} GiB {m['output_tok_s']:.1f} tok/s {m['p95_ttft_s']:.3f} s" for s, m in rows
+            f"{s:g} GiB {m.output_tok_s:.1f} tok/s {m.p95_ttft_s:.3f} s" for s, m in rows
         )
         out.append(
             Claim(

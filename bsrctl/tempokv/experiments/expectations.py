@@ -12,12 +12,13 @@ interval and about how many repeats would decide it. The expectation is applied 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from bsrctl import stats
 from bsrctl.evidence import Verdict
+from bsrctl.tempokv.measures import PooledMeasures
 from bsrctl.tempokv.spec import Expectation
 
 
@@ -108,15 +109,20 @@ def judge(claim: Claim, expectation: Expectation, statement: str) -> JudgedCheck
 
 
 def ordered_check(
-    rows: dict[str, dict[str, Any]], name: str, a: str, b: str, key: str, claim: str
+    rows: Mapping[str, PooledMeasures],
+    name: str,
+    a: str,
+    b: str,
+    key: Literal["p95_ttft_s", "c_mib_s_per_req"],
+    claim: str,
 ) -> JudgedCheck:
     """``a``'s measure below ``b``'s, decided on the paired repeats' interval
     (``expectations.ordering_claim``); the pooled values and each repeat's outcome beside."""
-    per_a, per_b = rows[a]["per_repeat"][key], rows[b]["per_repeat"][key]
+    per_a, per_b = getattr(rows[a].per_repeat, key), getattr(rows[b].per_repeat, key)
     held = [x < y for x, y in zip(per_a, per_b, strict=True)]
     per = ", ".join("held" if h else "failed" for h in held)
-    what = (f"{a} {key} {rows[a][key]} vs {b} {rows[b][key]} pooled over "
-            f"{rows[a]['requests']} requests; a = {a}, b = {b}")  # fmt: skip
+    what = (f"{a} {key} {getattr(rows[a], key)} vs {b} {getattr(rows[b], key)} pooled over "
+            f"{rows[a].requests} requests; a = {a}, b = {b}")  # fmt: skip
     c = ordering_claim(name, name, per_a, per_b, "a<b", what)
     c = Claim(
         c.name, c.kind, c.reproduced, f"{c.detail}; per repeat: {per} ({sum(held)}/{len(held)})"
@@ -128,12 +134,12 @@ C_CLAIM = "Fig. 4: TempoKV's protected byte-time C below Immediate's"
 P95_CLAIM = "Fig. 4: TempoKV's p95 TTFT below Demand's"
 
 
-def run_checks(rows: dict[str, dict[str, Any]]) -> list[JudgedCheck]:
+def run_checks(rows: Mapping[str, PooledMeasures]) -> list[JudgedCheck]:
     out = []
     if "tempokv" in rows and "immediate" in rows:
-        key = "c_mib_s_per_req"
-        out.append(ordered_check(rows, "c_below_immediate", "tempokv", "immediate", key, C_CLAIM))
+        c = "c_mib_s_per_req"
+        out.append(ordered_check(rows, "c_below_immediate", "tempokv", "immediate", c, C_CLAIM))
     if "tempokv" in rows and "demand" in rows:
-        key = "p95_ttft_s"
-        out.append(ordered_check(rows, "p95_below_demand", "tempokv", "demand", key, P95_CLAIM))
+        p95 = "p95_ttft_s"
+        out.append(ordered_check(rows, "p95_below_demand", "tempokv", "demand", p95, P95_CLAIM))
     return out

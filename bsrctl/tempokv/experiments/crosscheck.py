@@ -25,9 +25,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bsrctl.experiments.tempokv.cells import simulate_policy
-from bsrctl.experiments.tempokv.compare import OrderingAgreement, compare
 from bsrctl.specs import StackSpec
+from bsrctl.tempokv.experiments.cells import simulate_policy
+from bsrctl.tempokv.experiments.compare import OrderingAgreement, compare
+from bsrctl.tempokv.measures import policy_rows
 from bsrctl.tempokv.sim.models import ModelProfile
 from bsrctl.tempokv.spec import FixedArrivals, TempoKVSpec
 from bsrkv.tempokv.kv import GIB
@@ -212,8 +213,8 @@ def simulate_like_serving(
     for policy in policies:
         m = simulate_policy(s, model, 1.0, s.device.fast_tier_gib, policy, keep_trace=False)
         meas = m.measures()
-        c = meas["c_gib_s_per_req"] * 1024  # reserved from commit: the model's byte-time
-        out[policy] = {"c": c, "c_reserved": c, "p95": meas["p95_ttft_s"]}
+        c = meas.c_gib_s_per_req * 1024  # reserved from commit: the model's byte-time
+        out[policy] = {"c": c, "c_reserved": c, "p95": meas.p95_ttft_s}
     return out
 
 
@@ -223,12 +224,8 @@ def serving_rows(evidence: Mapping[str, Any]) -> dict[str, dict[str, float]]:
     provider's byte-time of capacity reserved from commitment (staging in flight and
     queued included), which is what the simulation's C integrates."""
     return {
-        policy: {
-            "c": m["c_mib_s_per_req"],
-            "c_reserved": m["model_c_mib_s_per_req"],
-            "p95": m["p95_ttft_s"],
-        }
-        for policy, m in evidence["summary"]["policies"].items()
+        policy: {"c": m.c_mib_s_per_req, "c_reserved": m.model_c_mib_s_per_req, "p95": m.p95_ttft_s}
+        for policy, m in policy_rows(evidence["summary"]).items()
     }
 
 

@@ -130,9 +130,7 @@ def invariants(res: SimResult) -> tuple[Check, ...]:
             f"peak reserved {res.peak_reserved_bytes / GIB:.2f} GiB, "
             f"budget {res.budget_bytes / GIB:.2f} GiB",
         ),
-        check(
-            "all_completed", m["completed"] == m["requests"], f"{m['completed']}/{m['requests']}"
-        ),
+        check("all_completed", m.completed == m.requests, f"{m.completed}/{m.requests}"),
         check(
             "reservations_released",
             not res.p_trace or res.p_trace[-1][1] == 0,
