@@ -14,7 +14,7 @@ from bsrctl.tempokv.experiments.crosscheck import (
     simulate_like_serving,
 )
 from bsrctl.tempokv.spec import TempoKVSpec
-from tests.tempokv.rows import pooled
+from tests.bsrctl.tempokv.rows import pooled
 
 SPEC = TempoKVSpec.model_validate(
     {

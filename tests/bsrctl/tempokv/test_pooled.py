@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from bsrctl.tempokv.experiments.pooled import MIB, pool, quantile, run_order
 from bsrctl.tempokv.measures import RepeatMeasures
-from tests.tempokv.rows import repeat
+from tests.bsrctl.tempokv.rows import repeat
 
 
 def _rep(ttfts: list[float], c: float, tokens: int, span: float, **over: object) -> RepeatMeasures:

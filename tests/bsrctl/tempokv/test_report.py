@@ -12,7 +12,7 @@ import yaml
 from bsrctl.evidence import load_evidence
 from bsrctl.tempokv.experiments import run_tempokv
 from bsrctl.tempokv.report import render
-from tests.tempokv.rows import pooled
+from tests.bsrctl.tempokv.rows import pooled
 
 LADDERS = Path(__file__).resolve().parents[3] / "ladders"
 

@@ -12,7 +12,7 @@ from bsrctl.tempokv.experiments.pooled import MIB, pool
 from bsrctl.tempokv.experiments.serving import _measure, _run_checks
 from bsrctl.tempokv.measures import PooledMeasures, point_measures
 from bsrkv.tempokv import wire
-from tests.tempokv.rows import pooled
+from tests.bsrctl.tempokv.rows import pooled
 
 
 class Writer:
