@@ -29,8 +29,8 @@ from bsrctl.tempokv.measures import (
 from bsrctl.tempokv.sim.models import make_profile
 from bsrctl.tempokv.spec import load
 
-EVIDENCE = Path(__file__).resolve().parents[1] / "data/evidence/tempokv-serving-measures.json"
-LADDERS = Path(__file__).resolve().parents[2] / "ladders"
+EVIDENCE = Path(__file__).resolve().parents[2] / "data/evidence/tempokv-serving-measures.json"
+LADDERS = Path(__file__).resolve().parents[3] / "ladders"
 
 
 def _doc() -> dict:
