@@ -92,7 +92,7 @@ class ControlSpec(Strict):
         gt=0,
         le=1,
         description="TempoKV-U commits when this quantile of its TTU distribution reaches "
-        "TTR; one default for every figure, from `python bench/tempokv_u_quantile.py`",
+        "TTR; one default for every figure, from `python bench/tempokv/u_quantile.py`",
     )
     crossing_wakeup: bool = Field(
         False,

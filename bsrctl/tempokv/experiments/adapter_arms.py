@@ -1,4 +1,4 @@
-"""The runtime adapter against stock vLLM, side by side (``bench/tempokv_adapter_cost.py``):
+"""The runtime adapter against stock vLLM, side by side (``bench/tempokv/adapter_cost.py``):
 every arm's deployment up at once (``CostArm``: what of the adapter it runs), then rounds of
 one cell per arm at the same rate, the arms' order rotated and reversed round by round, so
 drift and an idle neighbour stack hit every arm alike; each arm's throughput against the

@@ -4,7 +4,7 @@ claim held the loop waiting for the server's reply (`arrival_ack.ack_wait_s`; a 
 before the wait moved to schedule() has it on the arrival's `update`), beside the measured
 step times. The adapter
 decides nothing, but it does take time on the loop that runs the engine. Its cost against
-stock vLLM, side by side: ``adapter_arms`` (``bench/tempokv_adapter_cost.py``)."""
+stock vLLM, side by side: ``adapter_arms`` (``bench/tempokv/adapter_cost.py``)."""
 
 from __future__ import annotations
 

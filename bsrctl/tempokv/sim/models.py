@@ -3,7 +3,7 @@ step costs for one H100 PCIe (BF16), from first principles. The per-step overhea
 them is the one free term, calibrated so TempoKV on Llama at 100% lands on the paper's
 Figure 5 (≈ 106 tok/s, ≈ 5.9 s p95 TTFT). With TTUs updated at every engine step and 5%
 of outputs ending early at EOS, 1 ms gives 107.5 tok/s and 5.80 s (0 ms: 110.6, 5.53; 0.5 ms: 108.8,
-5.67; 2 ms: 104.5, 6.04; 10 ms: 85.7, 8.10): `python bench/tempokv_calibrate.py`."""
+5.67; 2 ms: 104.5, 6.04; 10 ms: 85.7, 8.10): `python bench/tempokv/calibrate.py`."""
 
 from __future__ import annotations
 

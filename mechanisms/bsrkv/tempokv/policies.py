@@ -18,7 +18,7 @@ LAXITY_EPS_S = 1e-9
 PAPER_POLICIES = ("demand", "immediate", "queue-1", "queue-4", "tempokv-static", "tempokv")
 POLICY_NAMES = (*PAPER_POLICIES, "tempokv-u", "oracle")
 CAUSAL_POLICIES = tuple(p for p in POLICY_NAMES if p != "oracle")
-# TempoKV-U's quantile: one value for every figure, chosen by bench/tempokv_u_quantile.py.
+# TempoKV-U's quantile: one value for every figure, chosen by bench/tempokv/u_quantile.py.
 TTU_QUANTILE = 0.05
 
 

@@ -12,9 +12,9 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-BENCH = Path(__file__).resolve().parents[3] / "bench"
-_path = BENCH / "tempokv_fig6_serving.py"
-_spec = importlib.util.spec_from_file_location("tempokv_fig6_serving", _path)
+BENCH = Path(__file__).resolve().parents[3] / "bench" / "tempokv"
+_path = BENCH / "fig6_serving.py"
+_spec = importlib.util.spec_from_file_location("fig6_serving", _path)
 assert _spec is not None and _spec.loader is not None
 fig6 = importlib.util.module_from_spec(_spec)
 sys.modules[_spec.name] = fig6  # dataclasses look their module up

@@ -8,10 +8,8 @@ import importlib.util
 import sys
 from pathlib import Path
 
-BENCH = Path(__file__).resolve().parents[3] / "bench"
-_spec = importlib.util.spec_from_file_location(
-    "tempokv_fig6_dax", BENCH / "tempokv_fig6_serving.py"
-)
+BENCH = Path(__file__).resolve().parents[3] / "bench" / "tempokv"
+_spec = importlib.util.spec_from_file_location("fig6_serving_dax", BENCH / "fig6_serving.py")
 assert _spec is not None and _spec.loader is not None
 fig6 = importlib.util.module_from_spec(_spec)
 sys.modules[_spec.name] = fig6

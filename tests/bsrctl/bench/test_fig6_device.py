@@ -1,7 +1,8 @@
-"""Figure 6 across the flash's two read paths (``bench/fig6/device.py``, ``fig6/predict.py``,
-``stack/launch/flash_probe.py``): the spec's ratio and caps, fio's figures read exactly, the
-device lines, each arm's flash time per MiB, the prediction beside the live intervals and
-the decomposition, on fixed inputs; the prediction in virtual time, exact."""
+"""Figure 6 across the flash's two read paths (``bench/tempokv/fig6/device.py``,
+``fig6/predict.py``, ``stack/launch/flash_probe.py``): the spec's ratio and caps, fio's
+figures read exactly, the device lines, each arm's flash time per MiB, the prediction beside
+the live intervals and the decomposition, on fixed inputs; the prediction in virtual time,
+exact."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Figure 6's regime in virtual time (``bench/tempokv_fig6_regime.py``): the flash-tier spec
+"""Figure 6's regime in virtual time (``bench/tempokv/fig6_regime.py``): the flash-tier spec
 at the paper's scale, where timing staging gains over Demand and where it cannot. Virtual
 time is exact, so the values are too."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import fig6_regime as regime
 import pytest
-import tempokv_fig6_regime as regime
 import yaml
 from fig6 import dax
 

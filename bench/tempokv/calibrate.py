@@ -13,7 +13,7 @@ from bsrctl.tempokv.experiments import simulate_policy
 from bsrctl.tempokv.sim.models import STEP_OVERHEAD_S, make_profile
 from bsrctl.tempokv.spec import load
 
-SPEC = Path(__file__).resolve().parent.parent / "ladders" / "tempokv-fig5.yaml"
+SPEC = Path(__file__).resolve().parents[2] / "ladders" / "tempokv-fig5.yaml"
 PAPER_TOK_S, PAPER_P95_S = 106.0, 5.9
 OVERHEADS_S = (0.0, 0.0005, 0.001, 0.002, 0.004, 0.01)
 EOS_FRACTIONS = (0.0, 0.025, 0.05, 0.1)

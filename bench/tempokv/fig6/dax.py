@@ -30,7 +30,7 @@ from fig6.timeline import draw
 from fig6.where import rows_of, timeline_lines
 
 ARMS = (DAX_BASE, "tempokv")
-SPEC = Path(__file__).resolve().parents[2] / "ladders" / "tempokv-fig6-dax.yaml"
+SPEC = Path(__file__).resolve().parents[3] / "ladders" / "tempokv-fig6-dax.yaml"
 RATES = (0.2, 0.5, 1.0, 2.0, 4.0)  # §5.3: r from 0.2 to 4 requests/s
 # §5.3 / Figure 6: "TempoKV reduces p95 TTFT by up to 48.0% and increases output throughput
 # by up to 27.8% on NarrativeQA. The corresponding improvements on LooGLE reach 32.4% and

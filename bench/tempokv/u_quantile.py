@@ -1,7 +1,7 @@
 """How TempoKV-U's one quantile q (control.ttu_quantile, the same for every figure) was
 chosen: a sweep over q on workloads the reported numbers do not use.
 
-- Figure 5's 25 GiB cell over held-out output seeds 21–40 (bench/tempokv_fig5_seeds.py
+- Figure 5's 25 GiB cell over held-out output seeds 21–40 (bench/tempokv/fig5_seeds.py
   reports seeds 1–20) × early-EOS shares {0, 0.05, 0.2, 0.5}: how often TempoKV-U is
   best-or-tied among the causal policies, its worst C against Queue-1's, its worst p95
   against the oracle's.
@@ -18,12 +18,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tempokv_fig5_seeds import EOS_FRACTIONS, FAST_TIER_GIB, cell, judge, run
+from fig5_seeds import EOS_FRACTIONS, FAST_TIER_GIB, cell, judge, run
 
 from bsrctl.tempokv.spec import load
 from bsrkv.tempokv.policies import CAUSAL_POLICIES, POLICY_NAMES
 
-LADDERS = Path(__file__).resolve().parent.parent / "ladders"
+LADDERS = Path(__file__).resolve().parents[2] / "ladders"
 QUANTILES = (0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 0.7)
 HELD_OUT_SEEDS = range(21, 41)
 OTHERS = tuple(p for p in POLICY_NAMES if p != "tempokv-u")

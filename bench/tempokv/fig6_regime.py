@@ -18,7 +18,7 @@ and output tok/s, their ratios as median [min, max] over output-length seeds, an
 flash idle while a request waited (``fig6/headroom.py``): the time advance staging could
 fill.
 
-    python bench/tempokv_fig6_regime.py [SPEC.yaml] [--seeds N] [--engine-scale S]
+    python bench/tempokv/fig6_regime.py [SPEC.yaml] [--seeds N] [--engine-scale S]
         [--demand-ratio R ...] [RATES…]
 """
 

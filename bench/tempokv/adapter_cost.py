@@ -1,7 +1,7 @@
 """The TempoKV runtime adapter's own cost: vLLM with the adapter (the TempoKV controller off)
 against vLLM's stock scheduler, on the CPU serving stack, side by side in one run.
 
-    flock /tmp/bsrctl-heavy.lock python bench/tempokv_adapter_cost.py \\
+    flock /tmp/bsrctl-heavy.lock python bench/tempokv/adapter_cost.py \\
         [--arms adapter,adapter-local,...] [--launches L] [--rounds N] [--rate R] \\
         [--warmup W] [--py-spy] [SPEC.yaml]
 
@@ -56,7 +56,7 @@ from bsrctl.tempokv.experiments.adapter_cost import adapter_cost, read_trace
 from bsrctl.tempokv.experiments.serving import prepare, seed_documents
 from bsrctl.tempokv.spec import TempoKVSpec
 
-DEFAULT_SPEC = Path(__file__).resolve().parents[1] / "ladders" / "tempokv-serving.yaml"
+DEFAULT_SPEC = Path(__file__).resolve().parents[2] / "ladders" / "tempokv-serving.yaml"
 GOAL = 0.99  # the adapter alone: at least this share of stock's throughput (interval's low end)
 IDLE_S = 0.5  # between cells: the last cell's engine threads stop spinning
 
@@ -204,7 +204,7 @@ def main() -> int:
 
     try:
         args = {**vars(ns), "arms": arms}
-        verdict, evidence = run_bench("tempokv_adapter_cost", ns.evidence, args,
+        verdict, evidence = run_bench("tempokv/adapter_cost", ns.evidence, args,
                                       {"kind": "serving"}, body)  # fmt: skip
     except StackFailed as e:
         print(f"FAILURE: stack failed: {e}", flush=True)

@@ -1,7 +1,7 @@
 """What the simulation predicts for TempoKV against LMCache-DAX on a given flash tier,
 before anything is served: the tier's two read rates (measured with fio,
 ``bsrctl/stack/launch/flash_probe.py``, or an operator's own device's figures) into the
-regime's virtual time (``tempokv_fig6_regime``), under the serving stack's engine loads
+regime's virtual time (``fig6_regime.py``), under the serving stack's engine loads
 (``queued``: vLLM 0.32 with LMCache's MP connector). Per rate: the predicted p95 TTFT and
 throughput ratios (median over output-length seeds) and Demand's flash idle while a request
 waited (the headroom timing alone could fill, at these rates)."""
@@ -12,7 +12,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-import tempokv_fig6_regime as regime
+import fig6_regime as regime
 
 from bsrctl.tempokv.spec import TempoKVSpec
 

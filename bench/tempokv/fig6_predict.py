@@ -8,7 +8,7 @@ The tier's figures come from one of:
   ``evidence.json`` summary's ``device``), at its spec ratio R (default: the lowest);
 - ``--probe``: fio now, on a tier of the spec's own (root: loop device, cgroups).
 
-    python bench/tempokv_fig6_predict.py [SPEC.yaml] [RATES…] (--staging-mib-s S
+    python bench/tempokv/fig6_predict.py [SPEC.yaml] [RATES…] (--staging-mib-s S
         --demand-mib-s D | --fio DIR [--ratio R] | --probe) [--seeds N] [--cpu-engine]
 
 Bad input exits 2 naming the flag; a probe whose tier cannot be made exits 3."""

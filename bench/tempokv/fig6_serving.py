@@ -2,7 +2,7 @@
 against unmodified LMCache. Prints p95 TTFT and output throughput per rate and their ratios.
 Long-document prompts are made locally (no hub).
 
-    flock /tmp/bsrctl-heavy.lock python bench/tempokv_fig6_serving.py [--repeats R] \
+    flock /tmp/bsrctl-heavy.lock python bench/tempokv/fig6_serving.py [--repeats R] \
         [--baseline fs|dax] [SPEC.yaml] [RATES...]
 
 ``--baseline dax`` is Figure 6 as §5.3 ran it (``fig6/dax.py``, ``fig6/device.py``):
@@ -52,7 +52,7 @@ LMCache options: ``retain`` and the long read TTL), ``--threads-arm`` (the stock
 LMCache server on one OpenMP thread). Each cell also prints its stock retrieves' time in the
 server (``bsr.status`` outcomes) and how many took over 0.1 s.
 
-The bench's parts live in ``bench/fig6/``. Evidence: a ``bench`` run under ``--evidence``
+The bench's parts live in ``bench/tempokv/fig6/``. Evidence: a ``bench`` run under ``--evidence``
 (a point per arm and rate, each repeat's p95 TTFT, tok/s and goodput as samples; the
 claims as the run's checks) with the run's ``timeline.json`` (every process's spans, per
 request), and per arm where the cells' TTFT went: the mean milliseconds per request on
@@ -117,7 +117,7 @@ __all__ = ["Cell", "Spread", "claim_checks", "claims", "last_line", "ratio", "sp
 
 # the shipped serving workload (ladders/tempokv-serving.yaml: one slot, 12 documents, shaped
 # L2, budget, claims_k), its interval replaced by each rate; its `repeats` is the grid's
-DEFAULT_SPEC = Path(__file__).resolve().parents[1] / "ladders" / "tempokv-serving.yaml"
+DEFAULT_SPEC = Path(__file__).resolve().parents[2] / "ladders" / "tempokv-serving.yaml"
 DEFAULT_RATES = (2.0, 4.0, 8.0, 12.0, 16.0)
 ARMS = (BASE, "tempokv")
 # `--adapter-arm`: the TempoKV stack with the controller off (vLLM runs the adapter, which
@@ -374,7 +374,7 @@ def main() -> int:
 
     bench_args = {**vars(ns), "spec": spec.model_dump(mode="json"), "rates": rates}
     try:
-        verdict, evidence = run_bench("tempokv_fig6_serving", ns.evidence, bench_args,
+        verdict, evidence = run_bench("tempokv/fig6_serving", ns.evidence, bench_args,
                                       {"kind": "serving"}, body)  # fmt: skip
     except StackFailed as e:
         print(f"FAILURE: stack failed: {e}", flush=True)

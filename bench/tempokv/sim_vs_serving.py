@@ -2,7 +2,7 @@
 calibrated from that run's measured step times (adapter trace) and staging rate
 (evidence). Prints the calibration, both runs' C and p95 per policy, and the orderings.
 
-    python bench/tempokv_sim_vs_serving.py SPEC.yaml RUN_DIR
+    python bench/tempokv/sim_vs_serving.py SPEC.yaml RUN_DIR
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ from bsrctl.tempokv.sim.run import SimResult
 from bsrctl.tempokv.spec import TempoKVSpec, load
 from bsrkv.tempokv.policies import CAUSAL_POLICIES, POLICY_NAMES
 
-SPEC = Path(__file__).resolve().parent.parent / "ladders" / "tempokv-fig5.yaml"
+SPEC = Path(__file__).resolve().parents[2] / "ladders" / "tempokv-fig5.yaml"
 FAST_TIER_GIB = 25.0
 SEEDS = range(1, 21)
 EOS_FRACTIONS = (0.0, 0.05, 0.2, 0.5)
