@@ -204,7 +204,7 @@ def main() -> int:
 
     try:
         args = {**vars(ns), "arms": arms}
-        verdict, evidence = run_bench("tempokv/adapter_cost", ns.evidence, args,
+        verdict, evidence = run_bench("tempokv_adapter_cost", ns.evidence, args,
                                       {"kind": "serving"}, body)  # fmt: skip
     except StackFailed as e:
         print(f"FAILURE: stack failed: {e}", flush=True)

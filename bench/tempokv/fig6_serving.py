@@ -374,7 +374,7 @@ def main() -> int:
 
     bench_args = {**vars(ns), "spec": spec.model_dump(mode="json"), "rates": rates}
     try:
-        verdict, evidence = run_bench("tempokv/fig6_serving", ns.evidence, bench_args,
+        verdict, evidence = run_bench("tempokv_fig6_serving", ns.evidence, bench_args,
                                       {"kind": "serving"}, body)  # fmt: skip
     except StackFailed as e:
         print(f"FAILURE: stack failed: {e}", flush=True)
