@@ -3,7 +3,8 @@
 Work units (``scope_of``): every module is one, so its module-scoped deployment lives on one
 worker; ``tests/e2e/attach`` (one package-scoped operator deployment), the two two-host modules,
 law + sweep (one kept deployment) and the modules with exclusive tests are one each. A unit
-goes to one worker whole; the units run in ``rank`` order.
+goes to one worker whole; the units run in ``rank`` order, the longest heavy ones first
+(``LONGEST_FIRST``).
 
 /dev/shm is the one resource the stacks share: a stack's teardown removes every unmapped
 psm_*/lmcache_kv_* segment that appeared since it came up (``remove_unmapped_shm``), and some
@@ -58,6 +59,21 @@ for _p in EXCLUSIVE:
 # One kept deployment (tests/e2e/serving/conftest.py::smoke_stack) for both modules.
 for _m in ("law", "sweep"):
     GROUPS[f"tests/e2e/serving/test_e2e_serving_{_m}.py"] = "smoke-stack"
+# The heavy units that take longest, longest first: two workers end together when the long
+# units go out first (in collection order, the TempoKV serving module came last and ran
+# alone for its ~400 s). Measured: `make test --junitxml`, seconds per unit on 2 cores:
+# failmatrix 414, tempokv serving 399, two-hosts 279, ladder 169, server 120, registration
+# 103, smoke-stack 96, on/off 78; the rest under 35 s each keep collection order.
+LONGEST_FIRST = (
+    "tests/e2e/failmatrix/test_e2e_failmatrix.py",
+    "tests/e2e/test_tempokv_serving.py",
+    "two-hosts",
+    "tests/e2e/serving/test_e2e_serving_ladder.py",
+    "tests/e2e/lmcache_ext/test_e2e_server.py",
+    "tests/e2e/serving/test_e2e_serving_registration.py",
+    "smoke-stack",
+    "tests/bsrctl/mechanisms/vllm_ext/test_adapter_onoff.py",
+)
 
 
 def lock_mode(item: pytest.Item) -> int | None:
@@ -212,9 +228,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         scope = scope_of(item.nodeid)
         placed[scope] = max(placed.get(scope, 0), rank(item))
 
-    def key(item: pytest.Item) -> tuple[int, int]:
+    def key(item: pytest.Item) -> tuple[int, int, int]:
         scope = scope_of(item.nodeid)
-        return (rank(item) if scope == "exclusive" else placed[scope], last[scope])
+        first = rank(item) if scope == "exclusive" else placed[scope]
+        longest = LONGEST_FIRST.index(scope) if scope in LONGEST_FIRST else len(LONGEST_FIRST)
+        return (first, longest, last[scope])
 
     items.sort(key=key)
 

@@ -37,6 +37,7 @@ def test_every_exclusive_and_grouped_path_exists() -> None:
     conf = _suite_conftest()
     root = TESTS.parent
     paths = [p.split("::")[0] for p in (*conf.EXCLUSIVE, *conf.GROUPS)]
+    paths += [u for u in conf.LONGEST_FIRST if u not in conf.GROUPS.values()]
     assert [p for p in paths if not (root / p).exists()] == []
     assert conf.GROUPS["tests/e2e/test_roundtrip_two_hosts.py"] == "two-hosts"
     assert conf.GROUPS["tests/e2e/failmatrix/test_e2e_two_hosts.py"] == "two-hosts"
